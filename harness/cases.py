@@ -1,0 +1,217 @@
+"""What one test case is, and how its inputs are drawn.
+
+A case fixes the shapes, the dtype, the mask kind and a seed. Inputs are drawn from the
+seed (mixed with an optional secret, so that a scored submission cannot know them in
+advance) on whatever device the caller asks for. Layout is (batch, heads, seq, head_dim),
+K/V may have fewer heads than Q (GQA/MQA).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPE_SHORT = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+class MaskKind(StrEnum):
+    NONE = "none"
+    CAUSAL_BR = "causal_br"  # bottom-right aligned (FlashAttention): j <= i + Nk - Nq
+    CAUSAL_TL = "causal_tl"  # top-left aligned (PyTorch is_causal): j <= i
+    KEY_PADDING = "key_padding"  # per-batch valid key length; one batch entry may have none
+    RANDOM = "random"  # arbitrary boolean mask, with some rows fully masked
+
+    @property
+    def is_causal(self) -> bool:
+        return self in (MaskKind.CAUSAL_BR, MaskKind.CAUSAL_TL)
+
+
+@dataclass(frozen=True, order=True)
+class Case:
+    batch: int
+    heads: int
+    kv_heads: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    dtype: str = "float16"
+    mask: MaskKind = MaskKind.NONE
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "head_dim"):
+            if int(getattr(self, name)) < 1:
+                problems.append(f"{name} must be >= 1")
+        if self.kv_heads >= 1 and self.heads % self.kv_heads:
+            problems.append(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
+        if self.dtype not in DTYPES:
+            problems.append(f"dtype {self.dtype!r} is not one of {sorted(DTYPES)}")
+        if problems:
+            raise ValueError("invalid case: " + "; ".join(problems))
+        object.__setattr__(self, "mask", MaskKind(self.mask))
+
+    # Readable, stable id used by pytest, records and the dashboard:
+    # "b2h4-113x203-d64-fp16-causal_br" (kv heads shown only when they differ: "b2h8k2-...").
+    @property
+    def id(self) -> str:
+        kv = f"k{self.kv_heads}" if self.kv_heads != self.heads else ""
+        seed = f"-s{self.seed}" if self.seed else ""
+        return (
+            f"b{self.batch}h{self.heads}{kv}-{self.seqlen_q}x{self.seqlen_k}-d{self.head_dim}"
+            f"-{DTYPE_SHORT[self.dtype]}-{self.mask.value}{seed}"
+        )
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def causal_offset(self) -> int:
+        """Query row i sees key j iff j <= i + causal_offset (only meaningful when causal)."""
+        if self.mask is MaskKind.CAUSAL_BR:
+            return self.seqlen_k - self.seqlen_q
+        return 0
+
+    @property
+    def group_size(self) -> int:
+        return self.heads // self.kv_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["mask"] = self.mask.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Case:
+        fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        missing = set(cls.__dataclass_fields__) - set(fields) - {"dtype", "mask", "seed"}
+        if missing:
+            raise ValueError(f"case is missing field(s): {', '.join(sorted(missing))}")
+        return cls(**fields)
+
+    @classmethod
+    def from_id(cls, case_id: str) -> Case:
+        """Inverse of `id` (used when importing records that only carry the id)."""
+        import re
+
+        m = re.fullmatch(
+            r"b(\d+)h(\d+)(?:k(\d+))?-(\d+)x(\d+)-d(\d+)-(fp16|bf16)-([a-z_]+?)(?:-s(\d+))?",
+            case_id,
+        )
+        if not m:
+            raise ValueError(f"not a case id: {case_id!r}")
+        b, h, k, nq, nk, d, dt, mask, seed = m.groups()
+        dtype = {v: key for key, v in DTYPE_SHORT.items()}[dt]
+        return cls(int(b), int(h), int(k or h), int(nq), int(nk), int(d), dtype, MaskKind(mask),
+                   int(seed or 0))
+
+
+@dataclass
+class Inputs:
+    """Tensors of one case. `mask` is the boolean visibility mask for the kinds that need
+    one (key padding, random), shaped (B, 1, Nq, Nk) or broadcastable to it; causal cases
+    carry no mask tensor (the flag and alignment say it all). `key_lengths` is set for
+    key padding (int32, one per batch)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor | None = None
+    key_lengths: torch.Tensor | None = None
+
+    def to(self, device: str | torch.device) -> Inputs:
+        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return Inputs(mv(self.q), mv(self.k), mv(self.v), mv(self.mask), mv(self.key_lengths))
+
+
+def derive_seed(case: Case, secret: int = 0, draw: int = 0) -> int:
+    """A 63-bit seed from the case, a secret (0 for public runs) and a draw index.
+
+    Hashing (not adding) keeps a submission from predicting the inputs of one draw from
+    another, and keeps different cases with the same `seed` field independent."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(case.id.encode())
+    h.update(int(secret).to_bytes(16, "little", signed=False))
+    h.update(int(draw).to_bytes(8, "little", signed=False))
+    return int.from_bytes(h.digest(), "little") & ((1 << 63) - 1)
+
+
+def key_lengths_for(case: Case, gen: torch.Generator) -> list[int]:
+    """Valid key count per batch entry for KEY_PADDING: the last entry has zero keys (so a
+    fully masked batch exists whenever batch > 1), the first keeps all, the rest random."""
+    lengths = []
+    for b in range(case.batch):
+        if b == 0:
+            lengths.append(case.seqlen_k)
+        elif b == case.batch - 1:
+            lengths.append(0)
+        else:
+            lengths.append(int(torch.randint(1, case.seqlen_k + 1, (1,), generator=gen)))
+    if case.batch == 1 and case.seqlen_k > 1:
+        lengths = [max(1, case.seqlen_k // 2)]
+    return lengths
+
+
+def random_mask(case: Case, gen: torch.Generator) -> torch.Tensor:
+    """(B, 1, Nq, Nk) boolean mask, about 70% visible, with every 7th query row fully masked
+    (row 3, 10, ...) so that every grid exercises the fully-masked-row convention."""
+    m = torch.rand((case.batch, 1, case.seqlen_q, case.seqlen_k), generator=gen) < 0.7
+    m[:, :, 3::7, :] = False
+    return m
+
+
+def make_inputs(case: Case, device: str | torch.device = "cpu", *, secret: int = 0,
+                draw: int = 0) -> Inputs:
+    """Draw q, k, v ~ N(0, 1) in the case dtype (and the mask) from the case's seed.
+
+    The draw happens on the CPU so that the same case gives the same tensors on any device,
+    then moves to `device`. Large perf cases are drawn directly on the device instead,
+    where a CPU draw would cost seconds (still seeded, so reproducible on that device)."""
+    seed = derive_seed(case, secret, draw)
+    dt = case.torch_dtype
+    shape_q = (case.batch, case.heads, case.seqlen_q, case.head_dim)
+    shape_kv = (case.batch, case.kv_heads, case.seqlen_k, case.head_dim)
+    big = case.batch * case.heads * max(case.seqlen_q, case.seqlen_k) * case.head_dim > (1 << 24)
+    draw_dev = torch.device(device) if big else torch.device("cpu")
+    gen = torch.Generator(device=draw_dev)
+    gen.manual_seed(seed)
+    q = torch.randn(shape_q, generator=gen, device=draw_dev, dtype=torch.float32).to(dt)
+    k = torch.randn(shape_kv, generator=gen, device=draw_dev, dtype=torch.float32).to(dt)
+    v = torch.randn(shape_kv, generator=gen, device=draw_dev, dtype=torch.float32).to(dt)
+    mask = None
+    key_lengths = None
+    cpu_gen = torch.Generator()
+    cpu_gen.manual_seed(seed ^ 0x5EED)
+    if case.mask is MaskKind.KEY_PADDING:
+        lengths = key_lengths_for(case, cpu_gen)
+        key_lengths = torch.tensor(lengths, dtype=torch.int32)
+        mask = (torch.arange(case.seqlen_k)[None, :] < key_lengths[:, None])[:, None, None, :]
+    elif case.mask is MaskKind.RANDOM:
+        mask = random_mask(case, cpu_gen)
+    return Inputs(q, k, v, mask, key_lengths).to(device)
+
+
+def visible(case: Case, inputs: Inputs, rows: slice | None = None) -> torch.Tensor | None:
+    """Boolean (B|1, 1, rows, Nk) visibility of the case, or None when every pair is
+    visible. `rows` restricts to a block of query rows (the oracle works in row blocks)."""
+    rows = rows or slice(0, case.seqlen_q)
+    r0, r1 = rows.start, min(rows.stop, case.seqlen_q)
+    device = inputs.q.device
+    vis = None
+    if case.mask.is_causal:
+        i = torch.arange(r0, r1, device=device)[:, None]
+        j = torch.arange(case.seqlen_k, device=device)[None, :]
+        vis = (j <= i + case.causal_offset)[None, None]
+    if inputs.mask is not None:
+        m = inputs.mask.to(device)
+        m = m[:, :, r0:r1, :] if m.shape[2] != 1 else m.expand(-1, -1, r1 - r0, -1)
+        vis = m if vis is None else (vis & m)
+    return vis

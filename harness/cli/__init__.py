@@ -1,0 +1,59 @@
+"""`fa-harness` command line: a thin layer over the library.
+
+Every module `harness/cli/cmd_*.py` defines `register(subparsers)`, which adds its
+sub-command(s) with `set_defaults(func=...)`; `func(args) -> int` returns the exit code.
+
+Exit codes (the same for every command):
+  0  success, nothing failed or regressed
+  1  a candidate failed, or a regression was found
+  2  usage or input error (bad arguments, unreadable record, unreachable database, ...)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one clear line, exit 2 (argparse's default code)
+        print(f"fa-harness: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fa-harness", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    import harness.cli as pkg
+
+    for mod in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if mod.name.startswith("cmd_"):
+            importlib.import_module(f"harness.cli.{mod.name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        print(f"fa-harness {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
