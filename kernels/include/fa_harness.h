@@ -71,3 +71,78 @@ template <typename A> struct fa_same_type<A, A> { static const bool value = true
     static_assert(fa_same_type<decltype(&name), void (*)(FaParams)>::value,         \
                   "entry point '" #name "' must be: extern \"C\" __global__ void " \
                   #name "(FaParams p)")
+
+// ---------------------------------------------------------------------------------------
+// Helpers for the project's kernels. No system header is needed: conversions use PTX
+// directly, so the same text compiles under NVRTC and nvcc. fp16/bf16 elements are
+// handled as raw 16-bit patterns (unsigned short).
+// ---------------------------------------------------------------------------------------
+#define FA_NEG_INF (__uint_as_float(0xff800000u))
+#define FA_LN2 0.69314718055994531f
+
+__device__ __forceinline__ float fa_half_to_float(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ unsigned short fa_float_to_half(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float fa_bf16_to_float(unsigned short b) {
+    return __uint_as_float(((unsigned int)b) << 16);
+}
+__device__ __forceinline__ unsigned short fa_float_to_bf16(float f) {
+    unsigned short b;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));  // sm_80+
+    return b;
+}
+
+// Element access by dtype code (FA_DTYPE_FP16 / FA_DTYPE_BF16) as a template argument.
+template <int DT> struct FaElem;
+template <> struct FaElem<FA_DTYPE_FP16> {
+    static __device__ __forceinline__ float to_float(unsigned short x) { return fa_half_to_float(x); }
+    static __device__ __forceinline__ unsigned short from_float(float f) { return fa_float_to_half(f); }
+};
+template <> struct FaElem<FA_DTYPE_BF16> {
+    static __device__ __forceinline__ float to_float(unsigned short x) { return fa_bf16_to_float(x); }
+    static __device__ __forceinline__ unsigned short from_float(float f) { return fa_float_to_bf16(f); }
+};
+
+// Unpack one 16-byte load (8 elements, lowest address first) into floats.
+template <int DT>
+__device__ __forceinline__ void fa_unpack8(const uint4& u, float* f) {
+    const unsigned int w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = FaElem<DT>::to_float((unsigned short)(w[i] & 0xffffu));
+        f[2 * i + 1] = FaElem<DT>::to_float((unsigned short)(w[i] >> 16));
+    }
+}
+
+__device__ __forceinline__ float fa_warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+__device__ __forceinline__ float fa_warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// Row i of batch b, key j: bool-mask test only (fa_key_end covers length and causality).
+__device__ __forceinline__ bool fa_bool_mask_ok(const FaParams& p, int b, int i, int j) {
+    return !(p.mask_kind & FA_MASK_BOOL) ||
+           p.mask[b * p.mask_batch_stride + (long long)i * p.mask_row_stride + j] != 0;
+}
+
+// Dynamic shared memory the launch provided (bytes). Kernels whose layout is fixed at
+// compile time compare it with what they need and trap: a manifest asking for too little
+// becomes a reported crash instead of silent corruption.
+__device__ __forceinline__ unsigned int fa_dynamic_smem_bytes() {
+    unsigned int n;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+    return n;
+}

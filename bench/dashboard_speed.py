@@ -1,0 +1,201 @@
+"""Dashboard speed on a large history: 1,000,000 results (200 commits x 5 GPUs x 1,000
+variant-case pairs) plus their comparison verdicts, in SQLite and in PostgreSQL.
+
+    .venv/bin/python bench/dashboard_speed.py                     # both backends
+    .venv/bin/python bench/dashboard_speed.py --backend sqlite --reuse
+    .venv/bin/python bench/dashboard_speed.py --commits 20        # a quick, smaller run
+
+For each backend it reports:
+  - the bulk load (rows, seconds, database size);
+  - the first (cold-cache) render of Overview and of History, timed in a fresh process
+    through Streamlit's AppTest after the app's modules are imported (as in a running
+    server), and the warm (cached) re-render; target: each first render under 2 s;
+  - a real server (`streamlit run`) driven by headless Chromium: navigation to drawn chart
+    or table for Overview and History, and the server's resident memory after both
+    (VmRSS now / VmHWM peak); target: under 1 GB. Skipped without chromium.
+
+PostgreSQL goes into its own database (`fa_dashboard_bench`, dropped and recreated), so
+the `test` database of the server is left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sqlalchemy import create_engine, text  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+
+from dashboard import headless  # noqa: E402
+from dashboard.synth import SynthSpec, generate, synth_cases  # noqa: E402
+
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+PG_DB = "fa_dashboard_bench"
+H200 = "NVIDIA H200"
+
+# Runs in a fresh interpreter: cold query caches, warm imports (like a started server).
+_RENDER = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+import altair, pandas, streamlit  # noqa: F401  (a running server has these loaded)
+from streamlit.testing.v1 import AppTest
+import dashboard.page_overview, dashboard.page_history, dashboard.charts  # noqa: F401
+imports = time.perf_counter() - t0
+app, views = sys.argv[1], json.loads(sys.argv[2])
+out = {"imports_s": imports}
+for name, params in views:
+    at = AppTest.from_file(app, default_timeout=120)
+    for k, v in params.items():
+        at.query_params[k] = v
+    t = time.perf_counter()
+    at.run()
+    dt = time.perf_counter() - t
+    out[name] = {"s": round(dt, 3), "title": at.title[0].value if at.title else None,
+                 "charts": len(at.get("vega_lite_chart")), "tables": len(at.dataframe),
+                 "problems": [str(e.value)[:300] for e in at.exception],
+                 "alerts": [str(e.value)[:200] for e in at.error]}
+out["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(out))
+"""
+
+
+def prepare(backend: str, args: argparse.Namespace) -> str:
+    if backend == "sqlite":
+        return f"sqlite:///{Path(args.sqlite).resolve()}"
+    admin = make_url(args.pg)
+    return admin.set(database=PG_DB).render_as_string(hide_password=False)
+
+
+def fresh(backend: str, url: str, args: argparse.Namespace) -> None:
+    if backend == "sqlite":
+        path = Path(make_url(url).database)
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        return
+    admin = create_engine(args.pg, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{PG_DB}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{PG_DB}"'))
+    admin.dispose()
+
+
+def size_mb(backend: str, url: str) -> float:
+    if backend == "sqlite":
+        path = Path(make_url(url).database)
+        return sum(Path(f"{path}{s}").stat().st_size for s in ("", "-wal")
+                   if Path(f"{path}{s}").exists()) / 2**20
+    eng = create_engine(url)
+    with eng.connect() as conn:
+        n = conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
+    eng.dispose()
+    return n / 2**20
+
+
+def views(spec: SynthSpec) -> list[tuple[str, dict[str, str]]]:
+    bf16 = next(c.case_id for c in synth_cases(spec.cases) if "-bf16-" in c.case_id)
+    return [
+        ("overview", {}),
+        ("history_default", {"page": "history"}),
+        ("history_link", {"page": "history", "variant": "fa2_tc", "case": bf16, "gpu": H200}),
+        ("overview_warm", {}),
+    ]
+
+
+def render_times(url: str, spec: SynthSpec) -> dict[str, Any]:
+    env = dict(os.environ, FA_HARNESS_DB=url, PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", _RENDER, str(ROOT / "dashboard" / "app.py"),
+         json.dumps(views(spec))], capture_output=True, text=True, env=env, cwd=ROOT,
+        timeout=900)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def browser(url: str, spec: SynthSpec, shots: Path) -> dict[str, Any]:
+    if headless.find_chromium() is None:
+        return {"skipped": "no chromium on PATH"}
+    res: dict[str, Any] = {}
+    with headless.serve(url) as server, headless.chromium() as cdp:
+        for name, params, title, charts in (
+                ("overview", {}, "Overview", 0),
+                ("history", views(spec)[2][1] | {"page": "history"}, "History", 1)):
+            query = "&".join(f"{k}={v.replace(' ', '%20')}" for k, v in params.items())
+            cap = headless.capture(cdp, f"{server.base}/?{query}", want_charts=charts,
+                                   title=title, timeout_s=120)
+            path = shots / f"{name}.png"
+            path.write_bytes(cap.png)
+            res[name] = {"to_drawn_s": round(cap.seconds, 2), "state": cap.state,
+                         "screenshot": str(path)}
+        rss, peak = server.rss_bytes()
+        res["server_rss_mb"] = round(rss / 2**20, 1)
+        res["server_peak_rss_mb"] = round(peak / 2**20, 1)
+    return res
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", choices=("sqlite", "postgresql", "both"), default="both")
+    p.add_argument("--sqlite", default="/tmp/fa-dashboard-bench.sqlite")
+    p.add_argument("--pg", default=PG_ADMIN, help="admin URL of the PostgreSQL server")
+    p.add_argument("--commits", type=int, default=200)
+    p.add_argument("--gpus", type=int, default=5)
+    p.add_argument("--variants", type=int, default=10)
+    p.add_argument("--cases", type=int, default=100)
+    p.add_argument("--reuse", action="store_true", help="keep an existing bench database")
+    p.add_argument("--no-browser", action="store_true")
+    p.add_argument("--out", default="/tmp/fa-dashboard-bench", help="screenshots and JSON")
+    args = p.parse_args()
+    spec = SynthSpec(commits=args.commits, gpus=args.gpus, variants=args.variants,
+                     cases=args.cases)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"spec": {"commits": spec.commits, "gpus": spec.gpus,
+                                       "variants": spec.variants, "cases": spec.cases,
+                                       "results": spec.results}}
+    backends = ("sqlite", "postgresql") if args.backend == "both" else (args.backend,)
+    for backend in backends:
+        url = prepare(backend, args)
+        r: dict[str, Any] = {}
+        if not args.reuse:
+            fresh(backend, url, args)
+            t = time.perf_counter()
+            engine = create_engine(url)
+            r["rows"] = generate(engine, spec, bulk=True)
+            engine.dispose()
+            r["load_s"] = round(time.perf_counter() - t, 1)
+        r["size_mb"] = round(size_mb(backend, url), 1)
+        r["render"] = render_times(url, spec)
+        if not args.no_browser:
+            shots = out_dir / backend
+            shots.mkdir(exist_ok=True)
+            r["browser"] = browser(url, spec, shots)
+        report[backend] = r
+        print(json.dumps({backend: r}, indent=1, default=str), flush=True)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    ok = True
+    for backend in backends:
+        rr = report[backend]["render"]
+        for view in ("overview", "history_default", "history_link"):
+            flag = "ok" if rr[view]["s"] < 2.0 and not rr[view]["problems"] else "SLOW/FAIL"
+            ok &= flag == "ok"
+            print(f"{backend:10s} first render {view:16s} {rr[view]['s']:6.2f} s  {flag}")
+        b = report[backend].get("browser", {})
+        if "server_peak_rss_mb" in b:
+            flag = "ok" if b["server_peak_rss_mb"] < 1024 else "OVER"
+            ok &= flag == "ok"
+            print(f"{backend:10s} server peak RSS {b['server_peak_rss_mb']:8.1f} MB   {flag}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

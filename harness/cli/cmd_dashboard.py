@@ -1,0 +1,53 @@
+"""`fa-harness dashboard [--db URL] [--port N]`: serve the Streamlit dashboard headless."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.cli import UsageError
+
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "dashboard", help="serve the results dashboard (Streamlit, headless)",
+        description="Serve the results dashboard. With no --db it reads the default SQLite "
+                    "database (FA_HARNESS_DB overrides); `fa-harness import results/` fills "
+                    "it with this project's H200 history.")
+    p.add_argument("--db", metavar="URL", default=None,
+                   help="SQLAlchemy URL or SQLite file path of the results database")
+    p.add_argument("--port", type=int, default=8501, help="TCP port (default 8501)")
+    p.add_argument("--address", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    p.set_defaults(func=run)
+
+
+def command(args: argparse.Namespace) -> list[str]:
+    """The `streamlit run` command line for these arguments."""
+    cmd = [sys.executable, "-m", "streamlit", "run", str(APP),
+           "--server.headless", "true", "--server.port", str(args.port),
+           "--server.address", args.address, "--browser.gatherUsageStats", "false"]
+    if args.db:
+        cmd += ["--", "--db", args.db]
+    return cmd
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port} is not a TCP port (1-65535)")
+    if not APP.exists():
+        raise UsageError(f"the dashboard app is missing: {APP}")
+    env = dict(os.environ)
+    if args.db:
+        # Pages loaded as separate scripts (Submit) resolve the database themselves.
+        env["FA_HARNESS_DB"] = args.db
+    print(f"fa-harness dashboard: http://{args.address}:{args.port}/", file=sys.stderr)
+    try:
+        return subprocess.call(command(args), env=env)
+    except KeyboardInterrupt:
+        return 130

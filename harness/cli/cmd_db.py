@@ -1,0 +1,66 @@
+"""`fa-harness db upgrade|current [--db URL]`: schema migrations of the results database."""
+
+from __future__ import annotations
+
+import argparse
+
+from harness.cli import UsageError
+from harness.cli._dbopt import add_db_option
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("db", help="results database: create/upgrade the schema")
+    dsub = p.add_subparsers(dest="db_command", metavar="ACTION")
+    dsub.required = True
+    up = dsub.add_parser("upgrade", help="create the database or bring its schema to head")
+    add_db_option(up)
+    up.set_defaults(func=cmd_upgrade)
+    cur = dsub.add_parser("current", help="show the database URL, revision and row counts")
+    add_db_option(cur)
+    cur.set_defaults(func=cmd_current)
+
+
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    from harness.db import migrate
+    from harness.db.engine import display_url, make_engine, resolve_url, sqlite_file
+    from harness.db.store import DatabaseError, open_db
+
+    url = resolve_url(args.db)
+    path = sqlite_file(url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        engine = make_engine(url)
+        try:
+            before, after = migrate.upgrade(engine)
+        finally:
+            engine.dispose()
+        db = open_db(url, create=False)  # proves the result is usable
+        db.close()
+    except DatabaseError as exc:
+        raise UsageError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - driver errors: one line, exit 2
+        reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        raise UsageError(f"cannot upgrade {display_url(url)}: {reason}") from None
+    if before == after:
+        print(f"{display_url(url)}: schema already at {after}")
+    else:
+        print(f"{display_url(url)}: schema {before or 'empty'} -> {after}")
+    return 0
+
+
+def cmd_current(args: argparse.Namespace) -> int:
+    from harness.cli._dbopt import open_or_fail
+    from harness.db import migrate
+    from harness.db.store import counts
+
+    db = open_or_fail(args.db, create=False, upgrade=False)
+    try:
+        with db.engine.connect() as conn:
+            rev = migrate.current_revision(conn)
+        print(f"{db.display_url}: revision {rev} (head {migrate.head_revision()})")
+        for table, n in counts(db).items():
+            print(f"  {table}: {n}")
+    finally:
+        db.close()
+    return 0

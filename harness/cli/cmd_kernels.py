@@ -1,0 +1,128 @@
+"""`fa-harness kernels`: every candidate with what it supports; `--compile` builds the CUDA
+variants with nvcc and reports registers and spills per entry point.
+
+Exit codes: 0 when everything listed loads (and compiles); 1 when a variant fails to load
+or to compile; 2 on bad arguments."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+from rich.markup import escape
+
+from harness.cli import EXIT_FAIL, EXIT_OK, UsageError
+
+ARCH_RE = re.compile(r"^sm_\d+[af]?$")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("kernels", help="list candidates and what they support; --compile "
+                                       "builds the CUDA variants", description=__doc__)
+    p.add_argument("--compile", action="store_true",
+                   help="compile every CUDA variant with nvcc (no GPU needed)")
+    p.add_argument("--arch", default="sm_80,sm_90", help="archs for --compile "
+                                                          "(default sm_80,sm_90)")
+    p.add_argument("--planted", action="store_true", help="also list the planted-bug models")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run)
+
+
+def _fmt_set(values, all_values=None) -> str:
+    if values is None:
+        return "any"
+    vals = sorted(values) if all(isinstance(v, int) for v in values) else sorted(values, key=str)
+    if all_values is not None and set(values) >= set(all_values):
+        return "all"
+    return ",".join(str(getattr(v, "value", v)) for v in vals)
+
+
+def describe(c) -> dict:
+    """What a candidate declares, as plain data (the table's and --json's rows)."""
+    from harness.cases import DTYPE_SHORT, MaskKind
+    from harness.registry import unavailable_reason
+
+    s = c.support
+    return {
+        "name": c.name, "kind": c.kind, "device": c.device, "algorithm": c.algorithm,
+        "dtypes": ",".join(DTYPE_SHORT.get(d, d) for d in sorted(s.dtypes)),
+        "head_dims": _fmt_set(s.head_dims),
+        "masks": _fmt_set(s.masks, MaskKind),
+        "gqa": s.gqa,
+        "lse": (f"yes ({s.masked_lse} masked)" if s.writes_lse else "no"),
+        "deterministic": s.deterministic,
+        "isolate": c.isolate,
+        "tiles": dict(c.tiles),
+        "available": unavailable_reason(c) or "yes",
+        "description": c.description,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness import registry
+
+    archs = [a.strip() for a in args.arch.split(",") if a.strip()]
+    bad = [a for a in archs if not ARCH_RE.match(a)]
+    if bad or not archs:
+        raise UsageError(f"--arch wants names like sm_80,sm_90a; got {args.arch!r}")
+    kinds = registry.DEFAULT_KINDS + (("planted",) if args.planted else ())
+    rows = [describe(c) for c in registry.discover(registry.DEFAULT_KINDS)]
+    if args.planted:
+        rows += [describe(c) for c in registry.discover(("planted",))]
+    errors = [str(e) for e in registry.load_errors()]
+    notes = registry.notes()
+    code = EXIT_FAIL if errors else EXIT_OK
+    reports = []
+    if args.compile:
+        reports, compile_code = _compile(archs)
+        code = max(code, compile_code)
+    if args.json:
+        print(json.dumps({"candidates": rows, "load_errors": errors, "notes": notes,
+                          "kinds": list(kinds),
+                          "compile": [r.to_dict() for r in reports]}, indent=1))
+        return code
+    _print_table(rows, errors, notes)
+    if args.compile:
+        from harness.compile import format_reports
+
+        print(format_reports(reports))
+    return code
+
+
+def _compile(archs: list[str]) -> tuple[list, int]:
+    from harness.compile import compile_all_nvcc, nvcc_path
+
+    if nvcc_path() is None:
+        raise UsageError("--compile needs nvcc on PATH")
+    reports = compile_all_nvcc(archs)
+    return reports, (EXIT_FAIL if any(not r.ok for r in reports) else EXIT_OK)
+
+
+def wide_console():
+    """A console that does not squeeze tables to 80 columns when output is piped (CI logs)."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def _print_table(rows: list[dict], errors: list[str], notes: list[str]) -> None:
+    from rich.table import Table
+
+    console = wide_console()
+    t = Table(title="candidates")
+    cols = ("name", "kind", "device", "algorithm", "dtypes", "head_dims", "masks", "gqa",
+            "lse", "available")
+    for col in cols:
+        t.add_column(col.replace("_", " "))
+    for r in rows:
+        cells = {**r, "available": "yes" if r["available"] == "yes" else "no (needs CUDA)"}
+        t.add_row(*(("yes" if cells[c] else "no") if isinstance(cells[c], bool)
+                    else escape(str(cells[c])) for c in cols))
+    console.print(t)
+    for n in notes:
+        console.print(f"note: {escape(n)}")
+    for e in errors:
+        console.print(f"[red]variant load error:[/red] {escape(e)}", soft_wrap=True)

@@ -1,0 +1,193 @@
+"""`fa-harness run`: the correctness suite over every candidate this machine can run,
+then (perf/decode grids, on a GPU) the timing run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from harness.cli import EXIT_FAIL, EXIT_OK, UsageError
+
+MAX_FAILURES_SHOWN = 20
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="check (and on a GPU, time) candidates over a case grid",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--grid", default="smoke", help="smoke | full | perf | decode (default smoke)")
+    p.add_argument("--kernels", default=None, metavar="NAMES",
+                   help="comma-separated candidate names or globs (default: all available)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="only candidates on this device (default: every available one)")
+    p.add_argument("--secret", type=int, default=0,
+                   help="secret mixed into the input seeds (default 0: public inputs)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs per case; > 1 also requires bitwise-equal outputs (race check)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="per-case deadline of isolated candidates (default 300 s)")
+    p.add_argument("--baseline", default="sdpa_flash",
+                   help="candidate the perf table compares against (default sdpa_flash)")
+    p.add_argument("--ncu", action="store_true", help="perf: measure DRAM bytes with ncu")
+    p.add_argument("--json", dest="json_path", metavar="FILE", default=None,
+                   help="write every result as JSON to FILE")
+    p.add_argument("--record", metavar="FILE", default=None,
+                   help="write a versioned run record (harness.record) to FILE")
+    p.add_argument("--db", metavar="URL", default=None,
+                   help="store the run record in this database (SQLAlchemy URL or SQLite path)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _console():
+    from harness.cli.cmd_kernels import wide_console
+
+    return wide_console()
+
+
+def _select(args: argparse.Namespace, cuda: bool) -> list:
+    from harness import registry
+
+    pool = registry.discover()
+    if args.kernels:
+        pool = pool + registry.discover(("planted",))  # planted bugs only when named
+        try:
+            chosen = registry.select(pool, args.kernels)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    else:
+        chosen = [c for c in pool if registry.available(c)]
+    if args.device:
+        chosen = [c for c in chosen if c.device == args.device]
+    elif not cuda:
+        chosen = [c for c in chosen if c.device == "cpu"]
+    if not chosen:
+        raise UsageError("no candidate to run (check --kernels / --device)")
+    return chosen
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from harness import registry
+    from harness.grids import get_grid
+    from harness.runner import exit_code, run_correctness, summarize, summary_table
+
+    try:
+        cases = get_grid(args.grid)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.repeats < 1:
+        raise UsageError("--repeats must be >= 1")
+    cuda = torch.cuda.is_available()
+    if args.device == "cuda" and not cuda:
+        raise UsageError("--device cuda: no CUDA device is available on this machine")
+    console = _console()
+    timing_grid = args.grid in ("perf", "decode")
+    if timing_grid and not cuda:
+        console.print(f"timing needs a GPU: no CUDA device here, the {args.grid} grid was not "
+                      f"run (on a CPU machine use --grid smoke or --grid full)")
+        return EXIT_OK
+    if not cuda:
+        console.print("no CUDA device here: running the CPU candidates only")
+    candidates = _select(args, cuda)
+    for note in registry.notes():
+        console.print(f"note: {escape(note)}")
+    for err in registry.load_errors():
+        console.print(f"[red]variant load error:[/red] {escape(str(err))}")
+
+    results = run_correctness(candidates, cases, secret=args.secret, repeats=args.repeats,
+                              progress=not args.no_progress and sys.stderr.isatty(),
+                              timeout_s=args.timeout)
+    console.print(summary_table(summarize(results),
+                                title=f"correctness: grid {args.grid}, {len(cases)} cases"))
+    _print_failures(console, results)
+    code = max(exit_code(results), EXIT_FAIL if registry.load_errors() else EXIT_OK)
+
+    perf_results = []
+    if timing_grid:
+        perf_results = _perf(args, candidates, cases, results, console)
+        code = max(code, exit_code(perf_results))
+    all_results = results + perf_results
+    if args.json_path:
+        _write_json(Path(args.json_path), args, all_results)
+    if args.record or args.db:
+        _record(args, candidates, perf_results or results)
+    return code
+
+
+def _print_failures(console: Any, results: list) -> None:
+    from harness.runner import FAILING
+
+    bad = [r for r in results if r.status in FAILING]
+    for r in bad[:MAX_FAILURES_SHOWN]:
+        console.print(f"[red]{r.status.value.upper()}[/red] {r.kernel} {r.case.id}: "
+                      f"{escape(r.message)}", soft_wrap=True)
+    if len(bad) > MAX_FAILURES_SHOWN:
+        console.print(f"... and {len(bad) - MAX_FAILURES_SHOWN} more failing case(s)")
+
+
+def _perf(args: argparse.Namespace, candidates: list, cases: list, checked: list,
+          console: Any) -> list:
+    """Time the GPU candidates that passed every correctness case they ran."""
+    from harness.perf import format_table, run_perf
+    from harness.runner import FAILING
+
+    failed = {r.kernel for r in checked if r.status in FAILING}
+    timed = [c for c in candidates if c.device == "cuda" and c.name not in failed]
+    for name in sorted(failed):
+        console.print(f"not timed: {name} failed correctness")
+    if not timed:
+        console.print("no GPU candidate left to time")
+        return []
+    results = run_perf(timed, cases, baseline=args.baseline, ncu=args.ncu,
+                       timeout_s=args.timeout)
+    print(format_table(results, args.baseline))
+    return results
+
+
+def _write_json(path: Path, args: argparse.Namespace, results: list) -> None:
+    from harness.runner import summarize
+
+    data = {"grid": args.grid, "results": [r.to_dict() for r in results],
+            "summary": [vars(row) for row in summarize(results)]}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1) + "\n")
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e}") from None
+
+
+def _record(args: argparse.Namespace, candidates: list, results: list) -> None:
+    """Write the run record (--record) and store it (--db). The record is spooled before
+    the database is touched, so an unreachable database loses nothing."""
+    import torch
+
+    from harness.gate import gpu_meta, kernel_info
+    from harness.record import RecordError, RunRecord, spool
+
+    meta = {"source": "cli", "grids": [args.grid],
+            "kernels": {c.name: kernel_info(c) for c in candidates},
+            "gpu": gpu_meta() if torch.cuda.is_available() else None}
+    try:
+        rec = RunRecord.from_results(results, meta)
+        if args.record:
+            print(f"record written to {rec.write(args.record)}")
+    except (RecordError, OSError) as e:
+        raise UsageError(f"cannot write the run record: {e}") from None
+    if args.db:
+        from harness.db.store import DatabaseError, open_db, store_record
+
+        kept = spool(rec)
+        try:
+            with open_db(args.db) as db:
+                run_id = store_record(db, rec)
+        except DatabaseError as e:
+            print(f"warning: database not updated, record kept in {kept}: {e}", file=sys.stderr)
+            return
+        kept.unlink(missing_ok=True)
+        print(f"stored as run {run_id}")

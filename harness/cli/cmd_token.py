@@ -1,0 +1,78 @@
+"""`fa-harness token create|list|revoke`: submission tokens (stored only as sha256)."""
+
+from __future__ import annotations
+
+import argparse
+
+from harness.cli import UsageError
+
+
+def _open(url: str | None):  # noqa: ANN202 - harness.db.Database
+    from harness.db import DatabaseError, open_db
+
+    try:
+        return open_db(url)
+    except DatabaseError as e:
+        raise UsageError(str(e)) from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("token", help="create, list or revoke submission tokens",
+                       description="Submission tokens. The token is printed once at creation; "
+                                   "the database keeps only its sha256.")
+    tsub = p.add_subparsers(dest="token_command", metavar="ACTION")
+    tsub.required = True
+    c = tsub.add_parser("create", help="create a token and print it (once)")
+    c.add_argument("--name", required=True, help="who or what the token is for")
+    c.add_argument("--db", help="database URL or SQLite path (default: FA_HARNESS_DB or the "
+                                "default SQLite file)")
+    c.set_defaults(func=_create)
+    ls = tsub.add_parser("list", help="list tokens (names and ids, never the tokens)")
+    ls.add_argument("--db")
+    ls.set_defaults(func=_list)
+    r = tsub.add_parser("revoke", help="revoke the tokens of a name (or one id)")
+    r.add_argument("name_or_id")
+    r.add_argument("--db")
+    r.set_defaults(func=_revoke)
+
+
+def _create(args: argparse.Namespace) -> int:
+    from harness.tokens import TokenError, create_token
+
+    db = _open(args.db)
+    try:
+        info, plain = create_token(db.engine, args.name)
+    except TokenError as e:
+        raise UsageError(str(e)) from None
+    finally:
+        db.close()
+    print(plain)
+    print(f"token {info.id} for {info.name!r} created; it is shown only now, store it safely",
+          file=__import__("sys").stderr)
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from harness.tokens import list_tokens
+
+    db = _open(args.db)
+    try:
+        for t in list_tokens(db.engine):
+            print(f"{t.id}\t{t.name}\t{'revoked' if t.revoked else 'active'}")
+    finally:
+        db.close()
+    return 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    from harness.tokens import revoke_token
+
+    db = _open(args.db)
+    try:
+        n = revoke_token(db.engine, args.name_or_id)
+    finally:
+        db.close()
+    if not n:
+        raise UsageError(f"no active token named {args.name_or_id!r}")
+    print(f"revoked {n} token(s)")
+    return 0

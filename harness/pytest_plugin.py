@@ -1,0 +1,146 @@
+"""pytest plugin (entry point `fa_harness`): options and parametrization for the suites.
+
+Options:
+  --fa-grid NAME      case grid of the suites (smoke | full | perf | decode; default smoke)
+  --fa-kernels NAMES  comma-separated candidate names or globs (default: every candidate
+                      available on this machine; naming one that is not available makes its
+                      tests skip with the reason)
+  --fa-secret N       secret mixed into the input seeds (default 0)
+  --fa-repeats N      runs per case; > 1 adds the bitwise race check (default 1)
+  --fa-db URL         store the session's results as a run record in this database
+
+A test that asks for the fixtures `fa_candidate_name` and `fa_case` is parametrized over
+candidates x cases with ids like `fa2_model-b2h4-113x203-d64-fp16-causal_br`. The marker
+`@pytest.mark.fa_grid("name")` overrides --fa-grid for one test. Parametrization is
+deterministic (sorted candidates, fixed grids), as pytest-xdist requires; every test of a
+case carries the xdist group of that case, so with `--dist loadgroup` one worker computes
+a case's oracle once for all candidates.
+
+This module is imported by every pytest run in an environment where fa-harness is
+installed, so it imports nothing heavy at module level.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+_RESULTS_KEY = pytest.StashKey[list]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("fa-harness", "FlashAttention harness suites")
+    group.addoption("--fa-grid", default="smoke", help="case grid (default smoke)")
+    group.addoption("--fa-kernels", default=None,
+                    help="comma-separated candidate names or globs (default: all available)")
+    group.addoption("--fa-secret", type=int, default=0, help="input seed secret (default 0)")
+    group.addoption("--fa-repeats", type=int, default=1,
+                    help="runs per case; > 1 also checks bitwise determinism")
+    group.addoption("--fa-db", default=None, metavar="URL",
+                    help="store this session's results in the database at URL")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "fa_grid(name): case grid of this test "
+                                       "(overrides --fa-grid)")
+    config.stash[_RESULTS_KEY] = []
+
+
+def selected_candidates(config: pytest.Config) -> list:
+    """The candidates the suites run: --fa-kernels, else every available one."""
+    from harness import registry
+
+    patterns = config.getoption("--fa-kernels")
+    pool = registry.discover()
+    if not patterns:
+        return [c for c in pool if registry.available(c)]
+    try:
+        return registry.select(pool + registry.discover(("planted",)), patterns)
+    except ValueError as e:
+        raise pytest.UsageError(f"--fa-kernels: {e}") from None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if not {"fa_candidate_name", "fa_case"} <= set(metafunc.fixturenames):
+        return
+    from harness.grids import get_grid
+
+    marker = metafunc.definition.get_closest_marker("fa_grid")
+    grid = marker.args[0] if marker else metafunc.config.getoption("--fa-grid")
+    try:
+        cases = get_grid(grid)
+    except ValueError as e:
+        raise pytest.UsageError(f"--fa-grid: {e}") from None
+    candidates = selected_candidates(metafunc.config)
+    params = [pytest.param(c.name, case, id=f"{c.name}-{case.id}",
+                           marks=pytest.mark.xdist_group(case.id))
+              for case in cases for c in candidates]
+    metafunc.parametrize(("fa_candidate_name", "fa_case"), params)
+
+
+@pytest.fixture
+def fa_candidate(fa_candidate_name: str):
+    from harness.registry import get_candidate, unavailable_reason
+
+    cand = get_candidate(fa_candidate_name)
+    reason = unavailable_reason(cand)
+    if reason:
+        pytest.skip(f"{cand.name}: {reason}")
+    return cand
+
+
+@pytest.fixture
+def fa_check(request: pytest.FixtureRequest):
+    """fa_check(candidate, case) -> CaseResult, through the runner (isolated candidates in
+    a child process), recorded for --fa-db."""
+    config = request.config
+
+    def check(candidate, case):
+        from harness.runner import run_correctness
+
+        (res,) = run_correctness([candidate], [case],
+                                 secret=config.getoption("--fa-secret"),
+                                 repeats=config.getoption("--fa-repeats"))
+        config.stash[_RESULTS_KEY].append(res)
+        return res
+
+    return check
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    try:
+        from harness import registry
+
+        registry.discover()
+        lines = [f"fa-harness: {n}" for n in registry.notes()]
+        lines += [f"fa-harness: variant load error: {e}" for e in registry.load_errors()]
+    except Exception as e:  # the header must never break collection; tests will show it
+        lines = [f"fa-harness: discovery failed: {type(e).__name__}: {e}"]
+    return lines or None
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    url = session.config.getoption("--fa-db", default=None)
+    results = session.config.stash.get(_RESULTS_KEY, [])
+    if not url or not results:
+        return
+    from harness.db.store import DatabaseError, open_db, store_record
+    from harness.gate import gpu_meta
+    from harness.record import RunRecord, spool
+
+    import torch
+
+    grid = session.config.getoption("--fa-grid")
+    rec = RunRecord.from_results(results, {
+        "source": "ci", "grids": [grid],
+        "gpu": gpu_meta() if torch.cuda.is_available() else None})
+    kept = spool(rec)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    try:
+        with open_db(url) as db:
+            run_id = store_record(db, rec)
+        kept.unlink(missing_ok=True)
+        msg = f"fa-harness: stored {len(results)} result(s) as run {run_id}"
+    except DatabaseError as e:
+        msg = f"fa-harness: database not updated, record kept in {kept}: {e}"
+    if reporter is not None:
+        reporter.write_line(msg)

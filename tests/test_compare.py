@@ -1,0 +1,166 @@
+"""Regression verdicts: timing (ratio + U test + median intervals), correctness,
+precision drift, GPU model separation, and the `fa-harness compare` exit codes."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from harness.cli import main as cli_main
+from harness.compare import (
+    CompareError,
+    Policy,
+    compare_records,
+    compare_samples,
+    median_interval,
+)
+from harness.synthetic import make_record, specs_for
+
+
+def _samples(n: int, scale: float, noise: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return [scale * (1 + rng.gauss(0, noise)) for _ in range(n)]
+
+
+def test_median_interval_is_the_sign_test_interval():
+    xs = list(range(1, 21))  # n = 20: binomial 5% quantile gives ranks 6 and 15
+    assert median_interval(xs, 0.90) == (6, 15)
+    assert median_interval([3.0], 0.9) == (3.0, 3.0)
+
+
+def test_clear_slowdown_is_a_regression_and_speedup_an_improvement():
+    base = _samples(30, 1.0, 0.01, 1)
+    v, ratio, p, detail = compare_samples(base, _samples(30, 1.05, 0.01, 2))
+    assert v == "regression" and ratio == pytest.approx(1.05, abs=0.01) and p < 1e-6
+    assert all(detail["rules"].values())
+    v, ratio, _, _ = compare_samples(base, _samples(30, 0.94, 0.01, 3))
+    assert v == "improvement" and ratio < 0.97
+
+
+def test_identical_builds_are_same_even_with_outliers():
+    flagged = 0
+    for seed in range(200):
+        base = _samples(20, 1.0, 0.015, seed)
+        new = _samples(20, 1.0, 0.015, 1000 + seed)
+        new[0] *= 1.5  # a preempted sample
+        new[1] *= 1.3
+        flagged += compare_samples(base, new)[0] in ("regression", "improvement")
+    assert flagged <= 2
+
+
+def test_small_real_change_under_threshold_is_same():
+    # 1% slower with tiny noise: statistically real, practically irrelevant.
+    v, ratio, p, _ = compare_samples(_samples(40, 1.0, 0.001, 1), _samples(40, 1.01, 0.001, 2))
+    assert v == "same" and p < 1e-6 and ratio == pytest.approx(1.01, abs=0.002)
+
+
+def test_large_ratio_from_noise_is_inconclusive():
+    # Two samples per tail, heavy noise: ratio beyond 2% but the test cannot confirm.
+    base = [1.0, 1.3, 0.7, 1.1, 0.9, 1.2]
+    new = [1.1, 1.4, 0.8, 1.2, 1.0, 1.25]
+    v, ratio, p, detail = compare_samples(base, new)
+    assert ratio > 1.02 and v == "inconclusive" and "not confirmed" in detail["reason"]
+
+
+def test_medians_only_call_only_large_changes():
+    assert compare_samples([], [], base_median=1.0, new_median=1.05)[0] == "inconclusive"
+    assert compare_samples([], [], base_median=1.0, new_median=1.01)[0] == "same"
+    assert compare_samples([], [], base_median=1.0, new_median=1.2)[0] == "regression"
+
+
+def _pair(**changes):
+    specs = specs_for(samples=25)
+    base = make_record(specs, seed=1, commit="a" * 40)
+    new_specs = specs_for(samples=25)
+    for idx, attrs in changes.items():
+        for k, v in attrs.items():
+            setattr(new_specs[int(idx[1:])], k, v)
+    new = make_record(new_specs, seed=2, commit="b" * 40, parent="a" * 40, minutes=10)
+    return base, new
+
+
+def test_records_compare_per_kernel_and_case():
+    base, new = _pair(i0={"median_ms": 1.0 * 1.08}, i1={"status": "failed"},
+                      i2={"err_ratio": 1.6}, i3={"median_ms": 1.3 * 0.9})
+    report = compare_records(base, new)
+    by_case = {(v.variant, v.case_id): v.verdict for v in report.verdicts}
+    verdicts = [by_case[(e["kernel"], e["case_id"])] for e in new.results]
+    assert verdicts[:4] == ["regression", "correctness_regression", "precision_drift",
+                            "improvement"]
+    assert set(verdicts[4:]) == {"same"}
+    assert report.regressed and len(report.failing) == 3
+    md = report.markdown()
+    assert "correctness_regression" in md and "| regression |" in md
+    # Base failing, new passing: fixed, and not a failure.
+    fixed = compare_records(new, base)
+    assert any(v.verdict == "correctness_fixed" for v in fixed.verdicts)
+
+
+def test_precision_drift_needs_both_factor_and_floor():
+    base, new = _pair(i0={"err_ratio": 0.9})  # 0.8 -> 0.9: fine
+    assert not compare_records(base, new).regressed
+    base, new = _pair(i0={"err_ratio": 1.19})  # 1.49x and above 1.0: just under the factor
+    assert not compare_records(base, new).regressed
+
+
+def test_missing_and_new_entries_do_not_fail():
+    base = make_record(specs_for(kernels=("fa2", "naive")), seed=1)
+    new = make_record(specs_for(kernels=("fa2", "fa1")), seed=2, minutes=1)
+    c = compare_records(base, new).counts()
+    assert c.get("missing") == 3 and c.get("new") == 3
+    assert not compare_records(base, new).regressed
+
+
+def test_window_baseline_pools_samples():
+    bases = [make_record(specs_for(samples=8), seed=s, minutes=s) for s in range(5)]
+    slow = specs_for(samples=8)
+    slow[0].median_ms *= 1.04
+    report = compare_records(bases, make_record(slow, seed=99, minutes=60))
+    v0 = next(v for v in report.verdicts if v.variant == "fa2" and v.case_id ==
+              bases[0].results[0]["case_id"])
+    assert v0.detail["n_base"] == 40 and v0.detail["base_runs"] == 5
+    assert v0.verdict == "regression"
+
+
+def test_different_gpu_models_refuse_to_compare():
+    base = make_record(specs_for(), seed=1)
+    other = make_record(specs_for(), seed=2, gpu={"name": "NVIDIA H100 80GB HBM3"})
+    with pytest.raises(CompareError, match="different GPU models"):
+        compare_records(base, other)
+
+
+def test_policy_is_respected():
+    base = _samples(30, 1.0, 0.005, 1)
+    new = _samples(30, 1.03, 0.005, 2)
+    assert compare_samples(base, new)[0] == "regression"
+    assert compare_samples(base, new, Policy(threshold=0.05))[0] == "same"
+
+
+def test_cli_compare_exit_codes(tmp_path, capsys):
+    base, new = _pair(i0={"median_ms": 1.1})
+    same_a, same_b = _pair()
+    paths = {}
+    for name, rec in (("base", base), ("new", new), ("sa", same_a), ("sb", same_b)):
+        paths[name] = str(rec.write(tmp_path / f"{name}.json"))
+    assert cli_main(["compare", paths["sa"], paths["sb"]]) == 0
+    assert cli_main(["compare", paths["base"], paths["new"], "--json"]) == 1
+    out = capsys.readouterr().out
+    doc = json.loads(out[out.index("{"):])
+    assert doc["regressed"] is True and doc["counts"]["regression"] == 1
+    # Input errors: exit 2 with one line naming the problem.
+    bad = new.to_dict()
+    bad["schema_version"] = 7
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    assert cli_main(["compare", paths["base"], str(tmp_path / "bad.json")]) == 2
+    assert "schema_version: unknown version 7" in capsys.readouterr().err
+    other = make_record(specs_for(), gpu={"name": "NVIDIA A100-SXM4-80GB"})
+    p_other = str(other.write(tmp_path / "other.json"))
+    assert cli_main(["compare", paths["base"], p_other]) == 2
+    assert "different GPU models" in capsys.readouterr().err
+    assert cli_main(["compare", "1", "2", "--db", str(tmp_path / "none.sqlite")]) == 2
+    assert "no database" in capsys.readouterr().err
+    assert cli_main(["compare", "1", "2", "--db",
+                     "postgresql+psycopg://postgres@127.0.0.1:1/none"]) == 2
+    assert "cannot connect" in capsys.readouterr().err

@@ -1,0 +1,119 @@
+"""Isolation: a hang, an exception, a hard death or a memory blow-up in one case becomes
+that case's verdict, and the remaining cases still run in a fresh child."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from harness.candidate import Candidate
+from harness.cases import Case, MaskKind
+from harness.isolate import is_cuda_fatal, run_isolated
+from harness.results import CaseResult, Status
+
+# Behaviour is chosen by the case's head_dim, so one fake candidate covers every fault.
+OK, HANG, RAISE, EXIT, SEGV, HOG = 16, 17, 18, 19, 20, 21
+
+
+def case(d: int, seed: int = 0) -> Case:
+    return Case(1, 1, 1, 4, 4, d, "float16", MaskKind.NONE, seed)
+
+
+@dataclass
+class Misbehaving(Candidate):
+    def run(self, case, inputs, out, lse) -> None:
+        d = case.head_dim
+        if d == HANG:
+            time.sleep(3600)
+        if d == RAISE:
+            raise ValueError("planned failure in run()")
+        if d == EXIT:
+            os._exit(7)
+        if d == SEGV:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if d == HOG:
+            import numpy as np
+
+            hog = np.ones(1 << 27)  # 1 GiB, written: resident
+            time.sleep(30)
+            del hog
+        out.zero_()
+
+
+def make_fake(name: str) -> Candidate:
+    return Misbehaving(name=name, kind="model", device="cpu")
+
+
+def trivial_case_fn(candidate: Candidate, case: Case, options: dict) -> CaseResult:
+    """Runs the candidate once on zeros: isolation is under test, not the check."""
+    q = torch.zeros(case.batch, case.heads, case.seqlen_q, case.head_dim, dtype=torch.float16)
+    from harness.cases import Inputs
+
+    candidate.run(case, Inputs(q, q, q), torch.empty_like(q), None)
+    return CaseResult(candidate.name, case, Status.PASSED, f"pid {os.getpid()}")
+
+
+OPTS = {"factory": f"{__name__}:make_fake", "case_fn": f"{__name__}:trivial_case_fn"}
+
+
+def run(cases, timeout_s=20.0, **extra):
+    return run_isolated("fake", cases, mode="check", options={**OPTS, **extra},
+                        timeout_s=timeout_s)
+
+
+def test_every_fault_becomes_a_verdict_and_the_next_case_still_runs():
+    t0 = time.monotonic()
+    res = run([case(OK, 1), case(OK, 2), case(RAISE), case(HANG), case(EXIT), case(SEGV),
+               case(OK, 3)], timeout_s=2.0)
+    assert [r.status for r in res] == [Status.PASSED, Status.PASSED, Status.ERROR,
+                                       Status.TIMEOUT, Status.CRASHED, Status.CRASHED,
+                                       Status.PASSED], [r.message for r in res]
+    # no restart without a reason: the first cases and the exception share one child
+    assert res[0].message == res[1].message
+    assert "planned failure" in res[2].message
+    assert "2 s" in res[3].message and "SIGKILL" in res[3].message
+    assert "exited with code 7" in res[4].message
+    assert "SIGSEGV" in res[5].message
+    # faulthandler writes the Python traceback to the redirected stderr: the tail has it
+    assert "Fatal Python error" in res[5].message or "Segmentation fault" in res[5].message
+    assert res[6].message != res[0].message  # a fresh child ran the last case
+    assert time.monotonic() - t0 < 90
+
+
+def test_memory_watchdog_kills_a_hog():
+    res = run([case(HOG), case(OK)], max_rss_mb=800)
+    assert res[0].status is Status.CRASHED
+    assert "host memory limit" in res[0].message
+    assert res[1].status is Status.PASSED
+
+
+def test_build_error_is_reported_for_every_case():
+    res = run_isolated("nope", [case(OK), case(OK, 1)], mode="check",
+                       options={"factory": "harness.no_such_module:make"}, timeout_s=10)
+    assert all(r.status is Status.ERROR for r in res)
+    assert "could not build candidate" in res[0].message
+    assert "no_such_module" in res[0].message
+
+
+def test_bad_mode_is_rejected_before_spawning():
+    with pytest.raises(ValueError, match="mode"):
+        run_isolated("fake", [case(OK)], mode="bogus", options=OPTS, timeout_s=5)
+
+
+def test_default_check_mode_runs_the_real_check_in_the_child():
+    res = run_isolated("sdpa_math", [case(OK), Case(2, 4, 2, 9, 13, 16, "float16",
+                                                     MaskKind.CAUSAL_BR, 3)],
+                       mode="check", options={"device": "cpu"}, timeout_s=120)
+    assert [r.status for r in res] == [Status.PASSED, Status.PASSED], [r.message for r in res]
+    assert res[1].errors.out_err is not None
+
+
+def test_cuda_fatal_markers():
+    assert is_cuda_fatal("CUDA error: an illegal memory access was encountered")
+    assert is_cuda_fatal("cudaErrorIllegalAddress")
+    assert not is_cuda_fatal("ValueError: shapes do not match")

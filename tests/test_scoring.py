@@ -1,0 +1,205 @@
+"""Scoring on the CPU with Python candidates: each defense shown catching its cheat.
+
+The cheats here pass the correctness stage (their first call on a case is honest) and
+cheat only in the timed calls, so the failing verdicts come from the per-call checks of
+`harness.scoring.timed_calls`: fresh inputs, poison, input snapshot, secret row oracle,
+and the physical time floor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from harness.candidate import Candidate
+from harness.cases import Case, MaskKind
+from harness.reference import reference_for_case
+from harness.scoring import (
+    ScoringOptions,
+    check_rows,
+    count_poison,
+    floor_ms,
+    pick_rows,
+    score_candidate,
+)
+
+CASES = [Case(1, 2, 2, 37, 53, 32, "float16", MaskKind.CAUSAL_BR),
+         Case(2, 2, 1, 16, 16, 32, "bfloat16", MaskKind.RANDOM)]
+PERF = [Case(1, 2, 2, 64, 64, 32, "float16", MaskKind.NONE),
+        Case(1, 2, 2, 64, 64, 32, "bfloat16", MaskKind.CAUSAL_BR)]
+# Generous ceilings: the floor is far below any CPU time.
+CEILINGS = {"copy_gbps": 1e9, "matmul_tflops": 1e9}
+
+
+def _options(**kw) -> ScoringOptions:
+    base = dict(device="cpu", correctness_cases=CASES, perf_cases=PERF, min_samples=3,
+                min_time_s=0.0, max_time_s=1.0, warmup_calls=1, ceilings=CEILINGS)
+    base.update(kw)
+    return ScoringOptions(**base)
+
+
+@dataclass
+class Honest(Candidate):
+    """The float64 oracle rounded to the output dtype (plus an optional cheat)."""
+
+    name: str = "honest"
+    kind: str = "model"
+    device: str = "cpu"
+    calls: dict = field(default_factory=dict)
+
+    def compute(self, case, inputs, out, lse) -> None:
+        ref_out, ref_lse = reference_for_case(case, inputs)
+        out.copy_(ref_out.to(out.dtype))
+        if lse is not None:
+            lse.copy_(ref_lse.to(lse.dtype))
+
+    def run(self, case, inputs, out, lse) -> None:
+        n = self.calls.get(case.id, 0)
+        self.calls[case.id] = n + 1
+        self.cheat(n, case, inputs, out, lse)
+
+    def cheat(self, n, case, inputs, out, lse) -> None:
+        self.compute(case, inputs, out, lse)
+
+
+class StaleCache(Honest):
+    """Computes once per case and replays that output (keyed by case, like a pointer- or
+    shape-keyed cache)."""
+
+    def cheat(self, n, case, inputs, out, lse) -> None:
+        store = self.__dict__.setdefault("store", {})
+        if case.id not in store:
+            self.compute(case, inputs, out, lse)
+            store[case.id] = (out.clone(), None if lse is None else lse.clone())
+        else:
+            out.copy_(store[case.id][0])
+            if lse is not None:
+                lse.copy_(store[case.id][1])
+
+
+class LazyAfterFirst(Honest):
+    """Does the work on the first call of a case only (an 'already computed' flag)."""
+
+    def cheat(self, n, case, inputs, out, lse) -> None:
+        if n == 0:
+            self.compute(case, inputs, out, lse)
+
+
+class PartialLater(Honest):
+    """Later calls skip the last query row (a partial write tolerance might hide)."""
+
+    def cheat(self, n, case, inputs, out, lse) -> None:
+        keep_out, keep_lse = out[:, :, -1].clone(), None if lse is None else lse[:, :, -1].clone()
+        self.compute(case, inputs, out, lse)
+        if n > 0:
+            out[:, :, -1] = keep_out
+            if lse is not None:
+                lse[:, :, -1] = keep_lse
+
+
+class ScribblesInputs(Honest):
+    def cheat(self, n, case, inputs, out, lse) -> None:
+        self.compute(case, inputs, out, lse)
+        if n > 0:
+            inputs.k.view(-1)[0] += 1
+
+
+class NanLater(Honest):
+    def cheat(self, n, case, inputs, out, lse) -> None:
+        self.compute(case, inputs, out, lse)
+        if n > 0:
+            out.view(-1)[-1] = float("nan")
+
+
+class AlwaysPartial(Honest):
+    def cheat(self, n, case, inputs, out, lse) -> None:
+        self.compute(case, inputs, out, lse)
+        out[:, :, :1] = 0.5
+
+
+def _score(cand: Candidate, **kw):
+    return score_candidate(cand, _options(**kw), secret=1234, baseline=Honest(name="base"))
+
+
+def test_honest_candidate_is_scored():
+    rep = _score(Honest())
+    assert rep.verdict == "scored", rep.message
+    assert rep.score is not None and rep.score > 0
+    assert rep.detail["coverage"] == {"timed": 2, "of": 2, "unsupported": []}
+    assert all(p["checked_calls"] >= 4 for p in rep.detail["perf"])  # warm-up + samples
+
+
+@pytest.mark.parametrize("cheat,needle", [
+    (StaleCache, "output wrong on sampled rows"),
+    (LazyAfterFirst, "still poisoned"),
+    (PartialLater, "still poisoned"),
+    (ScribblesInputs, "input k was modified"),
+    (NanLater, "non-finite"),
+])
+def test_timed_call_cheats_caught(cheat, needle):
+    rep = _score(cheat())
+    assert rep.verdict == "incorrect", rep.message
+    assert needle in rep.message
+    assert "timed call" in rep.message
+    assert rep.score is None
+    assert rep.failing_cases and rep.failing_cases[-1]["case"] == PERF[0].id
+
+
+def test_correctness_failures_listed_and_stop_at_first():
+    rep = _score(AlwaysPartial())
+    assert rep.verdict == "incorrect"
+    assert [f["case"] for f in rep.failing_cases] == [c.id for c in CASES]
+    rep = _score(AlwaysPartial(), stop_at_first_failure=True)
+    assert [f["case"] for f in rep.failing_cases] == [CASES[0].id]
+
+
+def test_time_below_physical_floor_is_invalid():
+    tiny = {"copy_gbps": 1e-3, "matmul_tflops": 1e-9}  # a floor of many seconds
+    rep = _score(Honest(), ceilings=tiny)
+    assert rep.verdict == "invalid"
+    assert "below the physical floor" in rep.message
+
+
+def test_floor_formula():
+    case = PERF[0]
+    from harness.flops import attention_flops
+    from harness.iomodel import ideal_bytes
+
+    ceil = {"copy_gbps": 1000.0, "matmul_tflops": 1.0}
+    expect = max(attention_flops(case) / 1e12, ideal_bytes(case) / 1e12) * 1e3
+    assert floor_ms(case, ceil) == pytest.approx(expect)
+
+
+def test_row_check_covers_fully_masked_rows():
+    case = Case(2, 2, 2, 40, 30, 32, "float16", MaskKind.CAUSAL_BR)  # rows 0..9 see no key
+    from harness.buffers import OutputBuffers
+    from harness.cases import make_inputs
+
+    inputs = make_inputs(case, "cpu", secret=5)
+    gen = torch.Generator().manual_seed(1)
+    rows = pick_rows(case, inputs, gen, 4)
+    assert set(range(10)) <= set(rows.tolist())
+    cand = Honest()
+    bufs = OutputBuffers.allocate(case, "cpu", True)
+    cand.compute(case, inputs, bufs.out, bufs.lse)
+    assert check_rows(case, inputs, bufs, cand, rows) is None
+    bufs.out[1, 0, 3, 0] = 0.25  # a fully masked row that is not 0
+    assert "fully masked row" in check_rows(case, inputs, bufs, cand, rows)
+
+
+def test_poison_counter_counts_unwritten():
+    from harness.buffers import OutputBuffers
+
+    case = PERF[0]
+    bufs = OutputBuffers.allocate(case, "cpu", True)
+    assert int(count_poison(bufs.out, bufs.lse)) == bufs.out.numel() + bufs.lse.numel()
+    bufs.out.zero_()
+    bufs.lse.zero_()
+    assert int(count_poison(bufs.out, bufs.lse)) == 0
+
+
+def test_options_round_trip():
+    o = _options(max_perf_cases=1)
+    assert ScoringOptions.from_dict(o.to_dict()) == o
