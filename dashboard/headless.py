@@ -8,13 +8,13 @@ navigate, wait until a chart has been drawn (or a timeout), then capture.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -76,15 +76,19 @@ def serve(db_url: str, *, port: int | None = None, timeout_s: float = 60.0,
           workdir: Path | None = None) -> Iterator[Server]:
     """`streamlit run dashboard/app.py` headless on localhost, up once /_stcore/health
     answers ok; stopped (its own process only) on exit."""
+    from harness.cli.cmd_dashboard import command
+
     port = port or free_port()
     log = Path(tempfile.mkstemp(prefix="fa-dashboard-", suffix=".log")[1])
-    cmd = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
-           "--server.port", str(port), "--server.address", "127.0.0.1",
-           "--browser.gatherUsageStats", "false", "--", "--db", db_url]
-    env = dict(os.environ, FA_HARNESS_DB=db_url)
+    # The exact command line of `fa-harness dashboard --db URL --port N`; the URL travels
+    # only as an argument (not through FA_HARNESS_DB), so that path is what gets exercised.
+    cmd = command(argparse.Namespace(db=db_url, port=port, address="127.0.0.1"))
+    env = {k: v for k, v in os.environ.items() if k != "FA_HARNESS_DB"}
+    root = str(APP.parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                cwd=workdir or APP.parent.parent)
+                                cwd=workdir or root)
     server = Server(proc, port, log)
     try:
         deadline = time.monotonic() + timeout_s

@@ -21,7 +21,8 @@ def render(ctx: Ctx) -> None:
     cols[2].metric("variants", s["variants"])
     cols[3].metric("cases", s["cases"])
     last = s["last"]
-    cols[4].metric("last run (UTC)", last.strftime("%Y-%m-%d %H:%M") if last else "-")
+    cols[4].metric("last run", last.strftime("%Y-%m-%d") if last else "-",
+                   help=f"{last:%Y-%m-%d %H:%M} UTC" if last else None)
 
     latest = ctx.q("latest_runs")
     ids = tuple(int(i) for i in latest["id"])
@@ -34,7 +35,7 @@ def render(ctx: Ctx) -> None:
                                     aggfunc="sum", fill_value=0)
                  if len(counts) else pd.DataFrame(index=pd.Index([], name="run_id")))
     for col in ("passed", "failed", "skipped"):
-        table[col] = table["run_id"].map(by_status[col] if col in by_status else {}).fillna(0)
+        table[col] = table["run_id"].map(by_status.get(col, {})).fillna(0)
     other = [c for c in by_status.columns if c not in ("passed", "failed", "skipped")]
     table["crashed/timeout/error/invalid"] = (
         table["run_id"].map(by_status[other].sum(axis=1)).fillna(0) if other else 0)
@@ -55,8 +56,12 @@ def render(ctx: Ctx) -> None:
         shown = flags.assign(gpu=flags["run_id"].map(gpu_of),
                              run=flags["run_id"].map(ui.run_href))
         st.error(f"{len(flags)} flagged verdict(s) in the latest runs.")
-        st.dataframe(shown[["gpu", "variant", "case_id", "verdict", "ratio", "p_value", "run"]],
-                     hide_index=True, column_config={"run": RUN_LINK})
+        grouped = (shown.groupby(["gpu", "variant", "verdict", "run"], as_index=False)
+                   .agg(cases=("case_id", "size"), worst_ratio=("ratio", "max")))
+        st.dataframe(grouped, hide_index=True, column_config={"run": RUN_LINK})
+        with st.expander("Every flagged case"):
+            st.dataframe(shown[["gpu", "variant", "case_id", "verdict", "ratio", "p_value",
+                                "run"]], hide_index=True, column_config={"run": RUN_LINK})
 
     st.subheader("Best TFLOP/s per variant (passing cases of the latest runs)")
     best = ctx.q("best_tflops", ids)

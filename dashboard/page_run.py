@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from urllib.parse import urlencode
 
 import pandas as pd
 import streamlit as st
@@ -83,9 +84,9 @@ def render(ctx: Ctx) -> None:
         base = comps["base_run_id"].dropna()
         if len(base):
             b = int(base.mode().iloc[0])
-            st.markdown(f"Baseline: [run #{b}]({ui.run_href(b)}) · "
-                        f"[compare](./?page=compare&base={b}&new={run_id}"
-                        f"&gpu={detail.get('gpu_model_key') or ''})")
+            query = urlencode({"page": "compare", "base": b, "new": run_id,
+                               "gpu": detail.get("gpu_model_key") or ""})
+            st.markdown(f"Baseline: [run #{b}]({ui.run_href(b)}) · [compare](./?{query})")
         st.dataframe(comps["verdict"].value_counts().rename("count"))
         flagged = comps[comps["verdict"].isin(FLAGGED)]
         if len(flagged):

@@ -18,7 +18,7 @@ from harness.candidate import Candidate
 from harness.cases import Case, make_inputs
 from harness.reference import naive_for_case, reference_for_case
 from harness.results import CaseResult, Status
-from harness.tolerance import check_output
+from harness.tolerance import Baseline, check_output
 
 
 def _sync(device: str | torch.device) -> None:
@@ -56,7 +56,8 @@ def _oracle(case: Case, inputs, secret: int, device: str | torch.device) -> tupl
     key = (case, secret, str(torch.device(device)))
     if key not in _ORACLE_CACHE:
         _ORACLE_CACHE.clear()
-        _ORACLE_CACHE[key] = (reference_for_case(case, inputs), naive_for_case(case, inputs))
+        ref, base = reference_for_case(case, inputs), naive_for_case(case, inputs)
+        _ORACLE_CACHE[key] = (ref, base, Baseline.compute(ref, base, case.torch_dtype))
     return _ORACLE_CACHE[key]
 
 
@@ -79,7 +80,7 @@ def check_case(candidate: Candidate, case: Case, *, device: str | torch.device, 
                         flops=flops_mod.attention_flops(case, inputs),
                         bytes_model=_model_bytes(candidate, case),
                         bytes_ideal=iomodel.ideal_bytes(case))
-    ref, base = _oracle(case, inputs, secret, device)
+    ref, base, baseline = _oracle(case, inputs, secret, device)
     bufs = OutputBuffers.allocate(case, device, writes_lse)
     snapshot = InputSnapshot.take(inputs)
 
@@ -95,7 +96,7 @@ def check_case(candidate: Candidate, case: Case, *, device: str | torch.device, 
     if problems:
         return fail(Status.FAILED, "; ".join(problems))
     verdict = check_output(case, bufs.out, bufs.lse, ref, base, writes_lse=writes_lse,
-                           masked_lse=candidate.support.masked_lse)
+                           masked_lse=candidate.support.masked_lse, baseline=baseline)
     result.errors = verdict.errors
     if not verdict.passed:
         return fail(Status.FAILED, verdict.message)

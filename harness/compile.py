@@ -16,6 +16,7 @@ cupy is imported lazily: the CPU path never touches it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -73,10 +74,16 @@ def format_reports(reports: Iterable[CompileReport]) -> str:
     """A fixed-width table, one line per (variant, entry, arch); failures show their
     compiler message below the table."""
     reports = list(reports)
-    header = f"{'variant':<14} {'entry':<34} {'arch':<8} {'regs':>5} {'spill st/ld':>12} " \
+    wv = max([7] + [len(r.variant) for r in reports])
+    we = max([5] + [len(r.entry) for r in reports])
+    header = f"{'variant':<{wv}} {'entry':<{we}} {'arch':<8} {'regs':>5} {'spill st/ld':>12} " \
              f"{'smem':>7} {'stack':>6}  status"
     lines = [header, "-" * len(header)]
     failures: list[CompileReport] = []
+
+    def n(v: int | None) -> str:
+        return "-" if v is None else str(v)
+
     for r in reports:
         if not r.ok:
             failures.append(r)
@@ -85,12 +92,8 @@ def format_reports(reports: Iterable[CompileReport]) -> str:
             status = r.message or "skipped"
         else:
             status = "ok" if r.spills == 0 else "SPILLS"
-
-        def n(v: int | None) -> str:
-            return "-" if v is None else str(v)
-
         spill = "-" if r.spill_stores is None else f"{r.spill_stores}/{r.spill_loads}"
-        lines.append(f"{r.variant:<14} {r.entry or '-':<34} {r.arch:<8} {n(r.registers):>5} "
+        lines.append(f"{r.variant:<{wv}} {r.entry or '-':<{we}} {r.arch:<8} {n(r.registers):>5} "
                      f"{spill:>12} {n(r.shared_bytes):>7} {n(r.stack_bytes):>6}  {status}")
     for r in failures:
         lines.append("")
@@ -181,10 +184,8 @@ def compile_with_timeout(source: str, options: Sequence[str] = (), timeout_s: fl
             output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             # nvcc runs cicc and ptxas as children: end the group it leads, not just nvcc.
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.communicate()
             return NvccResult(False, arch, f"nvcc timed out after {timeout_s:g} s",
                               timed_out=True)
@@ -252,7 +253,9 @@ def compile_all_nvcc(archs: Sequence[str] = ("sm_80", "sm_90"), root: Path | str
                                          ok=False, message=str(e)))
     if only is not None:
         specs = [s for s in specs if s.name in only]
-    work = [(s, a) for s in specs for a in archs]
+    # Largest sources first, so the slowest compiles do not start last.
+    work = sorted(((s, a) for s in specs for a in archs),
+                  key=lambda sa: -sum(len(t) for _, t in sa[0].source_texts))
     jobs = jobs or max(1, min(len(work), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         results = list(pool.map(lambda sa: compile_spec_nvcc(sa[0], sa[1], timeout_s), work))

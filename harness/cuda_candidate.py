@@ -204,7 +204,7 @@ class CudaVariant(Candidate):
                 compiled.ensure_dynamic_smem(p.entry, p.shared_mem)
                 fn = compiled.function(p.entry)
                 try:
-                    fn(p.grid, p.block, (params.scalar,), shared_mem=p.shared_mem, stream=stream)
+                    self.meta["launch_path"] = _launch(cp, fn, p, params, stream)
                 except Exception as e:
                     raise CudaLaunchError(f"{self.name}: launching {p.entry} grid={p.grid} "
                                           f"block={p.block} smem={p.shared_mem} failed: {e}") \
@@ -218,6 +218,25 @@ class CudaVariant(Candidate):
             except Exception as e:
                 raise CudaLaunchError(f"{self.name}: CUDA error after launches "
                                       f"{[p.entry for p in plan]}: {e}") from None
+
+
+def _launch(cp: Any, fn: Any, p: PlannedLaunch, params: Any, stream: Any) -> str:
+    """Launch with FaParams passed by value. CuPy takes a numpy structured scalar as a
+    struct argument; should a CuPy build refuse it, the driver API gets the bytes directly
+    (cuLaunchKernel copies kernel parameters before it returns)."""
+    try:
+        fn(p.grid, p.block, (params.scalar,), shared_mem=p.shared_mem, stream=stream)
+        return "cupy"
+    except TypeError:
+        launch = getattr(cp.cuda.driver, "launchKernel", None)
+        if launch is None:
+            raise
+    import ctypes
+
+    arg_ptrs = (ctypes.c_void_p * 1)(params.array.ctypes.data)  # void** kernelParams
+    launch(fn.kernel.ptr, *p.grid, *p.block, p.shared_mem, stream.ptr,
+           ctypes.addressof(arg_ptrs), 0)
+    return "driver"
 
 
 def _aligned(t: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -240,13 +259,15 @@ def _device_limits(device: torch.device) -> DeviceLimits:
     hit = _limits_cache.get(idx)
     if hit is not None:
         return hit
-    cp = _cupy_module()
-    props = cp.cuda.runtime.getDeviceProperties(idx)
-    cc = torch.cuda.get_device_capability(idx)
+    props = torch.cuda.get_device_properties(idx)
+    optin = getattr(props, "shared_memory_per_block_optin", None)
+    if not optin:
+        cp = _cupy_module()
+        optin = cp.cuda.Device(idx).attributes["MaxSharedMemoryPerBlockOptin"]
     lim = DeviceLimits(
-        sm_count=int(props["multiProcessorCount"]),
-        max_shared_optin=int(props.get("sharedMemPerBlockOptin", props["sharedMemPerBlock"])),
-        compute_capability=(int(cc[0]), int(cc[1])),
+        sm_count=int(props.multi_processor_count),
+        max_shared_optin=int(optin),
+        compute_capability=(int(props.major), int(props.minor)),
     )
     _limits_cache[idx] = lim
     return lim

@@ -106,14 +106,14 @@ def _check(node: ast.AST, src: str, names: set[str]) -> None:
             )
         if node.keywords:
             raise ExprError(f"keyword arguments not allowed in {src!r}")
+        if any(isinstance(a, ast.Starred) for a in node.args):
+            raise ExprError(f"*args not allowed in {src!r}")
         want = FUNCTIONS[node.func.id]
         n = len(node.args)
         if (want > 0 and n != want) or (want < 0 and n < -want):
             need = str(want) if want > 0 else f"at least {-want}"
             raise ExprError(f"{node.func.id} takes {need} arguments, got {n} in {src!r}")
         for a in node.args:
-            if isinstance(a, ast.Starred):
-                raise ExprError(f"*args not allowed in {src!r}")
             _check(a, src, names)
     else:
         raise ExprError(f"{type(node).__name__} not allowed in size expression {src!r}")

@@ -35,6 +35,7 @@ Options (all optional):
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing as mp
 import os
@@ -252,10 +253,8 @@ class _Child:
     def close(self) -> None:
         self.kill()
         self.conn.close()
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.log_path)
-        except OSError:
-            pass
 
 
 def run_isolated(candidate_name: str, cases: Sequence[Case], *, mode: str = "check",

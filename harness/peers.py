@@ -176,10 +176,10 @@ class SdpaPeer(Candidate):
         inputs = make_inputs(probe_case, self.device)
         reason = self._try(probe_case, inputs, gqa_native=True)
         native = reason is None
-        if reason is not None and case.kv_heads != case.heads:
-            # a backend that refuses enable_gqa may still take repeated K/V heads
-            if self._try(probe_case, inputs, gqa_native=False) is None:
-                reason = None
+        # a backend that refuses enable_gqa may still take repeated K/V heads
+        if (reason is not None and case.kv_heads != case.heads
+                and self._try(probe_case, inputs, gqa_native=False) is None):
+            reason = None
         if reason is not None:
             reason = f"{self.name}: {reason}"
         self._support_cache[key] = (reason, native)

@@ -7,9 +7,10 @@ TFLOP/s from `harness.flops.attention_flops`, the IO model's bytes for the candi
 algorithm and tiles plus the ideal bytes (Q, K, V, O once), optionally Nsight Compute's
 measured DRAM bytes, and in `extra`:
   vs_baseline     baseline median / this median (> 1: faster than the baseline)
-  roofline_tflops min(matmul ceiling, ideal intensity x copy bandwidth), the runner's
-                  measured ceilings (harness.calibrate) when there is a calibration, else
-                  the datasheet of a known GPU (then `ceilings` says "datasheet")
+  roofline_tflops min(matmul ceiling, ideal intensity x copy bandwidth), from the
+                  runner's measured ceilings (the `calibration` given, else this runner's
+                  saved `fa-harness calibrate` file), else the datasheet of a known GPU
+                  (then `ceilings` says "datasheet")
   roofline_pct    achieved TFLOP/s / roofline_tflops
   model_gbps      IO-model bytes / time
   kv_gbps         K + V bytes / time (decode shapes, Nq <= 16: bandwidth-bound)
@@ -81,6 +82,86 @@ def time_case(candidate: Candidate, case: Case, *, mode: str = "cold",
     launch = make_launch(candidate, case, sets, out, lse)
     stop = StopRule(**rule) if rule else None
     return measure(launch, n_sets=n, mode=mode, rule=stop, hold=hold)
+
+
+def benchmark_device_time(benchmark: Any, candidate: Candidate, case: Case, *,
+                          mode: str = "cold", min_time_s: float = 0.5, min_rounds: int = 10,
+                          max_rounds: int = 2000, secret: int = 0) -> Timing:
+    """Drive pytest-benchmark's `benchmark` fixture with device time.
+
+    The test must be marked `@pytest.mark.benchmark(timer=harness.timing.DEVICE_CLOCK)`:
+    each round takes one sample by the timing method (held stream, L2 flush, CUDA events)
+    and advances that clock by the sample, so pytest-benchmark's statistics (and
+    --benchmark-json) are device time. Throttled samples and samples whose hold expired
+    are retaken, as `measure` drops them. Rounds: enough for `min_time_s` of sampling.
+    Returns the same samples as a Timing; raises if pytest-benchmark's data are not
+    exactly these samples (the test was not given the device clock)."""
+    import math
+    import time
+
+    import torch
+
+    from harness.cases import make_inputs
+    from harness.iomodel import ideal_bytes
+    from harness.timing import (
+        DEVICE_CLOCK,
+        DeviceTimer,
+        SampleRun,
+        is_throttled,
+        sets_needed,
+        to_timing,
+        warm_up,
+    )
+
+    timer = DeviceTimer.get()
+    n = sets_needed(ideal_bytes(case), timer.l2_bytes, mode)
+    sets = [make_inputs(case, "cuda", secret=secret, draw=i) for i in range(n)]
+    out, lse = output_buffers(candidate, case)
+    launch = make_launch(candidate, case, sets, out, lse)
+    flush = mode == "cold"
+    warm_up(launch, n)
+    t0 = time.perf_counter()
+    for i in range(3):
+        timer.sample(launch, i % n, flush=flush)
+    per_sample = (time.perf_counter() - t0) / 3
+    rounds = max(min_rounds, min(max_rounds, math.ceil(min_time_s / max(per_sample, 1e-6))))
+    run = SampleRun()
+    state = {"i": 0}
+
+    def one_sample() -> None:
+        for _ in range(10):
+            s = timer.sample(launch, state["i"] % n, flush=flush)
+            state["i"] += 1
+            if not s.valid:
+                run.dropped_invalid += 1
+            elif is_throttled(s.sm_clock_mhz, timer.reference_clock_mhz):
+                run.dropped_throttled += 1
+                time.sleep(0.05)
+            else:
+                run.samples_ms.append(s.ms)
+                DEVICE_CLOCK.advance_ms(s.ms)
+                return
+        raise RuntimeError("no valid sample in 10 tries (GPU throttled, or the launch "
+                           "blocks the host)")
+
+    benchmark.pedantic(one_sample, rounds=rounds, iterations=1, warmup_rounds=0)
+    torch.cuda.synchronize()
+    stats = getattr(benchmark, "stats", None)
+    if stats is not None:  # None when pytest-benchmark is disabled (e.g. under xdist)
+        data = list(stats.stats.data)
+        expect = [ms / 1000.0 for ms in run.samples_ms]
+        if len(data) != len(expect) or any(abs(a - b) > 1e-9 + 1e-6 * b
+                                           for a, b in zip(data, expect, strict=True)):
+            raise RuntimeError("pytest-benchmark did not measure device time: mark the test "
+                               "@pytest.mark.benchmark(timer=harness.timing.DEVICE_CLOCK)")
+    run.stop_reason = f"{rounds} pytest-benchmark rounds"
+    timing = to_timing(run, mode=mode, method=timer.method(mode, n, run.stop_reason))
+    benchmark.extra_info.update({
+        "candidate": candidate.name, "kind": candidate.kind, "algorithm": candidate.algorithm,
+        "case": case.id, "timing_method": timing.method,
+        "dropped_throttled": run.dropped_throttled, "median_ms": timing.median_ms,
+    })
+    return timing
 
 
 # ---------------------------------------------------------------- derived numbers
@@ -157,6 +238,18 @@ def _isolation_options(candidate: Candidate, mode: str, timing: dict[str, Any]) 
     return options
 
 
+def _saved_calibration(log: Callable[[str], None] | None = None) -> Any | None:
+    """This runner's calibration file when there is one (`fa-harness calibrate`)."""
+    from harness.calibrate import CalibrationError, load_calibration
+
+    try:
+        return load_calibration()
+    except CalibrationError as e:
+        if log is not None:
+            log(f"calibration not used: {e}")
+        return None
+
+
 def _log_line(res: CaseResult) -> str:
     first = (res.message or "").strip().splitlines()[0] if res.message else ""
     return f"{res.kernel} {res.case.id}: {res.status.value}" + (f": {first}" if first else "")
@@ -182,6 +275,8 @@ def run_perf(candidates: Sequence[Candidate], cases: Sequence[Case], *,
                               "False)")
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     gpu_key = gpu_identity().model_key
+    if calibration is None:
+        calibration = _saved_calibration(log)
     cases = list(cases)
     by_candidate: list[list[CaseResult]] = []
     ncu_broken: str | None = None
@@ -240,6 +335,8 @@ def perf_table(results: Sequence[CaseResult], baseline: str = "sdpa_flash",
 
     from harness.gpuinfo import describe
 
+    if calibration is None and any(r.extra.get("ceilings") == "measured" for r in results):
+        calibration = _saved_calibration()  # run_perf used the saved file: say so
     decode = any(is_decode(r.case) for r in results)
     measured = any(r.bytes_measured_read is not None for r in results)
     if calibration is not None:

@@ -7,7 +7,8 @@ Options:
                       tests skip with the reason)
   --fa-secret N       secret mixed into the input seeds (default 0)
   --fa-repeats N      runs per case; > 1 adds the bitwise race check (default 1)
-  --fa-db URL         store the session's results as a run record in this database
+  --fa-db URL         store the session's results as a run record in this database (under
+                      pytest-xdist, one record per worker)
 
 A test that asks for the fixtures `fa_candidate_name` and `fa_case` is parametrized over
 candidates x cases with ids like `fa2_model-b2h4-113x203-d64-fp16-causal_br`. The marker
@@ -22,9 +23,13 @@ installed, so it imports nothing heavy at module level.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 _RESULTS_KEY = pytest.StashKey[list]()
+_PLAN_KEY = pytest.StashKey[dict]()
+_BATCH_KEY = pytest.StashKey[dict]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,6 +48,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "fa_grid(name): case grid of this test "
                                        "(overrides --fa-grid)")
     config.stash[_RESULTS_KEY] = []
+    # Bad option values stop the session at once with one line (exit 4), before collection.
+    from harness.grids import GRIDS
+
+    grid = config.getoption("--fa-grid")
+    if grid not in GRIDS:
+        raise pytest.UsageError(f"--fa-grid: unknown grid {grid!r}; known: {', '.join(GRIDS)}")
+    if config.getoption("--fa-kernels"):
+        selected_candidates(config)
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and os.environ.get("PYTEST_XDIST_WORKER"):
+        # Each xdist worker gets its share of the cores: torch's default (all cores per
+        # process) oversubscribes the CPU and makes the CPU suites several times slower.
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
 
 
 def selected_candidates(config: pytest.Config) -> list:
@@ -88,18 +108,44 @@ def fa_candidate(fa_candidate_name: str):
     return cand
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Remember which cases each candidate will run in this session (after -k and other
+    deselection), so isolated candidates can run them in one child process."""
+    plan: dict[str, list] = {}
+    for item in session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "fa_candidate_name" in params and "fa_case" in params:
+            cases = plan.setdefault(params["fa_candidate_name"], [])
+            if params["fa_case"] not in cases:
+                cases.append(params["fa_case"])
+    session.config.stash[_PLAN_KEY] = plan
+    session.config.stash[_BATCH_KEY] = {}
+
+
 @pytest.fixture
 def fa_check(request: pytest.FixtureRequest):
-    """fa_check(candidate, case) -> CaseResult, through the runner (isolated candidates in
-    a child process), recorded for --fa-db."""
+    """fa_check(candidate, case) -> CaseResult, through the runner, recorded for --fa-db.
+
+    An isolated candidate (CUDA variant, submission) runs all of its planned cases in one
+    child process on first use (starting a child, CUDA and the compiled module once per
+    candidate instead of once per test); each test then reads its own case's result."""
     config = request.config
 
     def check(candidate, case):
         from harness.runner import run_correctness
 
-        (res,) = run_correctness([candidate], [case],
-                                 secret=config.getoption("--fa-secret"),
-                                 repeats=config.getoption("--fa-repeats"))
+        opts = {"secret": config.getoption("--fa-secret"),
+                "repeats": config.getoption("--fa-repeats")}
+        batch = config.stash.get(_BATCH_KEY, {})
+        if candidate.isolate:
+            if (candidate.name, case) not in batch:
+                planned = config.stash.get(_PLAN_KEY, {}).pop(candidate.name, None) or []
+                cases = planned if case in planned else [case]  # the plan is used once
+                for res in run_correctness([candidate], cases, **opts):
+                    batch[(candidate.name, res.case)] = res
+            res = batch.pop((candidate.name, case))
+        else:
+            (res,) = run_correctness([candidate], [case], **opts)
         config.stash[_RESULTS_KEY].append(res)
         return res
 
@@ -123,11 +169,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     results = session.config.stash.get(_RESULTS_KEY, [])
     if not url or not results:
         return
+    import torch
+
     from harness.db.store import DatabaseError, open_db, store_record
     from harness.gate import gpu_meta
     from harness.record import RunRecord, spool
-
-    import torch
 
     grid = session.config.getoption("--fa-grid")
     rec = RunRecord.from_results(results, {

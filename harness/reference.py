@@ -81,12 +81,14 @@ def _block_visibility(rows: slice, nq: int, nk: int, causal: bool, causal_align:
     return vis
 
 
-def _grouped(t: torch.Tensor, hkv: int, group: int) -> torch.Tensor:
-    """(B|1, H|1, ...) -> (B|1, Hkv|1, G|1, ...) so that query heads line up with their
-    K/V head by broadcasting instead of copying K/V `group` times."""
-    if t.shape[1] == 1:
-        return t.unsqueeze(2)
-    return t.reshape(t.shape[0], hkv, group, *t.shape[2:])
+def _grouped(t: torch.Tensor, hkv: int, group: int, rows: int) -> torch.Tensor:
+    """(B|1, H|1, rows, X) -> (B|1, Hkv|1, G * rows, X): the rows of the G query heads that
+    share a K/V head are stacked, so one plain matmul per K/V head serves the whole group
+    (K and V are never expanded to H heads, which would copy them G times)."""
+    if t.shape[1] == 1:  # the same for every head (a mask): repeat the rows per group
+        t = t.expand(t.shape[0], 1, rows, t.shape[3]) if t.shape[2] == 1 else t
+        return t.repeat(1, 1, group, 1) if group > 1 else t
+    return t.reshape(t.shape[0], hkv, group * t.shape[2], t.shape[3])
 
 
 def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
@@ -104,15 +106,15 @@ def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cau
     rows = block_rows or block_rows_for(b, h, nk, elem_bytes=elem_bytes)
     out = torch.empty((b, h, nq, d), dtype=out_dtype, device=q.device)
     lse = torch.empty((b, h, nq), dtype=lse_dtype, device=q.device)
-    kg, vg = k.unsqueeze(2), v.unsqueeze(2)  # (B, Hkv, 1, Nk, d)
     for r0 in range(0, nq, rows):
         r = slice(r0, min(r0 + rows, nq))
-        qg = _grouped(q[:, :, r], hkv, group)  # (B, Hkv, G, rows, d)
+        n = r.stop - r.start
+        qg = _grouped(q[:, :, r], hkv, group, n)  # (B, Hkv, G * rows, d)
         vis = _block_visibility(r, nq, nk, causal, causal_align, mask, q.device)
-        vis = None if vis is None else _grouped(vis, hkv, group)
-        o_blk, lse_blk = block_fn(qg, kg, vg, vis, scale)
-        out[:, :, r] = o_blk.reshape(b, h, r.stop - r.start, d)
-        lse[:, :, r] = lse_blk.reshape(b, h, r.stop - r.start)
+        vis = None if vis is None else _grouped(vis, hkv, group, n)
+        o_blk, lse_blk = block_fn(qg, k, v, vis, scale)
+        out[:, :, r] = o_blk.reshape(b, h, n, d)
+        lse[:, :, r] = lse_blk.reshape(b, h, n)
     return out, lse
 
 
@@ -123,12 +125,12 @@ def _ref_block(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor,
         s = s.masked_fill(~vis, -math.inf)
     m = s.amax(dim=-1, keepdim=True)
     # -inf guard: a fully masked row has m = -inf and exp(-inf - (-inf)) would be NaN;
-    # subtracting 0 instead leaves every exp at exactly 0, so l = 0 below.
+    # subtracting 0 instead leaves every exp at exactly 0, so the row sum is 0 below.
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     p = torch.exp(s - m)
-    l = p.sum(dim=-1, keepdim=True)
-    o = (p @ vg) / torch.where(l > 0, l, torch.ones_like(l))
-    lse = (m + torch.log(l)).squeeze(-1)  # log(0) = -inf for fully masked rows
+    denom = p.sum(dim=-1, keepdim=True)
+    o = (p @ vg) / torch.where(denom > 0, denom, torch.ones_like(denom))
+    lse = (m + torch.log(denom)).squeeze(-1)  # log(0) = -inf for fully masked rows
     return o, lse
 
 
@@ -161,8 +163,8 @@ def _naive_block(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor,
     m = s.amax(dim=-1, keepdim=True)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     p = torch.exp(s - m)
-    l = p.sum(dim=-1, keepdim=True)
-    p = (p / torch.where(l > 0, l, torch.ones_like(l))).to(dt)
+    denom = p.sum(dim=-1, keepdim=True)
+    p = (p / torch.where(denom > 0, denom, torch.ones_like(denom))).to(dt)
     return (p.float() @ vg.float()).to(dt), lse
 
 

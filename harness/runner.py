@@ -25,8 +25,7 @@ FAILING = (Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.ERROR, Status.I
 def _progress(enabled: bool, total: int):
     if not enabled:
         return nullcontext(None)
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), transient=True)
@@ -87,7 +86,10 @@ def _run_isolated(ci: int, cand: Candidate, cases: list[Case], secret: int, repe
             todo.append(ki)
     if not todo:
         return
-    options = {"secret": secret, "repeats": repeats, "device": cand.device, **extra}
+    # A candidate may say how its child rebuilds it (e.g. {"variant_dir": ...} for a
+    # submission, {"factory": "module:function"}); the caller's options come last.
+    own = dict((cand.meta or {}).get("isolate_options") or {})
+    options = {"secret": secret, "repeats": repeats, "device": cand.device, **own, **extra}
     got = run_isolated(cand.name, [cases[ki] for ki in todo], mode="check", options=options,
                        timeout_s=timeout_s)
     for ki, res in zip(todo, got, strict=True):

@@ -15,8 +15,8 @@ Stages (`score_candidate`):
      L2 flush, clock filter), and right after the closing event, still on the same stream
      and before any synchronisation, a check kernel counts the elements still holding
      the poison: work left running on another stream is seen as unwritten output;
-   - is then checked: that count, the guard zones, the inputs unchanged (bitwise), and
-     the output of a random secret subset of query rows plus every fully masked row
+   - is then checked: that count, the guard zones, the inputs unchanged (bitwise), every
+     output element finite, and the output of a random secret subset of query rows plus every fully masked row
      against the float64 oracle with the one tolerance rule (`check_output`).
    A failed check: verdict `incorrect` naming the case and the check.
    A time below the runner's physical floor, max(flops / matmul peak, ideal bytes / copy
@@ -47,6 +47,8 @@ from harness.results import CaseResult, Status
 # Draw indices of timed calls start here, away from the correctness draw (0).
 TIMED_DRAW_BASE = 1000
 SAMPLED_ROWS = 16
+# Seed index of the generator that picks the oracle rows (never an input draw index).
+ROW_PICK_DRAW = 1 << 40
 VERDICTS = ("scored", "incorrect", "invalid", "rejected", "crashed", "timeout")
 
 Progress = Callable[[str, str], None]  # (stage, case id)
@@ -104,10 +106,13 @@ class ScoreReport:
     score: float | None = None
     failing_cases: list[dict[str, Any]] = field(default_factory=list)
     detail: dict[str, Any] = field(default_factory=dict)
+    # "error": the runner, not the submission, could not score it (no GPU, no baseline).
+    status: str = "done"
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "message": self.message, "score": self.score,
-                "failing_cases": self.failing_cases, "detail": self.detail}
+                "failing_cases": self.failing_cases, "detail": self.detail,
+                "status": self.status}
 
 
 # ----------------------------------------------------------------------------- timers
@@ -259,7 +264,7 @@ def timed_calls(candidate: Candidate, case: Case, *, secret: int, timer: CallTim
     bufs = OutputBuffers.allocate(case, device, candidate.support.writes_lse)
     gen = torch.Generator()
     # Which rows get the oracle is secret too: derived from the secret, never stored.
-    gen.manual_seed(derive_seed(case, secret, draw=TIMED_DRAW_BASE - 1))
+    gen.manual_seed(derive_seed(case, secret, draw=ROW_PICK_DRAW))
     calls = {"n": 0}
 
     def one_call(draw: int) -> tuple[float, bool, float | None]:
@@ -279,7 +284,12 @@ def timed_calls(candidate: Candidate, case: Case, *, secret: int, timer: CallTim
                 f"{where}: {n_unwritten} output element(s) still poisoned when the check "
                 f"queued right after the kernel on its stream ran (output written late, on "
                 f"another stream, or not at all)")
+        # The whole output (not only the sampled rows) must be finite: cheap, and a NaN
+        # or Inf hidden in a row the sample skips is caught on every call.
+        nonfinite = int((~torch.isfinite(bufs.out)).sum())
         problems = [p for p in (bufs.check_guards(), snapshot.changed(inputs)) if p]
+        if nonfinite:
+            problems.append(f"{nonfinite} non-finite element(s) in the output")
         if problems:
             raise CheatDetected(f"{where}: " + "; ".join(problems))
         rows = pick_rows(case, inputs, gen, options.sampled_rows)
@@ -429,8 +439,9 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
         try:
             base_t = timed_calls(baseline, case, secret=secret, timer=timer, options=options,
                                  device=device)
-        except CheatDetected as e:
-            raise RuntimeError(f"baseline {baseline.name} failed its own checks: {e}") from e
+        except CheatDetected as e:  # the runner's fault, not the submission's
+            return ScoreReport("crashed", f"baseline {baseline.name} failed its own checks: "
+                               f"{e}", detail=detail, status="error")
         progress("perf", case.id)
         try:
             sub_t = timed_calls(candidate, case, secret=secret, timer=timer, options=options,
@@ -480,6 +491,9 @@ def score_files(files: dict[str, str], options: ScoringOptions, *, secret: int,
 
     from harness.submit import Rejected, load_candidate
 
+    if torch.device(options.device).type == "cuda" and not torch.cuda.is_available():
+        return ScoreReport("crashed", "this worker has no usable CUDA GPU; the submission "
+                           "was not run", status="error")
     workdir = Path(tempfile.mkdtemp(prefix="fa-score-"))
     try:
         try:

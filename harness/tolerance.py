@@ -56,6 +56,30 @@ def data_floor(ref_out: torch.Tensor, dtype: torch.dtype) -> float:
     return 2.0 * float(((r + 0.3) - 0.3).double().sub_(ref_out).abs_().max()) if r.numel() else 0.0
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """What the rule measures a candidate against, computed once per case: the naive
+    implementation's errors against the oracle and the data floor."""
+
+    out_err: float
+    floor: float
+    lse_err: float
+    masked_rows: torch.Tensor
+
+    @classmethod
+    def compute(cls, ref: tuple[torch.Tensor, torch.Tensor],
+                base: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype) -> Baseline:
+        ref_out, ref_lse = ref
+        base_out, base_lse = base
+        masked = torch.isneginf(ref_lse)  # (B, H, Nq): rows with no visible key
+        out_err = (float((base_out.double() - ref_out).abs_().max()) if ref_out.numel()
+                   else 0.0)
+        live = ~masked
+        lse_err = (float((base_lse.double() - ref_lse)[live].abs().max()) if bool(live.any())
+                   else 0.0)
+        return cls(out_err, data_floor(ref_out, dtype), lse_err, masked)
+
+
 def _ratio(err: float, base: float, floor: float) -> float:
     if base > 0:
         return err / base
@@ -66,11 +90,12 @@ def _ratio(err: float, base: float, floor: float) -> float:
 
 def check_output(case: Case, out: torch.Tensor, lse: torch.Tensor | None,
                  ref: tuple[torch.Tensor, torch.Tensor], base: tuple[torch.Tensor, torch.Tensor],
-                 *, writes_lse: bool, masked_lse: Literal["-inf", "+inf"] = "-inf") -> Verdict:
+                 *, writes_lse: bool, masked_lse: Literal["-inf", "+inf"] = "-inf",
+                 baseline: Baseline | None = None) -> Verdict:
     """Judge a candidate's `out` (and `lse`) against the oracle `ref` = (out, lse) float64
-    and the same-precision naive `base` = (out, lse). See the module docstring."""
+    and the same-precision naive `base` = (out, lse). See the module docstring.
+    `baseline` (Baseline.compute of the same ref/base) saves recomputing it per candidate."""
     ref_out, ref_lse = ref
-    base_out, base_lse = base
     errors = Errors()
     problems: list[str] = []
     if tuple(out.shape) != tuple(ref_out.shape):
@@ -78,7 +103,10 @@ def check_output(case: Case, out: torch.Tensor, lse: torch.Tensor | None,
                               f"{tuple(ref_out.shape)}", errors)
     ref_out = ref_out.to(out.device)
     ref_lse = ref_lse.to(out.device)
-    masked_rows = torch.isneginf(ref_lse)  # (B, H, Nq): rows with no visible key
+    if baseline is None:
+        baseline = Baseline.compute((ref_out, ref_lse),
+                                    tuple(t.to(out.device) for t in base), out.dtype)
+    masked_rows = baseline.masked_rows.to(out.device)
 
     finite = torch.isfinite(out)
     if not bool(finite.all()):
@@ -100,8 +128,7 @@ def check_output(case: Case, out: torch.Tensor, lse: torch.Tensor | None,
 
     diff = (out.double() - ref_out).abs_()
     diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
-    base_err = float((base_out.to(out.device).double() - ref_out).abs_().max()) if diff.numel() else 0.0
-    floor = data_floor(ref_out, out.dtype)
+    base_err, floor = baseline.out_err, baseline.floor
     out_err = float(diff.max()) if diff.numel() else 0.0
     errors.out_err, errors.base_err, errors.floor = out_err, base_err, floor
     errors.ratio = _ratio(out_err, base_err, floor)
@@ -116,7 +143,7 @@ def check_output(case: Case, out: torch.Tensor, lse: torch.Tensor | None,
             f"(ratio {errors.ratio:.2f})")
 
     if writes_lse:
-        problems += _check_lse(lse, ref_lse, base_lse, masked_rows, masked_lse, errors)
+        problems += _check_lse(lse, ref_lse, baseline.lse_err, masked_rows, masked_lse, errors)
 
     if problems:
         return Verdict(False, "; ".join(problems), errors)
@@ -124,7 +151,7 @@ def check_output(case: Case, out: torch.Tensor, lse: torch.Tensor | None,
                          f"{floor:.3e} (ratio {errors.ratio:.2f})", errors)
 
 
-def _check_lse(lse: torch.Tensor | None, ref_lse: torch.Tensor, base_lse: torch.Tensor,
+def _check_lse(lse: torch.Tensor | None, ref_lse: torch.Tensor, lse_base: float,
                masked_rows: torch.Tensor, masked_lse: str, errors: Errors) -> list[str]:
     if lse is None:
         return ["lse: the candidate declares it writes LSE but no LSE buffer was given"]
@@ -151,9 +178,7 @@ def _check_lse(lse: torch.Tensor | None, ref_lse: torch.Tensor, base_lse: torch.
                         f"first {float(lse64[tuple(first)])!r} at {_fmt_index(first)}")
     diff = torch.where(live, (lse64 - ref_lse).abs(), torch.zeros_like(ref_lse))
     diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
-    base_diff = torch.where(live, (base_lse.to(lse.device).double() - ref_lse).abs(),
-                            torch.zeros_like(ref_lse))
-    lse_err, lse_base = float(diff.max()), float(base_diff.max())
+    lse_err = float(diff.max())
     errors.lse_err, errors.lse_base_err = lse_err, lse_base
     floor = LSE_ABS_FLOOR + LSE_REL_FLOOR * float(ref_lse[live].abs().max())
     if not bad.any() and lse_err > LSE_FACTOR * lse_base + floor:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.cases import DTYPE_SHORT, DTYPES, Case, MaskKind
 from harness.candidate import Support
+from harness.cases import DTYPE_SHORT, DTYPES, Case, MaskKind
 from harness.expr import FUNCTIONS, SIZE_NAMES, Expr, ExprError, parse_expr
 
 if TYPE_CHECKING:

@@ -50,6 +50,9 @@ STDERR_TAIL = 2000
 class WorkerConfig:
     gpu: int | None = None
     case_timeout_s: float = 300.0
+    # Before its first progress line the child is importing torch and starting up: a
+    # separate, larger allowance, so a loaded machine is not taken for a hung kernel.
+    startup_timeout_s: float = 120.0
     job_timeout_s: float = 3600.0
     memory_limit_mb: int = 32768
     gpu_memory_fraction: float | None = 0.9
@@ -174,12 +177,15 @@ def _run_job(job: Job, config: WorkerConfig) -> Outcome:
                     last_seen, last_change = seen, now
                 stage, case, _ = last_seen
                 at = f"{stage} {case}".strip()
-                if now - last_change > config.case_timeout_s:
+                starting = last_seen[2] is None
+                allowed = config.startup_timeout_s if starting else config.case_timeout_s
+                if now - last_change > allowed:
                     _kill_group(proc)
-                    killed = Outcome("timeout", f"{case or stage}: no progress for "
-                                     f"{config.case_timeout_s:g} s ({at}); the kernel was "
-                                     f"stopped", failing_cases=[{"case": case, "status": "timeout",
-                                                                 "message": at}])
+                    what = "did not start" if starting else "no progress"
+                    killed = Outcome("timeout", f"{case or stage}: {what} for {allowed:g} s "
+                                     f"({at}); the scoring process was stopped",
+                                     failing_cases=[{"case": case, "status": "timeout",
+                                                     "message": at}])
                     break
                 if now - started > config.job_timeout_s:
                     _kill_group(proc)

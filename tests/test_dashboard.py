@@ -110,8 +110,10 @@ def test_overview(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert flagged > 0  # the synthetic history plants a regression at the newest commit
     assert int(latest["regressions flagged"].sum()) == flagged
     assert f"{flagged} flagged verdict(s)" in texts(at.error)
+    assert int(at.dataframe[1].value["cases"].sum()) == flagged  # grouped by GPU x variant
+    assert len(at.dataframe[2].value) == flagged  # every flagged case
     # Best TFLOP/s per variant per GPU.
-    best = at.dataframe[2].value
+    best = at.dataframe[3].value
     want = sql(db, "SELECT MAX(r.tflops) FROM results r JOIN variants v ON v.id = r.variant_id "
                    "WHERE v.name = 'fa2_tc' AND r.status = 'passed' AND r.run_id = :run",
                run=max(ids))[0][0]
@@ -307,9 +309,9 @@ def test_queries_match_sql(db: str) -> None:
 
 def test_dashboard_is_read_only(db: str) -> None:
     engine = source.make_engine(db)
-    with pytest.raises(Exception, match="readonly|read-only|query_only|attempt to write"):
-        with engine.begin() as conn:
-            conn.execute(text("DELETE FROM runs"))
+    with (pytest.raises(Exception, match="readonly|read-only|query_only|attempt to write"),
+          engine.begin() as conn):
+        conn.execute(text("DELETE FROM runs"))
     engine.dispose()
     assert sql(db, "SELECT COUNT(*) FROM runs")[0][0] == SPEC.commits * SPEC.gpus
 
@@ -346,7 +348,7 @@ def test_cli_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
     args = build_parser().parse_args(["dashboard", "--db", "sqlite:///x.sqlite", "--port",
                                       "9000"])
     cmd = cmd_dashboard.command(args)
-    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("dashboard/app.py")
+    assert cmd[1:4] == ["-m", "dashboard.serve", "run"] and cmd[4].endswith("dashboard/app.py")
     assert cmd[cmd.index("--server.port") + 1] == "9000"
     assert cmd[cmd.index("--server.headless") + 1] == "true"
     assert cmd[-3:] == ["--", "--db", "sqlite:///x.sqlite"]
@@ -386,3 +388,67 @@ def test_submit_page_is_optional(variant: str, db: str, tmp_path: Path, monkeypa
         assert at.title[0].value == "Submit" and db in texts(at.caption)
     else:
         assert "half-written page" in texts(at.error)
+
+
+# --- PostgreSQL --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_db() -> str:
+    """A scratch database of its own (not a schema: the read-only engine sets its own
+    connection options), dropped afterwards."""
+    import uuid
+
+    from sqlalchemy.engine import make_url
+
+    admin_url = os.environ.get("FA_HARNESS_TEST_PG")
+    if not admin_url:
+        pytest.skip("FA_HARNESS_TEST_PG is not set (PostgreSQL URL of a scratch database)")
+    name = f"fa_dash_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        engine = create_engine(url)
+        generate(engine, SPEC, bulk=True)  # the COPY path of the generator
+        engine.dispose()
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.mark.postgres
+def test_pages_on_postgresql(pg_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = app(pg_db, monkeypatch)
+    assert {m.label: m.value for m in at.metric}["runs"] == str(SPEC.commits * SPEC.gpus)
+    case_id = synth_cases(SPEC.cases)[0].case_id
+    at = app(pg_db, monkeypatch, page="history", variant="fa2_tc", case=case_id, gpu=H200)
+    assert len(charts(at)) == 1 and len(at.dataframe[-1].value) == SPEC.commits
+    run_id = sql(pg_db, "SELECT run_id FROM results WHERE status = 'failed' LIMIT 1")[0][0]
+    at = app(pg_db, monkeypatch, page="run", run=str(run_id))
+    assert "base_err" in at.dataframe[2].value.iloc[0]["message"]
+    for page in ("compare", "roofline", "correctness", "leaderboard"):
+        app(pg_db, monkeypatch, page=page)
+
+
+@pytest.mark.parametrize("page", ["overview", "run", "roofline", "correctness", "compare"])
+def test_run_without_results(page: str, tmp_path: Path, monkeypatch) -> None:
+    """A run whose results never arrived (an interrupted import) is shown, not a crash."""
+    from dashboard.schema import Run
+
+    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
+    engine = create_engine(url)
+    generate(engine, SynthSpec(commits=2, gpus=1, variants=2, cases=2))
+    with engine.begin() as conn:
+        rid = conn.execute(Run.__table__.insert().values(
+            uuid="empty-run", commit="ab" * 20, branch="main", gpu_model_key=H200,
+            gpu_name=H200, created_at=datetime(2027, 1, 1, tzinfo=UTC), source="cli")
+        ).inserted_primary_key[0]
+    engine.dispose()
+    at = app(url, monkeypatch, page=page, run=str(rid), new=str(rid), gpu=H200)
+    assert not at.error or page == "overview"
+    if page in ("run", "correctness"):
+        assert {m.label: m.value for m in at.metric}.get("passed") == "0"

@@ -213,3 +213,17 @@ def test_cli_export_round_trip(tmp_path, capsys):
     assert cli_main(["export", "--run", "42", "-o", str(tmp_path / "x.json"), "--db", url]) == 2
     assert "no run '42'" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_baseline_prefers_runs_of_the_same_grids(db_url):
+    specs = specs_for()
+    with open_db(db_url) as db:
+        smoke = make_record(specs, seed=1, commit="a" * 40, minutes=1)
+        smoke.grids = ["smoke"]
+        perf = make_record(specs, seed=2, commit="a" * 40, minutes=2)
+        perf.grids = ["perf"]
+        s_id, _p_id = store_record(db, smoke), store_record(db, perf)
+        new = make_record(specs, seed=3, commit="b" * 40, parent="a" * 40, minutes=3)
+        new.grids = ["smoke"]
+        how, runs = baseline_runs(db, get_run(db, store_record(db, new)))
+        assert [r.id for r in runs] == [s_id]

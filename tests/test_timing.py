@@ -47,8 +47,9 @@ class FakeGpu:
         self.t += ms / 1000 + self.overhead_s
         return Sample(ms=ms, sm_clock_mhz=self.clocks(i))
 
-    def run(self, rule=StopRule(), **kw):
-        return sample_until_stable(self.take, rule, clock=self.clock, sleep=self.sleep, **kw)
+    def run(self, rule: StopRule | None = None, **kw):
+        return sample_until_stable(self.take, rule or StopRule(), clock=self.clock,
+                                   sleep=self.sleep, **kw)
 
 
 def test_quartiles_match_numpy():

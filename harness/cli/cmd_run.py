@@ -1,5 +1,9 @@
 """`fa-harness run`: the correctness suite over every candidate this machine can run,
-then (perf/decode grids, on a GPU) the timing run."""
+then (perf/decode grids, on a GPU) the timing run.
+
+Exit codes: 0 every case passed or was skipped; 1 a case failed, crashed, timed out,
+errored or was invalid, or a CUDA variant failed to load; 2 bad arguments, or --db given
+and the database unreachable (the run record then waits in the spool)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from harness.cli import EXIT_FAIL, EXIT_OK, UsageError
+from harness.cli import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
 
 MAX_FAILURES_SHOWN = 20
 
@@ -115,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
     all_results = results + perf_results
     if args.json_path:
         _write_json(Path(args.json_path), args, all_results)
-    if args.record or args.db:
-        _record(args, candidates, perf_results or results)
+    if (args.record or args.db) and not _record(args, candidates, perf_results or results):
+        return EXIT_USAGE  # the database was unreachable (the record is kept in the spool)
     return code
 
 
@@ -162,9 +166,10 @@ def _write_json(path: Path, args: argparse.Namespace, results: list) -> None:
         raise UsageError(f"cannot write {path}: {e}") from None
 
 
-def _record(args: argparse.Namespace, candidates: list, results: list) -> None:
+def _record(args: argparse.Namespace, candidates: list, results: list) -> bool:
     """Write the run record (--record) and store it (--db). The record is spooled before
-    the database is touched, so an unreachable database loses nothing."""
+    the database is touched, so an unreachable database loses nothing. False when the
+    database could not take it."""
     import torch
 
     from harness.gate import gpu_meta, kernel_info
@@ -187,7 +192,9 @@ def _record(args: argparse.Namespace, candidates: list, results: list) -> None:
             with open_db(args.db) as db:
                 run_id = store_record(db, rec)
         except DatabaseError as e:
-            print(f"warning: database not updated, record kept in {kept}: {e}", file=sys.stderr)
-            return
+            print(f"fa-harness run: error: database not updated, record kept in {kept}: {e}",
+                  file=sys.stderr)
+            return False
         kept.unlink(missing_ok=True)
         print(f"stored as run {run_id}")
+    return True

@@ -33,10 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _submit(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from harness import submit
     from harness.db import DatabaseError, open_db
     from harness.tokens import TokenError, verify_token
 
+    if not Path(args.path).exists():
+        raise UsageError(f"{args.path}: no such file or folder")  # a typo is not a submission
     try:
         db = open_db(args.db)
     except DatabaseError as e:

@@ -21,6 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--db", help="database URL or SQLite path")
     p.add_argument("--case-timeout", type=float, default=300.0, metavar="S",
                    help="kill a job with no progress for S seconds (default 300)")
+    p.add_argument("--startup-timeout", type=float, default=120.0, metavar="S",
+                   help="allowance for the scoring process to start (default 120)")
     p.add_argument("--job-timeout", type=float, default=3600.0, metavar="S")
     p.add_argument("--memory-limit-mb", type=int, default=32768)
     p.add_argument("--max-attempts", type=int, default=3)
@@ -54,6 +56,7 @@ def _worker(args: argparse.Namespace) -> int:
     if args.quick:
         scoring.update(min_samples=5, min_time_s=0.05, max_time_s=2.0)
     config = WorkerConfig(gpu=args.gpu, case_timeout_s=args.case_timeout,
+                          startup_timeout_s=args.startup_timeout,
                           job_timeout_s=args.job_timeout, memory_limit_mb=args.memory_limit_mb,
                           max_attempts=args.max_attempts, lease_s=args.lease, scoring=scoring)
     stop = {"flag": False}

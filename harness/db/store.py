@@ -412,16 +412,24 @@ def baseline_runs(db: Database, run: Run, *, branch: str = "main", window: int =
                   ) -> tuple[str, list[Run]]:
     """The baseline of `run` on its GPU model: the latest run of the parent commit when
     there is one, else the `window` most recent earlier runs on `branch` (excluding runs of
-    the same commit). Returns (how it was chosen, runs newest first)."""
+    the same commit). Only runs sharing a grid with `run` count, so CI jobs that split the
+    grids over several GPUs each compare with their own kind of run. Returns (how it was
+    chosen, runs newest first)."""
+    grids = set(run.grids or [])
+
+    def same_kind(r: Run) -> bool:
+        return not grids or not r.grids or bool(grids & set(r.grids))
+
     if run.parent_commit:
-        parent = latest_run(db, gpu_model_key=run.gpu_model_key, commit=run.parent_commit,
-                            exclude_id=run.id)
-        if parent is not None:
-            return f"parent commit {run.parent_commit[:12]}", [parent]
+        parents = [r for r in recent_runs(db, gpu_model_key=run.gpu_model_key,
+                                          commit=run.parent_commit, exclude_id=run.id)
+                   if same_kind(r)]
+        if parents:
+            return f"parent commit {run.parent_commit[:12]}", parents[:1]
     runs = [r for r in recent_runs(db, gpu_model_key=run.gpu_model_key, branch=branch,
                                    before=run.created_at, exclude_id=run.id,
-                                   limit=window * 4)
-            if run.commit is None or r.commit != run.commit][:window]
+                                   limit=window * 8)
+            if (run.commit is None or r.commit != run.commit) and same_kind(r)][:window]
     return (f"last {len(runs)} run(s) on {branch}" if runs else "none"), runs
 
 

@@ -1,14 +1,17 @@
 """The base of every CPU algorithm model: a `Candidate` of kind "model" that computes into
 the harness-owned buffers and records the HBM bytes its loops moved.
 
-The steps a kernel engineer can get wrong (the softmax scale, the K/V head of a query
-head, the causal alignment, which tiles exist, the mask) are methods here, so a planted-bug
-model (harness.models.planted) overrides exactly one of them and nothing else.
+The steps a kernel engineer can get wrong are methods: here the softmax scale, the K/V head
+of a query head, the causal alignment, which tiles exist and the mask; in the algorithm
+classes the online-softmax update, the final normalisation and the split combine. A
+planted-bug model (harness.models.planted) overrides exactly one of them.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,6 +30,9 @@ class ModelCandidate(Candidate):
     support: Support = field(default_factory=lambda: Support(masked_lse="-inf"))
     block_q: int = 64
     block_k: int = 64
+    # Value a masked score gets. -inf is right; a finite fill turns a fully masked row into
+    # the mean of V instead of 0 (a planted bug overrides it).
+    mask_fill: float = field(default=T.NEG_INF, repr=False)
     # Bytes moved by the last `run` (None before the first one).
     last_bytes: T.ByteCounter | None = field(default=None, repr=False, compare=False)
 
@@ -39,7 +45,7 @@ class ModelCandidate(Candidate):
         if out.shape != (case.batch, case.heads, case.seqlen_q, case.head_dim):
             raise ValueError(f"{self.name}: out has shape {tuple(out.shape)}, case {case.id}")
         counter = T.ByteCounter()
-        with torch.no_grad():
+        with torch.no_grad(), _one_intra_op_thread():
             self.compute(case, inputs.to("cpu"), out, lse, counter)
         self.last_bytes = counter
 
@@ -49,10 +55,6 @@ class ModelCandidate(Candidate):
         """The algorithm: fill `out` (and `lse`), counting HBM traffic in `counter`."""
 
     # --- the steps a planted bug may override -------------------------------------------
-
-    # Value a masked score gets. -inf is right; a finite fill turns a fully masked row into
-    # the mean of V instead of 0.
-    mask_fill: float = field(default=T.NEG_INF, repr=False)
 
     def softmax_scale(self, case: Case) -> float:
         return T.softmax_scale(case)
@@ -96,3 +98,19 @@ class ModelCandidate(Candidate):
         if vis is not None:
             s = s.masked_fill(~vis, self.mask_fill)
         return s
+
+
+@contextmanager
+def _one_intra_op_thread() -> Iterator[None]:
+    """Run the tile loop on one intra-op thread. The per-tile ops are small, so threads
+    bring little even on an idle machine, and on a busy 2-core runner (pytest-xdist, other
+    jobs) torch's spinning workers made the models 30-60x slower in measurements."""
+    before = torch.get_num_threads()
+    if before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -6,7 +6,8 @@
 
 Scores, probabilities and accumulation are float32 (like the float32 intermediates of an
 eager implementation that upcasts), the output is cast to the input dtype. S and P are
-therefore counted at 4 bytes per element. Fully masked rows: O = 0, LSE = -inf.
+therefore counted at 4 bytes per element (`tiles["score_bytes"]`). LSE = max + log(sum) is
+written as well (4 bytes per row). Fully masked rows: O = 0, LSE = -inf.
 
 The matrices are materialised for a few (b, h) pairs at a time, to bound the memory the
 model needs; the bytes are those of the whole algorithm.

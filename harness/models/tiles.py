@@ -14,8 +14,9 @@ import torch
 
 from harness.cases import Case, Inputs
 
-# Finite stand-in for -inf in the subtraction of the running max: a row whose max is still
-# -inf (every key so far masked) must compute exp(-inf - 0) = 0, not exp(-inf + inf) = NaN.
+# The score of a masked pair and the initial running max. Where a row's max is still -inf
+# (every key so far masked), the models subtract 0 instead (the -inf guard), so that
+# exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
 NEG_INF = float("-inf")
 
 # Element size of the float32 tensors kernels keep in HBM: LSE, FA1's m and l, the

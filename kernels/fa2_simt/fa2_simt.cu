@@ -185,11 +185,9 @@ __device__ __forceinline__ void fa2_simt_fwd(const FaParams& p) {
     extern "C" __global__ void __launch_bounds__(F2_THREADS)                            \
         fa2_simt_fwd_##SHORT##_d##D(FaParams p) { fa2_simt_fwd<DT, DC>(p); }
 #define F2_ENTRIES(SHORT, DT)       \
-    F2_ENTRY(SHORT, DT, 32, 32)     \
     F2_ENTRY(SHORT, DT, 40, 64)     \
     F2_ENTRY(SHORT, DT, 59, 64)     \
     F2_ENTRY(SHORT, DT, 64, 64)     \
-    F2_ENTRY(SHORT, DT, 80, 96)     \
     F2_ENTRY(SHORT, DT, 96, 96)     \
     F2_ENTRY(SHORT, DT, 111, 128)   \
     F2_ENTRY(SHORT, DT, 128, 128)

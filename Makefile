@@ -1,0 +1,40 @@
+# fa-harness: set up, run, test.
+#   make run    set up .venv (first time) and run the correctness suite on this machine
+#   make test   the project's tests and the CPU suites (what CI runs)
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+PYTEST_FLAGS ?= -n 2 --dist loadgroup -p no:cacheprovider --timeout 900
+
+.PHONY: run test lint clean
+
+# torch goes in first, pinned, and only when absent: the CPU build of 2.13.0 lies on disk
+# on the CPU machines (pip finds it there), while a plain `torch` requirement with no torch
+# installed would pull a multi-GB CUDA build. With it installed, the project's `torch>=2.4`
+# is already satisfied.
+$(VENV): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $(VENV)
+
+run: $(VENV)
+	$(BIN)/fa-harness run
+
+# Three pytest runs (tests/ and suites/ hold modules of the same name, so they are not
+# collected together): the tests, every CPU candidate on the smoke grid, then the
+# algorithm models on the full adversarial grid (fast enough on the CPU). pytest's exit 5 (collected
+# no test) means the command itself is broken: it fails, with a message saying so.
+NO_TESTS = { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
+
+test: $(VENV)
+	$(BIN)/pytest $(PYTEST_FLAGS) tests || $(NO_TESTS)
+	$(BIN)/pytest $(PYTEST_FLAGS) suites --fa-grid smoke || $(NO_TESTS)
+	$(BIN)/pytest $(PYTEST_FLAGS) suites --fa-grid full --fa-kernels '*_model' || $(NO_TESTS)
+
+lint: $(VENV)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,7 @@
+#include <stdio.h>
+// Minimal kernel for loader tests: writes zeros.
+#include "fa_harness.h"
+
+extern "C" __global__ void bad_include_fp16(FaParams p) {
+    ((unsigned short*)p.o)[threadIdx.x] = 0;
+}

@@ -1,0 +1,129 @@
+"""nvcc compilation of every variant (no GPU needed): resources, spills, compile errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.compile import (
+    CompileReport,
+    arch_for,
+    compile_all_nvcc,
+    compile_with_timeout,
+    format_reports,
+    nvcc_path,
+    parse_ptxas,
+)
+from harness.variants import KERNELS_ROOT, load_specs, load_variant_dir
+
+DATA = Path(__file__).parent / "data" / "bad_variants"
+ARCHS = ("sm_80", "sm_90")
+needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc not on PATH")
+
+PTXAS_SAMPLE = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'bar' for 'sm_90'
+ptxas info    : Function properties for bar
+    16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 255 registers, used 0 barriers
+ptxas info    : Compile time = 9.457 ms
+ptxas info    : Function properties for _Z6helperv
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function 'foo' for 'sm_90'
+ptxas info    : Function properties for foo
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 12 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]
+"""
+
+
+def test_parse_ptxas():
+    res = parse_ptxas(PTXAS_SAMPLE)
+    assert set(res) == {"bar", "foo"}
+    bar, foo = res["bar"], res["foo"]
+    assert (bar.registers, bar.spill_stores, bar.spill_loads, bar.stack_bytes,
+            bar.shared_bytes) == (255, 8, 12, 16, 0)
+    assert (foo.registers, foo.spill_stores, foo.shared_bytes) == (12, 0, 1024)
+
+
+def test_format_reports():
+    text = format_reports([
+        CompileReport("fa2_simt", "fa2_simt_fwd_fp16_d64", "sm_90", 168, 0, 0, 0, 0),
+        CompileReport("spilly", "k", "sm_80", 255, 8, 8, 0, 16, message="register spills"),
+        CompileReport("late", "", "sm_80", ok=True, message="skipped: needs compute capability 9.0"),
+        CompileReport("broken", "", "sm_90", ok=False, message="broken/k.cu(3): error: boom"),
+    ])
+    lines = text.splitlines()
+    assert "regs" in lines[0]
+    assert any("fa2_simt_fwd_fp16_d64" in ln and ln.rstrip().endswith("ok") for ln in lines)
+    assert any(ln.startswith("spilly") and "SPILLS" in ln and "8/8" in ln for ln in lines)
+    assert any("skipped: needs compute capability 9.0" in ln for ln in lines)
+    assert "broken (sm_90): broken/k.cu(3): error: boom" in text
+
+
+def test_arch_for():
+    spec = load_variant_dir(KERNELS_ROOT / "template")
+    assert arch_for(spec, "sm_80") == "sm_80" and arch_for(spec, "sm_90") == "sm_90"
+    hopper = spec.__class__(**{**spec.__dict__, "arch": "sm_90a",
+                               "min_compute_capability": (9, 0)})
+    assert arch_for(hopper, "sm_80") is None
+    assert arch_for(hopper, "sm_90") == "sm_90a"
+    assert arch_for(hopper, "sm_100") == "sm_100"
+
+
+# ------------------------------------------------------------------ real compilations
+
+@pytest.fixture(scope="module")
+def shipped_reports() -> list[CompileReport]:
+    return compile_all_nvcc(ARCHS)
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_every_shipped_variant_compiles_without_spills(shipped_reports):
+    specs, errors = load_specs()
+    assert errors == []
+    failed = [r for r in shipped_reports if not r.ok]
+    assert failed == [], format_reports(failed)
+    for spec in specs:
+        for arch in ARCHS:
+            got = [r for r in shipped_reports if r.variant == spec.name and r.arch.startswith(arch)]
+            if arch_for(spec, arch) is None:
+                assert got and got[0].message.startswith("skipped")
+                continue
+            assert sorted(r.entry for r in got) == sorted(spec.entry_names()), (spec.name, arch)
+            for r in got:
+                assert r.registers is not None and 0 < r.registers <= 255
+                assert r.spills == 0, f"{r.variant} {r.entry} {r.arch} spills: {r}"
+                assert r.stack_bytes == 0, f"{r.variant} {r.entry} {r.arch} uses a stack"
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_bad_variants_compile_reports():
+    reports = {r.variant: r for r in compile_all_nvcc(("sm_80",), root=DATA)}
+    # loader errors become failed reports carrying the file and field
+    assert not reports["missing_field"].ok
+    assert "manifest.toml: algorithm: missing required field" in reports["missing_field"].message
+    assert "launch[0].grid[0]" in reports["unknown_size"].message
+    # compiler errors carry file(line) of the original source
+    r = reports["does_not_compile"]
+    assert not r.ok and "does_not_compile/kernel.cu(6): error" in r.message
+    r = reports["missing_entry"]
+    assert not r.ok and 'identifier "missing_entry_fwd_fp16" is undefined' in r.message
+    r = reports["wrong_signature"]
+    assert not r.ok
+    assert ("entry point 'wrong_signature_fp16' must be: extern \"C\" __global__ void "
+            "wrong_signature_fp16(FaParams p)") in r.message
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_compile_with_timeout():
+    src = '#include <cstdint>\nextern "C" __global__ void k(int* x) { x[threadIdx.x] = 1; }\n'
+    ok = compile_with_timeout(src, (), timeout_s=120, arch="sm_80", keep_cubin=True)
+    assert ok.ok and "k" in ok.resources and ok.cubin
+    slow = compile_with_timeout(src, (), timeout_s=0.01, arch="sm_80")
+    assert not slow.ok and slow.timed_out and "timed out" in slow.message
+    bad = compile_with_timeout("this is not C++\n", (), timeout_s=120, filename="sub.cu")
+    assert not bad.ok and "sub.cu(1)" in bad.message

@@ -1,0 +1,73 @@
+"""The named grids: sizes, coverage and determinism."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.cases import MaskKind, make_inputs
+from harness.grids import ANCHOR_PAIRS, GRIDS, ODD_HEAD_DIMS, get_grid
+from harness.reference import reference_for_case
+
+
+def test_every_grid_is_deterministic_and_duplicate_free():
+    for name in GRIDS:
+        a, b = get_grid(name), get_grid(name)
+        assert a == b and len(set(a)) == len(a), name
+        assert len({c.id for c in a}) == len(a), name
+
+
+def test_smoke_is_small_and_covers_the_basics():
+    cases = get_grid("smoke")
+    assert len(cases) < 40
+    assert {c.mask for c in cases} == set(MaskKind)
+    assert {c.dtype for c in cases} == {"float16", "bfloat16"}
+    assert any(c.kv_heads == 1 for c in cases) and any(1 < c.kv_heads < c.heads for c in cases)
+    assert any(c.seqlen_q > c.seqlen_k and c.mask is MaskKind.CAUSAL_BR for c in cases)
+
+
+def test_full_grid_coverage():
+    cases = get_grid("full")
+    assert 150 <= len(cases) <= 300
+    pairs = {(c.seqlen_q, c.seqlen_k) for c in cases}
+    for a, b in ANCHOR_PAIRS:
+        assert (a, b) in pairs and (b, a) in pairs
+    assert {c.mask for c in cases} == set(MaskKind)
+    assert {c.dtype for c in cases} == {"float16", "bfloat16"}
+    dims = {c.head_dim for c in cases}
+    assert {64, 128} <= dims and set(ODD_HEAD_DIMS) <= dims
+    assert {c.group_size for c in cases} >= {1, 2, 4}  # MHA, GQA, MQA (4 heads, 1 kv)
+    assert max(c.batch for c in cases) == 4
+    assert any(c.seqlen_q > c.seqlen_k and c.mask is MaskKind.CAUSAL_BR for c in cases)
+    # every (pair, mask) combination appears
+    assert {(c.seqlen_q, c.seqlen_k, c.mask) for c in cases} == {
+        (q, k, m) for q, k in pairs for m in MaskKind}
+
+
+def test_full_grid_contains_fully_masked_rows():
+    cases = [c for c in get_grid("full") if c.mask is MaskKind.CAUSAL_BR
+             and c.seqlen_q > c.seqlen_k][:1]
+    cases += [c for c in get_grid("full") if c.mask is MaskKind.KEY_PADDING and c.batch > 1][:1]
+    for case in cases:
+        _, lse = reference_for_case(case, make_inputs(case))
+        assert torch.isneginf(lse).any(), case.id
+
+
+def test_perf_and_decode_layouts():
+    perf = get_grid("perf")
+    assert len(perf) == 48
+    for c in perf:
+        assert c.batch * c.seqlen_q == 16384 and c.heads == 2048 // c.head_dim
+        assert c.seqlen_q == c.seqlen_k and c.mask in (MaskKind.NONE, MaskKind.CAUSAL_BR)
+    assert {c.seqlen_q for c in perf} == {512, 1024, 2048, 4096, 8192, 16384}
+    decode = get_grid("decode")
+    assert len(decode) == 20
+    assert all(c.seqlen_q == 1 and c.batch == 1 and c.heads == 32 and c.head_dim == 128
+               for c in decode)
+    assert {c.kv_heads for c in decode} == {8, 32}
+    assert max(c.seqlen_k for c in decode) == 131072
+
+
+def test_unknown_grid_names_the_known_ones():
+    with pytest.raises(ValueError, match="smoke, full, perf, decode"):
+        get_grid("fast")

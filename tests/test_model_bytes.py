@@ -1,0 +1,157 @@
+"""The bytes the models' tile loops count, held against the IO model (harness.iomodel).
+
+The loops count every tile load and store as they do it; the IO model is a closed form.
+They must agree term by term: exactly for every mask kind the IO model covers (no mask,
+both causal alignments with whole-tile skipping, key padding, which is applied inside
+loaded tiles). Arbitrary masks add the mask tiles the loops read, a term the IO model does
+not carry.
+
+Two differences are the models' own and are stated here rather than hidden:
+- the naive model writes LSE (the IO model's naive algorithm produces only O): + B*H*Nq*4;
+- FA1 keeps O in a float32 HBM workspace (`tiles["acc_bytes"]`; an fp16 O re-rounded
+  after every K/V block fails the tolerance) and ends with an epilogue (read O, m, l;
+  write O in the input dtype and LSE). Where the IO model already honours `acc_bytes` or
+  writes LSE for FA1, the adjustment is not applied twice.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import iomodel
+from harness.cases import Case, MaskKind, make_inputs
+from harness.models import all_models
+from harness.models.fa1 import FA1Model
+from harness.models.fa2 import FA2Model
+from harness.models.naive import NaiveModel
+from harness.models.splitkv import SplitKVModel
+from harness.models.tiles import F32_BYTES, ByteCounter
+
+F16, BF16 = "float16", "bfloat16"
+M = MaskKind
+
+CASES = [
+    Case(2, 4, 4, 113, 203, 64, F16, M.NONE),
+    Case(1, 4, 2, 256, 512, 128, BF16, M.NONE),
+    Case(2, 4, 1, 1, 239, 64, F16, M.NONE),
+    Case(1, 2, 2, 203, 113, 40, BF16, M.NONE),
+    Case(2, 4, 2, 203, 113, 64, F16, M.CAUSAL_BR),
+    Case(1, 4, 4, 113, 203, 64, BF16, M.CAUSAL_BR),
+    Case(2, 2, 2, 113, 203, 64, F16, M.CAUSAL_TL),
+    Case(1, 2, 2, 200, 70, 32, F16, M.CAUSAL_TL),
+    Case(3, 4, 2, 97, 130, 59, F16, M.KEY_PADDING),
+]
+
+
+def _models() -> list:
+    return all_models() + [
+        FA2Model(name="fa2_b16x48", block_q=16, block_k=48),
+        FA2Model(name="fa2_b128x32", block_q=128, block_k=32),
+        FA1Model(name="fa1_b32x16", block_q=32, block_k=16),
+        SplitKVModel(name="splitkv_1", num_splits=1),
+        SplitKVModel(name="splitkv_3", num_splits=3),
+        SplitKVModel(name="splitkv_9", num_splits=9, block_k=32),  # some splits empty
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# Model counter names -> IO model term names.
+_READ = {"Q": "read Q", "K": "read K", "V": "read V", "S": "read S", "P": "read P",
+         "O": "read O", "m": "read m,l", "l": "read m,l", "O_partial": "read partials",
+         "LSE_partial": "read partials", "mask": "read mask"}
+_WRITE = {"O": "write O", "LSE": "write LSE", "S": "write S", "P": "write P",
+          "m": "write m,l", "l": "write m,l", "O_partial": "write partials",
+          "LSE_partial": "write partials"}
+
+
+def model_terms(counter: ByteCounter) -> dict[str, int]:
+    terms: dict[str, int] = {}
+    for table, counts in ((_READ, counter.reads), (_WRITE, counter.writes)):
+        for name, nbytes in counts.items():
+            terms[table[name]] = terms.get(table[name], 0) + nbytes
+    return terms
+
+
+def tiles_of(model, case: Case) -> dict:
+    return model.tiles_for(case) if hasattr(model, "tiles_for") else model.tiles
+
+
+def expected_terms(model, case: Case) -> dict[str, int]:
+    """The IO model's terms plus the documented differences (module docstring)."""
+    tiles = tiles_of(model, case)
+    io = iomodel.hbm_breakdown(model.algorithm, case, tiles)
+    rows = case.batch * case.heads * case.seqlen_q
+    es = case.torch_dtype.itemsize
+    if model.algorithm == "naive_3pass" and "write LSE" not in io:
+        io["write LSE"] = rows * F32_BYTES
+    if model.algorithm == "fa1":
+        acc = tiles["acc_bytes"]
+        plain = iomodel.hbm_breakdown("fa1", case, {k: v for k, v in tiles.items()
+                                                    if k != "acc_bytes"})
+        if io == plain and acc != es:  # the IO model counts the O workspace at es
+            io["read O"] = io["read O"] // es * acc
+            io["write O"] = io["write O"] // es * acc
+        if "write LSE" not in io:  # the epilogue
+            io["read O"] += rows * case.head_dim * acc
+            io["write O"] += rows * case.head_dim * es
+            io["read m,l"] += 2 * rows * F32_BYTES
+            io["write LSE"] = rows * F32_BYTES
+    return {k: v for k, v in io.items() if v}
+
+
+def _run(model, case: Case) -> ByteCounter:
+    out = torch.empty(case.batch, case.heads, case.seqlen_q, case.head_dim,
+                      dtype=case.torch_dtype)
+    model.run(case, make_inputs(case), out, torch.empty(case.batch, case.heads, case.seqlen_q))
+    return model.last_bytes
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_model_bytes_match_the_io_model(case: Case):
+    mismatches = []
+    for model in _models():
+        got = model_terms(_run(model, case))
+        want = expected_terms(model, case)
+        if got != want:
+            mismatches.append(f"{model.name}: counted {got}\n    io model {want}")
+    assert not mismatches, f"{case.id}\n" + "\n".join(mismatches)
+
+
+def test_unmasked_totals_equal_hbm_bytes_for_fa2_and_splitkv():
+    # The two algorithms the models count with no documented difference at all.
+    case = Case(2, 4, 2, 300, 500, 64, F16, M.NONE)
+    for model in (FA2Model(), SplitKVModel(num_splits=4), SplitKVModel()):
+        total = _run(model, case).total
+        assert total == iomodel.hbm_bytes(model.algorithm, case, tiles_of(model, case)), model
+
+
+def test_causal_tile_skipping_moves_fewer_bytes_than_no_skipping():
+    # A bottom-right causal square skips about half the (Q block, K/V block) pairs: the
+    # re-read operand (K for FA2 and split-KV, Q for FA1) drops to about 9/16 of the
+    # unmasked count with 8 blocks a side.
+    causal = Case(1, 2, 2, 512, 512, 64, F16, M.CAUSAL_BR)
+    full = Case(1, 2, 2, 512, 512, 64, F16, M.NONE)
+    for model, reread in ((FA2Model(), "K"), (FA1Model(), "Q"),
+                          (SplitKVModel(num_splits=2), "K")):
+        c, f = _run(model, causal), _run(model, full)
+        assert c.reads[reread] == f.reads[reread] * 9 // 16, model.name
+        assert c.total < f.total, model.name
+
+
+def test_random_mask_adds_only_the_mask_tiles():
+    case = Case(2, 2, 2, 70, 150, 64, BF16, M.RANDOM)
+    for model in (NaiveModel(), FA2Model(), FA1Model(), SplitKVModel(num_splits=3)):
+        terms = model_terms(_run(model, case))
+        mask = terms.pop("read mask")
+        # Every (b, h) program reads each mask element of the tiles it visits once.
+        assert mask == case.batch * case.heads * case.seqlen_q * case.seqlen_k, model.name
+        assert terms == expected_terms(model, case), model.name
+

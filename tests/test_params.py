@@ -1,0 +1,140 @@
+"""The host mirror of FaParams: layout against the header (nvcc) and how it is filled."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from harness.cases import Case, MaskKind, make_inputs
+from harness.compile import compile_with_timeout, nvcc_path
+from harness.params import (
+    MASK_BOOL,
+    MASK_CAUSAL,
+    MASK_KEY_PADDING,
+    PARAMS_DTYPE,
+    build_params,
+    field_offsets,
+    layout_asserts,
+)
+from harness.variants import header_path
+
+needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc not on PATH")
+
+
+def _layout_source(asserts: str) -> str:
+    return header_path().read_text() + "\n" + asserts + \
+        '\nextern "C" __global__ void touch(FaParams p) { }\n'
+
+
+def test_dtype_shape():
+    assert PARAMS_DTYPE.itemsize == 248
+    offs = field_offsets()
+    assert offs["q"] == 0 and offs["workspace"] == 56 and offs["q_batch_stride"] == 88
+    assert offs["batch"] == 200 and offs["scale_log2"] == 244
+    assert list(PARAMS_DTYPE.names)[-2:] == ["scale", "scale_log2"]
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_layout_matches_header_with_nvcc():
+    res = compile_with_timeout(_layout_source(layout_asserts()), timeout_s=120, arch="sm_80")
+    assert res.ok, res.message
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_layout_check_can_fail():
+    """The same check with one offset off by 8 must not compile: the test has teeth."""
+    broken = layout_asserts().replace("FaParams, seqlen_q) == 212", "FaParams, seqlen_q) == 220")
+    assert broken != layout_asserts()
+    res = compile_with_timeout(_layout_source(broken), timeout_s=120, arch="sm_80")
+    assert not res.ok and "seqlen_q" in res.message
+
+
+def _outputs(case: Case):
+    out = torch.empty(case.batch, case.heads, case.seqlen_q, case.head_dim,
+                      dtype=case.torch_dtype)
+    lse = torch.empty(case.batch, case.heads, case.seqlen_q, dtype=torch.float32)
+    return out, lse
+
+
+def test_build_params_fields():
+    case = Case(2, 8, 2, 113, 203, 64, "bfloat16", MaskKind.CAUSAL_BR)
+    inp = make_inputs(case)
+    out, lse = _outputs(case)
+    ws = [torch.empty(10), torch.empty(20)]
+    bp = build_params(case, inp, out, lse, ws, num_splits=3)
+    p = bp.scalar
+    assert p["q"] == inp.q.data_ptr() and p["k"] == inp.k.data_ptr()
+    assert p["v"] == inp.v.data_ptr() and p["o"] == out.data_ptr() and p["lse"] == lse.data_ptr()
+    assert list(p["workspace"]) == [ws[0].data_ptr(), ws[1].data_ptr(), 0, 0]
+    assert (p["q_batch_stride"], p["q_head_stride"], p["q_row_stride"]) == (8 * 113 * 64, 113 * 64, 64)
+    assert (p["k_batch_stride"], p["k_head_stride"], p["k_row_stride"]) == (2 * 203 * 64, 203 * 64, 64)
+    assert (p["batch"], p["heads"], p["kv_heads"]) == (2, 8, 2)
+    assert (p["seqlen_q"], p["seqlen_k"], p["head_dim"]) == (113, 203, 64)
+    assert p["mask_kind"] == MASK_CAUSAL and p["causal_offset"] == 90
+    assert p["dtype"] == 1 and p["num_splits"] == 3
+    assert p["mask"] == 0 and p["seqlens_k"] == 0
+    assert math.isclose(p["scale"], 0.125, rel_tol=1e-7)
+    assert math.isclose(p["scale_log2"], 0.125 * math.log2(math.e), rel_tol=1e-6)
+    # the scalar is a view of the array CuPy receives
+    assert bp.array.tobytes() == bytes(np.array([p]).tobytes())
+
+
+def test_build_params_masks():
+    case = Case(3, 4, 4, 17, 33, 64, "float16", MaskKind.RANDOM)
+    inp = make_inputs(case)
+    out, lse = _outputs(case)
+    bp = build_params(case, inp, out, lse, [], num_splits=1)
+    p = bp.scalar
+    assert p["mask_kind"] == MASK_BOOL and p["causal_offset"] == 0
+    (m8,) = bp.keepalive
+    assert m8.dtype == torch.uint8 and p["mask"] == m8.data_ptr()
+    assert (p["mask_batch_stride"], p["mask_row_stride"]) == (17 * 33, 33)
+    assert torch.equal(m8.bool(), inp.mask[:, 0])
+
+    kp = Case(3, 4, 4, 17, 33, 64, "float16", MaskKind.KEY_PADDING)
+    inp = make_inputs(kp)
+    bp = build_params(kp, inp, *_outputs(kp), [], num_splits=1)
+    p = bp.scalar
+    assert p["mask_kind"] == MASK_KEY_PADDING and p["mask"] == 0
+    (lengths,) = bp.keepalive
+    assert p["seqlens_k"] == lengths.data_ptr() and lengths.dtype == torch.int32
+    assert lengths.tolist() == inp.key_lengths.tolist()
+
+    tl = Case(1, 1, 1, 40, 20, 64, "float16", MaskKind.CAUSAL_TL)
+    p = build_params(tl, make_inputs(tl), *_outputs(tl), [], num_splits=1).scalar
+    assert p["mask_kind"] == MASK_CAUSAL and p["causal_offset"] == 0
+    br = Case(1, 1, 1, 40, 20, 64, "float16", MaskKind.CAUSAL_BR)
+    p = build_params(br, make_inputs(br), *_outputs(br), [], num_splits=1).scalar
+    assert p["causal_offset"] == -20
+
+
+def test_broadcast_mask_strides_are_zero():
+    case = Case(2, 1, 1, 5, 7, 64, "float16", MaskKind.RANDOM)
+    inp = make_inputs(case)
+    inp.mask = inp.mask[:1, :, :1, :]  # (1, 1, 1, Nk): one row for every batch and query
+    p = build_params(case, inp, *_outputs(case), [], num_splits=1).scalar
+    assert (p["mask_batch_stride"], p["mask_row_stride"]) == (0, 0)
+
+
+def test_build_params_rejects_bad_inputs():
+    case = Case(1, 2, 2, 8, 8, 64)
+    inp = make_inputs(case)
+    out, lse = _outputs(case)
+    with pytest.raises(ValueError, match="out has shape"):
+        build_params(case, inp, out[:, :1], lse, [], num_splits=1)
+    with pytest.raises(ValueError, match="dtype"):
+        build_params(case, inp, out.float(), lse, [], num_splits=1)
+    with pytest.raises(ValueError, match="lse"):
+        build_params(case, inp, out, lse.double(), [], num_splits=1)
+    with pytest.raises(ValueError, match="num_splits"):
+        build_params(case, inp, out, lse, [], num_splits=0)
+    with pytest.raises(ValueError, match="at most 4"):
+        build_params(case, inp, out, lse, [torch.empty(1)] * 5, num_splits=1)
+    bad = Case(1, 2, 2, 8, 8, 64, mask=MaskKind.RANDOM)
+    with pytest.raises(ValueError, match="boolean mask"):
+        build_params(bad, inp, out, lse, [], num_splits=1)

@@ -1,0 +1,149 @@
+"""The worker survives every bad job: hangs, crashes, exceptions, memory hogs, garbage.
+
+The scoring child is real (a separate process started by `harness.worker.run_job`); the
+scorer it calls is a fake selected through the worker configuration (`fake_scorer`
+below), which acts out what a bad submission does to the child process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from sqlalchemy import func, select
+
+from harness.db import open_db
+from harness.db.models import Base, Submission
+from harness.queue import claim
+from harness.scoring import ScoreReport
+from harness.worker import WorkerConfig, work
+
+SCORER = "tests.test_worker:fake_scorer"
+
+
+def fake_scorer(files, options, *, secret, progress) -> ScoreReport:
+    """Behaves as the job's single file says (runs in the worker's child process)."""
+    mode = files["mode.txt"].strip()
+    progress("check", "case-1")
+    if mode == "ok":
+        env_ok = "FA_HARNESS_SECRET" not in os.environ
+        return ScoreReport("scored", "fine", score=1.5,
+                           detail={"secret_seen": secret, "env_clean": env_ok,
+                                   "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                   "options": options.to_dict()["baseline"]})
+    if mode == "hang":  # a kernel looping forever: no progress ever again
+        progress("perf", "case-hang")
+        time.sleep(3600)
+    if mode == "segv":  # an illegal address that takes the process down
+        progress("check", "case-segv")
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if mode == "raise":
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    if mode == "hog":  # host memory far past the limit
+        progress("check", "case-hog")
+        blob = bytearray(1200 * 2**20)
+        for i in range(0, len(blob), 4096):
+            blob[i] = 1
+        time.sleep(60)
+    if mode == "exit":
+        os._exit(3)
+    raise AssertionError(f"unknown mode {mode}")
+
+
+@pytest.fixture
+def db(tmp_path):
+    d = open_db(str(tmp_path / "w.sqlite"))
+    yield d
+    d.close()
+
+
+def _add(db, mode: str) -> int:
+    with db.session() as s:
+        row = Submission(name=mode, submitter="t", source=json.dumps({"mode.txt": mode}),
+                         source_hash=mode, status="queued")
+        s.add(row)
+        s.flush()
+        return row.id
+
+
+def _counts(engine) -> dict[str, int]:
+    with engine.connect() as c:
+        return {t.name: c.execute(select(func.count()).select_from(t)).scalar_one()
+                for t in Base.metadata.sorted_tables if t.name != "submissions"}
+
+
+def _config(**kw) -> WorkerConfig:
+    base = dict(gpu=3, case_timeout_s=6.0, job_timeout_s=120.0, memory_limit_mb=800,
+                gpu_memory_fraction=None, scorer=SCORER, secret=424242,
+                scoring={"baseline": "sdpa_flash"}, poll_s=0.1)
+    base.update(kw)
+    return WorkerConfig(**base)
+
+
+def test_worker_survives_every_bad_job(db):
+    modes = ["hang", "segv", "raise", "hog", "exit", "ok"]
+    ids = {m + str(i): _add(db, m) for i, m in enumerate(modes)}
+    before = _counts(db.engine)
+    logs: list[str] = []
+    n = work(db.engine, _config(), drain=True, log=logs.append)
+    assert n == len(modes)
+    with db.sessions() as s:
+        rows = {r.id: r for r in s.scalars(select(Submission))}
+    v = {key: rows[sid] for key, sid in ids.items()}
+    assert all(r.status == "done" and r.finished_at is not None for r in rows.values())
+
+    assert v["hang0"].verdict == "timeout"
+    assert "case-hang" in v["hang0"].message and "no progress for 6 s" in v["hang0"].message
+    assert v["hang0"].failing_cases[0]["case"] == "case-hang"
+
+    # The last job, after every bad one, is scored normally by the same worker.
+    ok = v["ok5"]
+    assert (ok.verdict, ok.score) == ("scored", 1.5)
+    assert ok.detail["secret_seen"] == 424242 and ok.detail["env_clean"]
+    assert ok.detail["gpu"] == "3" and ok.detail["options"] == "sdpa_flash"
+
+    assert v["segv1"].verdict == "crashed"
+    assert "SIGSEGV" in v["segv1"].message and "case-segv" in v["segv1"].message
+
+    assert v["raise2"].verdict == "crashed"
+    assert "illegal memory access" in v["raise2"].message
+
+    assert v["hog3"].verdict == "crashed" and "above the limit of 800 MiB" in v["hog3"].message
+
+    assert v["exit4"].verdict == "crashed" and "exited with code 3" in v["exit4"].message
+    assert _counts(db.engine) == before  # nothing but the submissions table changed
+    assert any("timeout" in line for line in logs)
+
+
+def test_job_deadline(db):
+    _add(db, "hang")
+    work(db.engine, _config(case_timeout_s=60.0, job_timeout_s=4.0), once=True)
+    with db.sessions() as s:
+        row = s.scalars(select(Submission)).one()
+    assert row.verdict == "timeout" and "job limit of 4 s" in row.message
+
+
+def test_once_takes_one_job_and_secret_not_stored(db):
+    a, b = _add(db, "ok"), _add(db, "ok")
+    assert work(db.engine, _config(secret=987654321), once=True) == 1
+    with db.sessions() as s:
+        rows = {r.id: r for r in s.scalars(select(Submission))}
+        assert rows[a].status == "done" and rows[b].status == "queued"
+        stored = json.dumps([rows[a].detail, rows[a].message, rows[a].failing_cases])
+    # The fake echoes the secret into its detail on purpose; the real scorer does not.
+    # What the worker itself adds (config, elapsed time) must not hold it.
+    assert "elapsed_s" in rows[a].detail
+    assert stored.count("987654321") == 1
+
+
+def test_requeued_job_is_taken_again(db):
+    sid = _add(db, "ok")
+    job = claim(db.engine, "dead")  # a worker that died right after claiming
+    assert job.id == sid
+    work(db.engine, _config(lease_s=0.0), drain=True)
+    with db.sessions() as s:
+        row = s.get(Submission, sid)
+    assert (row.status, row.verdict, row.attempts) == ("done", "scored", 2)
