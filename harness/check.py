@@ -62,8 +62,12 @@ def _oracle(case: Case, inputs, secret: int, device: str | torch.device) -> tupl
 
 
 def _model_bytes(candidate: Candidate, case: Case) -> int | None:
+    # Candidates whose tiles depend on the case (a split count chosen by a heuristic)
+    # resolve them per case.
+    tiles_for = getattr(candidate, "tiles_for", None)
+    tiles = tiles_for(case) if callable(tiles_for) else candidate.tiles
     try:
-        return iomodel.hbm_bytes(candidate.algorithm, case, candidate.tiles)
+        return iomodel.hbm_bytes(candidate.algorithm, case, tiles)
     except ValueError:
         return None  # an algorithm the IO model does not know: no model bytes
 

@@ -99,6 +99,22 @@ class CudaVariant(Candidate):
         return None
 
     # --- planning (pure Python: testable without a GPU) --------------------------------
+    def tiles_for(self, case: Case, sm_count: int | None = None) -> dict[str, int]:
+        """The manifest's tiles with the split count resolved for `case` (the IO model's
+        "splits"); the SM count is the current device's, or 132 (H100/H200) without one."""
+        if self.spec is None or self.spec.num_splits is None:
+            return dict(self.tiles)
+        if sm_count is None:
+            sm_count = 132
+            try:
+                import torch
+
+                if torch.cuda.is_available():
+                    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+            except Exception:  # no device: the nominal count is only for the byte model
+                pass
+        return {**self.tiles, "splits": self.resolve_num_splits(case, sm_count)}
+
     def resolve_num_splits(self, case: Case, sm_count: int) -> int:
         """1 for variants without split-KV; the manifest's value when > 0; else the
         heuristic, counting one CTA per (batch, kv head, row block) per split since this

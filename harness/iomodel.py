@@ -153,11 +153,18 @@ def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict
     bk = _tile(tiles, "block_k", DEFAULT_BLOCK_K)
     if algorithm == "fa1":
         q_rows = _fa1_q_rows_per_kv_block(case, bq, bk)
+        # O lives in HBM between outer iterations (in float32 when acc_bytes = 4, as FA1's
+        # own code kept it); a final pass reads it with m and l, writes O in the input
+        # dtype and the LSE.
+        acc = _tile(tiles, "acc_bytes", e)
         terms = {
             "read K": kv_bytes, "read V": kv_bytes,
-            "write O": o_bytes + q_rows * d * e,  # initialisation, then once per visit
+            # initialisation, once per visit, then the final O in the input dtype
+            "write O": nq * d * acc + q_rows * d * acc + o_bytes,
             "write m,l": 2 * nq * F32 + q_rows * 2 * F32,
-            "read Q": q_rows * d * e, "read O": q_rows * d * e, "read m,l": q_rows * 2 * F32,
+            "read Q": q_rows * d * e, "read O": q_rows * d * acc + nq * d * acc,
+            "read m,l": q_rows * 2 * F32 + 2 * nq * F32,
+            "write LSE": nq * F32,
         }
         return {k: bh * v for k, v in terms.items()}
     kv_rows = _kv_rows_per_q_block(case, bq, bk)

@@ -62,12 +62,27 @@ def _signature(case: Case, device: str) -> tuple:
             case.seqlen_q, case.seqlen_k)
 
 
-def _refusal_reason(err: BaseException, caught: list) -> str:
-    why = [str(w.message).strip().splitlines()[0] for w in caught
-           if issubclass(w.category, UserWarning)]
-    why = [w for w in why if w]
+_BACKEND_WORDS = {"flash": "flash", "efficient": "memory efficient", "cudnn": "cudnn",
+                  "math": "math"}
+
+
+def _refusal_reason(err: BaseException, caught: list, backend: str = "") -> str:
+    """The backend's own reason: torch warns one line per failed requirement (after a
+    "<backend> kernel not used because:" header); keep the lines about this backend."""
+    lines = []
+    for w in caught:
+        if not issubclass(w.category, UserWarning):
+            continue
+        text = str(w.message).split("(Triggered internally", 1)[0].strip()
+        for line in text.splitlines():
+            line = line.strip()
+            if line and not line.endswith("because:"):
+                lines.append(line)
+    word = _BACKEND_WORDS.get(backend, "")
+    own = [x for x in lines if word and word in x.lower()]
+    why = own or lines
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return "; ".join(why[:3]) if why else text
+    return "; ".join(dict.fromkeys(why[:3])) if why else text
 
 
 @dataclass
@@ -162,7 +177,7 @@ class SdpaPeer(Candidate):
 
                 if is_cuda_fatal(str(e)):
                     raise
-                return _refusal_reason(e, caught)
+                return _refusal_reason(e, caught, self.backend)
         return None
 
     def _probe(self, case: Case) -> tuple[str | None, bool]:

@@ -37,8 +37,14 @@ def test_fa2_rereads_kv_once_per_query_block():
 def test_fa1_rereads_q_and_o_per_kv_block():
     t = io.hbm_breakdown("fa1", SEED, {"block_k": 64})
     assert t["read K"] == 4096 * 64 * 2
-    assert t["read Q"] == t["read O"] == 64 * 4096 * 64 * 2
-    assert t["write O"] == 65 * 4096 * 64 * 2  # initialisation + once per K/V block
+    assert t["read Q"] == 64 * 4096 * 64 * 2
+    # once per K/V block, plus the final pass that normalises O
+    assert t["read O"] == 65 * 4096 * 64 * 2
+    # initialisation + once per K/V block + the final O
+    assert t["write O"] == 66 * 4096 * 64 * 2
+    assert t["write LSE"] == 4096 * 4
+    acc = io.hbm_breakdown("fa1", SEED, {"block_k": 64, "acc_bytes": 4})
+    assert acc["read O"] == 65 * 4096 * 64 * 4  # a float32 O workspace doubles that traffic
 
 
 def test_causal_skips_tiles_above_the_diagonal():

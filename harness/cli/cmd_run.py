@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grid", default="smoke", help="smoke | full | perf | decode (default smoke)")
     p.add_argument("--kernels", default=None, metavar="NAMES",
                    help="comma-separated candidate names or globs (default: all available)")
+    p.add_argument("--cases", default=None, metavar="PATTERNS",
+                   help="keep only the grid's cases whose id matches one of these "
+                        "comma-separated globs (e.g. '*-fp16-*')")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="only candidates on this device (default: every available one)")
     p.add_argument("--secret", type=int, default=0,
@@ -85,6 +88,13 @@ def run(args: argparse.Namespace) -> int:
         cases = get_grid(args.grid)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.cases:
+        import fnmatch
+
+        pats = [p.strip() for p in args.cases.split(",") if p.strip()]
+        cases = [c for c in cases if any(fnmatch.fnmatchcase(c.id, p) for p in pats)]
+        if not cases:
+            raise UsageError(f"--cases {args.cases!r} matches no case of grid {args.grid}")
     if args.repeats < 1:
         raise UsageError("--repeats must be >= 1")
     cuda = torch.cuda.is_available()
@@ -104,18 +114,27 @@ def run(args: argparse.Namespace) -> int:
     for err in registry.load_errors():
         console.print(f"[red]variant load error:[/red] {escape(str(err))}")
 
-    results = run_correctness(candidates, cases, secret=args.secret, repeats=args.repeats,
-                              progress=not args.no_progress and sys.stderr.isatty(),
-                              timeout_s=args.timeout)
-    console.print(summary_table(summarize(results),
-                                title=f"correctness: grid {args.grid}, {len(cases)} cases"))
-    _print_failures(console, results)
-    code = max(exit_code(results), EXIT_FAIL if registry.load_errors() else EXIT_OK)
-
-    perf_results = []
+    code = EXIT_FAIL if registry.load_errors() else EXIT_OK
+    results: list = []
+    perf_results: list = []
     if timing_grid:
-        perf_results = _perf(args, candidates, cases, results, console)
+        # The timing run checks every (candidate, case) once before sampling it, so a
+        # separate correctness pass over these large cases would only do that work twice.
+        perf_results = _perf(args, candidates, cases, console)
+        console.print(summary_table(summarize(perf_results),
+                                    title=f"checked before timing: grid {args.grid}, "
+                                          f"{len(cases)} cases"))
+        _print_failures(console, perf_results)
         code = max(code, exit_code(perf_results))
+    else:
+        results = run_correctness(candidates, cases, secret=args.secret,
+                                  repeats=args.repeats,
+                                  progress=not args.no_progress and sys.stderr.isatty(),
+                                  timeout_s=args.timeout)
+        console.print(summary_table(summarize(results),
+                                    title=f"correctness: grid {args.grid}, {len(cases)} cases"))
+        _print_failures(console, results)
+        code = max(code, exit_code(results))
     all_results = results + perf_results
     if args.json_path:
         _write_json(Path(args.json_path), args, all_results)
@@ -135,18 +154,14 @@ def _print_failures(console: Any, results: list) -> None:
         console.print(f"... and {len(bad) - MAX_FAILURES_SHOWN} more failing case(s)")
 
 
-def _perf(args: argparse.Namespace, candidates: list, cases: list, checked: list,
-          console: Any) -> list:
-    """Time the GPU candidates that passed every correctness case they ran."""
+def _perf(args: argparse.Namespace, candidates: list, cases: list, console: Any) -> list:
+    """Time every GPU candidate over the grid (each case checked once before sampling; a
+    case that fails its check is reported and not timed)."""
     from harness.perf import format_table, run_perf
-    from harness.runner import FAILING
 
-    failed = {r.kernel for r in checked if r.status in FAILING}
-    timed = [c for c in candidates if c.device == "cuda" and c.name not in failed]
-    for name in sorted(failed):
-        console.print(f"not timed: {name} failed correctness")
+    timed = [c for c in candidates if c.device == "cuda"]
     if not timed:
-        console.print("no GPU candidate left to time")
+        console.print("no GPU candidate to time")
         return []
     results = run_perf(timed, cases, baseline=args.baseline, ncu=args.ncu,
                        timeout_s=args.timeout)

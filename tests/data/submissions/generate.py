@@ -132,7 +132,7 @@ make("redefine_check.cu", "redefine_check", "disables the signature check",
      globals_='#undef FA_CHECK_ENTRY\n#define FA_CHECK_ENTRY(x)')
 # Valid code that must be caught when it runs (GPU):
 make("loop_forever.cu", "loop_forever", "one warp spins forever",
-     start="if (i == 0 && h == 0 && b == 0) { volatile int spin = 1; while (spin) { } }")
+     start="if (i == 0 && h == 0 && b == 0) { for (;;) { if (clock64() < 0) break; } }")
 make("sleeps.cu", "sleeps", "sleeps in a __nanosleep loop far beyond any deadline",
      start="if (i == 0 && h == 0 && b == 0) { for (volatile int k = 0; k >= 0; k = 0) __nanosleep(1000000); }")
 make("illegal_address.cu", "illegal_address", "writes through a bad pointer",

@@ -51,7 +51,7 @@ extern "C" __global__ void rowwarp(FaParams p) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int i = blockIdx.x * 4 + warp, h = blockIdx.y, b = blockIdx.z;
     const bool active = i < p.seqlen_q;
-    if (i == 0 && h == 0 && b == 0) { volatile int spin = 1; while (spin) { } }
+    if (i == 0 && h == 0 && b == 0) { for (;;) { if (clock64() < 0) break; } }
     if (active) {
         const int hk = h / (p.heads / p.kv_heads);
         const long long qo = b * p.q_batch_stride + h * p.q_head_stride + i * p.q_row_stride;
