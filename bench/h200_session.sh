@@ -45,9 +45,9 @@ for stage in "$@"; do
     perf)
       # The perf grid in two halves (fp16, bf16), each its own run record, so a stage that
       # overruns its limit still leaves the other half recorded.
-      step calibrate 90 $FA calibrate --json
+      step calibrate 75 $FA calibrate --json
       for dt in fp16 bf16; do
-        step perf_$dt 245 $FA run --grid perf --cases "*-$dt-*" --kernels "$PERF_KERNELS" \
+        step perf_$dt 240 $FA run --grid perf --cases "*-$dt-*" --kernels "$PERF_KERNELS" \
           --device cuda --no-progress --record "$WORK/perf-$dt-$stamp.json" --db "$DB"
       done
       ;;
@@ -59,6 +59,19 @@ for stage in "$@"; do
       step timing_noise 90 python3 bench/timing_noise.py --out "$WORK/timing_noise.json"
       step agreement 60 python3 bench/benchmark_agreement.py --out "$WORK/agreement.json"
       step ncu_bytes 150 python3 bench/ncu_bytes.py --out "$WORK/ncu_bytes.json"
+      ;;
+    final)
+      # Everything the records need in one call: calibration, the perf and decode grids
+      # (0.2 s minimum sampling per measurement, >= 20 samples), the timing-noise
+      # benchmark and the submissions table.
+      step calibrate 40 $FA calibrate --json
+      step perf 270 $FA run --grid perf --kernels "fa2_mma,fa2_simt,sdpa_flash,sdpa_cudnn" \
+        --min-time 0.2 --device cuda --no-progress --record "$WORK/perf-$stamp.json" --db "$DB"
+      step decode 90 $FA run --grid decode --kernels "splitkv,fa2_mma,sdpa_flash,sdpa_cudnn" \
+        --min-time 0.2 --device cuda --no-progress --record "$WORK/decode-$stamp.json" --db "$DB"
+      step timing_noise 60 python3 bench/timing_noise.py --out "$WORK/timing_noise.json"
+      step submissions 120 python3 bench/submissions_demo.py --db "sqlite:///$WORK/subs.sqlite" \
+        --max-perf-cases 2 --case-timeout 15 --json "$WORK/submissions.json"
       ;;
     retest)  # GPU tests named in $RETEST (pytest node ids or -k expression files)
       step retest 120 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 100 -rfE $RETEST

@@ -457,6 +457,8 @@ def measure(
     run = sample_until_stable(lambda i: timer.sample(launch, i % n_sets, flush=flush), rule,
                               reference_clock_mhz=timer.reference_clock_mhz)
     method = timer.method(mode, n_sets, run.stop_reason)
+    method += (f"; rule >= {rule.min_samples} samples, >= {rule.min_time_s:g} s, "
+               f"target {rule.target_rel_noise:.2%}")
     if run.dropped_invalid:
         method += f"; {run.dropped_invalid} samples dropped (hold expired)"
     if not run.samples_ms:

@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", default="sdpa_flash",
                    help="candidate the perf table compares against (default sdpa_flash)")
     p.add_argument("--ncu", action="store_true", help="perf: measure DRAM bytes with ncu")
+    p.add_argument("--min-time", type=float, default=None, metavar="S",
+                   help="perf: minimum sampling time per measurement (default: the timing "
+                        "method's 0.5 s); at least 20 samples are always taken")
     p.add_argument("--json", dest="json_path", metavar="FILE", default=None,
                    help="write every result as JSON to FILE")
     p.add_argument("--record", metavar="FILE", default=None,
@@ -163,8 +166,20 @@ def _perf(args: argparse.Namespace, candidates: list, cases: list, console: Any)
     if not timed:
         console.print("no GPU candidate to time")
         return []
+    timing = {"rule": {"min_time_s": args.min_time}} if args.min_time is not None else None
+    partial = Path(args.record + ".partial.jsonl") if args.record else None
+    if partial is not None:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text("")
+
+    def keep(res: Any) -> None:
+        # Each result as it lands, so a run cut short by its caller still leaves data.
+        if partial is not None:
+            with partial.open("a") as f:
+                f.write(json.dumps(res.to_dict()) + "\n")
+
     results = run_perf(timed, cases, baseline=args.baseline, ncu=args.ncu,
-                       timeout_s=args.timeout)
+                       timeout_s=args.timeout, timing=timing, on_result=keep)
     print(format_table(results, args.baseline))
     return results
 
