@@ -28,7 +28,10 @@ run: $(VENV)
 # no test) means the command itself is broken: it fails, with a message saying so.
 NO_TESTS = { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
 
+# First an nvcc build of every CUDA variant for sm_80 and sm_90 (registers and spills per
+# entry; a compile error fails with the compiler's message; no GPU needed).
 test: $(VENV)
+	$(BIN)/fa-harness kernels --compile --arch sm_80,sm_90
 	$(BIN)/pytest $(PYTEST_FLAGS) tests || $(NO_TESTS)
 	$(BIN)/pytest $(PYTEST_FLAGS) suites --fa-grid smoke || $(NO_TESTS)
 	$(BIN)/pytest $(PYTEST_FLAGS) suites --fa-grid full --fa-kernels '*_model' || $(NO_TESTS)

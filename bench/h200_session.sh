@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The project's GPU path on the H200 test machine, in stages, each bounded in time so one
 # broken stage cannot eat the whole call. Run from the project root on the GPU machine:
-#     bash bench/h200_session.sh check perf      # any of: check perf decode bench submit
+#     bash bench/h200_session.sh check perf      # any of: check perf decode bench submit final
+# The GPU machine gets a copy of the working tree without .git: pass the commit being
+# measured as FA_HARNESS_COMMIT=<sha> (and FA_HARNESS_BRANCH) so the run records carry it.
 # Logs and JSON/record files go to $WORK (default /tmp/h200-session); at the end they are
 # packed into $OUT/h200-session.tgz when $OUT is set (the device tool brings back only a
 # few files). Each stage prints the tail of its log.

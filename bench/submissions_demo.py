@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness import submit  # noqa: E402
 from harness.db import open_db  # noqa: E402
-from harness.scoring import leaderboard_rows  # noqa: E402
+from harness.ranking import leaderboard_rows  # noqa: E402
 from harness.worker import WorkerConfig, work  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "submissions"

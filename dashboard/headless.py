@@ -45,6 +45,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    """Terminate a child process, killing it if it has not exited within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _get(url: str, timeout: float = 2.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - localhost only
         return r.read().decode()
@@ -106,12 +116,7 @@ def serve(db_url: str, *, port: int | None = None, timeout_s: float = 60.0,
             time.sleep(0.2)
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
 
 
 class _Cdp:
@@ -188,12 +193,7 @@ def chromium(width: int = 1400, height: int = 1100) -> Iterator[_Cdp]:
                      deviceScaleFactor=1, mobile=False)
             yield cdp
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
         shutil.rmtree(profile, ignore_errors=True)
 
 

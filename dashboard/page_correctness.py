@@ -7,19 +7,14 @@ import streamlit as st
 
 from dashboard import charts, ui
 from dashboard.data import Ctx
-from dashboard.page_roofline import pick_run
+from dashboard.page_roofline import pick_gpu_and_run
 
 HEATMAP_MAX_CELLS = 6000  # beyond this a heat map is unreadable; the table remains
 
 
 def render(ctx: Ctx) -> None:
     st.title("Correctness")
-    gpus = ctx.q("gpus")
-    c1, c2 = st.columns([1, 1])
-    with c1:
-        gpu = ui.pick("GPU", gpus, "gpu") if gpus else None
-    with c2:
-        run_id = pick_run(ctx, gpu)
+    gpu, run_id = pick_gpu_and_run(ctx)
     if run_id is None:
         st.info("No runs on this GPU.")
         return

@@ -1,5 +1,6 @@
-"""Leaderboard: scored submissions ranked by score (geometric mean of speedups over the
-reference kernel; higher is better), and the verdicts of the others."""
+"""Leaderboard: scored submissions ranked as `fa-harness leaderboard` ranks them (full
+perf-grid coverage first, then score: the geometric mean of speedups over the baseline,
+higher is better; `harness.ranking`), and the verdicts of the others."""
 
 from __future__ import annotations
 
@@ -11,23 +12,22 @@ from dashboard.data import Ctx
 
 def render(ctx: Ctx) -> None:
     st.title("Leaderboard")
-    subs = ctx.q("submissions")
+    subs = ctx.q("leaderboard")
     if subs.empty:
         st.info("No submissions yet. Submit a kernel variant with `fa-harness submit` or on "
                 "the Submit page (a token from `fa-harness token create` is needed); a worker "
                 "scores it and it appears here.")
         return
-    scored = subs[(subs["verdict"] == "scored") & subs["score"].notna()]
-    if scored.empty:
+    ranked = subs[subs["rank"].notna()]
+    if ranked.empty:
         st.info("No submission has been scored yet.")
     else:
-        ranked = scored.sort_values(["score", "finished_at"], ascending=[False, True])
-        ranked = ranked.assign(rank=range(1, len(ranked) + 1))
-        ranked = ranked.assign(run=ranked["run_id"].map(
-            lambda r: ui.run_href(r) if r == r and r is not None else None))
-        st.dataframe(ranked[["rank", "name", "submitter", "score", "finished_at", "run"]],
+        ranked = ranked.assign(rank=ranked["rank"].astype(int), run=ranked["run_id"].map(
+            lambda r: ui.run_href(int(r)) if r == r and r is not None else None))
+        st.dataframe(ranked[["rank", "name", "submitter", "score", "coverage", "finished_at",
+                             "run"]],
                      hide_index=True, column_config={"run": ui.RUN_LINK})
-    others = subs[~subs.index.isin(scored.index)]
+    others = subs[subs["rank"].isna()]
     if len(others):
         st.subheader(f"Other submissions ({len(others)})")
         st.dataframe(others[["id", "name", "submitter", "status", "verdict", "message",

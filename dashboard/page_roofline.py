@@ -33,6 +33,17 @@ def pick_run(ctx: Ctx, gpu: str | None) -> int | None:
     return run_id
 
 
+def pick_gpu_and_run(ctx: Ctx) -> tuple[str | None, int | None]:
+    """The GPU picker and, next to it, `pick_run` over that GPU's runs."""
+    gpus = ctx.q("gpus")
+    c1, c2 = st.columns([1, 1])
+    with c1:
+        gpu = ui.pick("GPU", gpus, "gpu") if gpus else None
+    with c2:
+        run_id = pick_run(ctx, gpu)
+    return gpu, run_id
+
+
 def ceilings(calibration: dict | None) -> tuple[float | None, dict[str, float]]:
     cal = calibration or {}
     bw = cal.get("copy_gbps")
@@ -44,12 +55,7 @@ def ceilings(calibration: dict | None) -> tuple[float | None, dict[str, float]]:
 
 def render(ctx: Ctx) -> None:
     st.title("Roofline")
-    gpus = ctx.q("gpus")
-    c1, c2 = st.columns([1, 1])
-    with c1:
-        gpu = ui.pick("GPU", gpus, "gpu") if gpus else None
-    with c2:
-        run_id = pick_run(ctx, gpu)
+    _gpu, run_id = pick_gpu_and_run(ctx)
     if run_id is None:
         st.info("No runs on this GPU.")
         return

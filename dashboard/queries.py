@@ -21,6 +21,7 @@ import pandas as pd
 from sqlalchemy import Engine, Select, and_, case, distinct, func, inspect, select
 
 from dashboard.schema import CaseRow, Comparison, Result, Run, Submission, Variant
+from harness.ranking import COLUMNS, leaderboard_rows
 
 # Verdicts that mean "something got worse" (flagged in red everywhere).
 FLAGGED = ("regression", "correctness_regression", "precision_drift")
@@ -293,15 +294,10 @@ def has_table(engine: Engine, name: str) -> bool:
         return inspect(conn).has_table(name)
 
 
-def submissions(engine: Engine) -> pd.DataFrame:
-    """All submissions, newest first (the page ranks the scored ones)."""
+def leaderboard(engine: Engine) -> pd.DataFrame:
+    """Every submission: the scored ones ranked exactly as `fa-harness leaderboard` ranks
+    them (`harness.ranking`), then the others, newest first, with rank NaN."""
     if not has_table(engine, Submission.__tablename__):
-        return pd.DataFrame(columns=["id", "name", "submitter", "status", "verdict", "score",
-                                     "message", "failing_cases", "created_at", "finished_at",
-                                     "run_id"])
-    stmt = (select(Submission.id, Submission.name, Submission.submitter, Submission.status,
-                   Submission.verdict, Submission.score, Submission.message,
-                   Submission.failing_cases, Submission.created_at, Submission.finished_at,
-                   Submission.run_id)
-            .order_by(Submission.created_at.desc(), Submission.id.desc()).limit(1000))
-    return _frame(engine, stmt)
+        return pd.DataFrame(columns=list(COLUMNS))
+    return pd.DataFrame(leaderboard_rows(engine, include_all=True, limit=1000),
+                        columns=list(COLUMNS))

@@ -2,11 +2,56 @@
 
 from __future__ import annotations
 
+import os
+import uuid
+from collections.abc import Iterator
+
 import pytest
 from fake_candidates import make_fake
+
+PG_ENV = "FA_HARNESS_TEST_PG"
 
 
 @pytest.fixture
 def fake():
     """make_fake(bug="none", **fields) -> FakeCandidate (see tests/fake_candidates.py)."""
     return make_fake
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch on one intra-op thread: the CPU algorithm models run many small tile ops, where
+    extra threads only add contention on a busy 2-core runner (measured there: 30x slower
+    with 2 threads while other processes run)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty schema on the PostgreSQL server named by FA_HARNESS_TEST_PG, as that
+    URL with a search_path selecting the schema; dropped afterwards. Skips without it."""
+    base = os.environ.get(PG_ENV)
+    if not base:
+        pytest.skip(f"{PG_ENV} is not set (PostgreSQL URL of a scratch database)")
+    from sqlalchemy import text
+
+    from harness.db.engine import make_engine
+
+    schema = f"fa_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin = make_engine(base)
+    try:
+        with admin.begin() as c:
+            c.execute(text(f"CREATE SCHEMA {schema}"))
+        sep = "&" if "?" in base else "?"
+        try:
+            yield f"{base}{sep}options=-csearch_path%3D{schema}"
+        finally:
+            with admin.begin() as c:
+                c.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+    finally:
+        admin.dispose()

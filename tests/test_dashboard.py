@@ -38,14 +38,22 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> str:
         conn.execute(Submission.__table__.insert(), [
             {"name": "fast_one", "submitter": "ana", "source": "{}", "source_hash": "a",
              "status": "done", "verdict": "scored", "score": 1.42, "created_at": t0,
-             "finished_at": t0 + timedelta(minutes=5), "message": None, "failing_cases": None},
+             "finished_at": t0 + timedelta(minutes=5), "message": None, "failing_cases": None,
+             "detail": {"coverage": {"timed": 48, "of": 48}}},
             {"name": "faster_one", "submitter": "bo", "source": "{}", "source_hash": "b",
              "status": "done", "verdict": "scored", "score": 2.10, "created_at": t0,
-             "finished_at": t0 + timedelta(minutes=9), "message": None, "failing_cases": None},
+             "finished_at": t0 + timedelta(minutes=9), "message": None, "failing_cases": None,
+             "detail": {"coverage": {"timed": 48, "of": 48}}},
+            # The best score, on part of the perf grid only: ranks after full coverage.
+            {"name": "easy_cases_only", "submitter": "cy", "source": "{}", "source_hash": "d",
+             "status": "done", "verdict": "scored", "score": 9.0, "created_at": t0,
+             "finished_at": t0 + timedelta(minutes=7), "message": None, "failing_cases": None,
+             "detail": {"coverage": {"timed": 2, "of": 48}}},
             {"name": "stale_cache", "submitter": "eve", "source": "{}", "source_hash": "c",
              "status": "done", "verdict": "incorrect", "score": None, "created_at": t0,
              "finished_at": t0 + timedelta(minutes=2),
-             "message": "output cached across calls", "failing_cases": ["b1h1-1x1"]},
+             "message": "output cached across calls", "failing_cases": ["b1h1-1x1"],
+             "detail": None},
         ])
     engine.dispose()
     return url
@@ -198,13 +206,23 @@ def test_correctness_failure_visible(db: str, monkeypatch: pytest.MonkeyPatch) -
     assert bad["message"].str.contains("base_err").all()
 
 
-def test_leaderboard_ranks_by_score(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_leaderboard_ranks_as_the_cli(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     at = app(db, monkeypatch, page="leaderboard")
     ranked = at.dataframe[0].value
-    assert list(ranked["name"]) == ["faster_one", "fast_one"]
-    assert list(ranked["rank"]) == [1, 2]
+    assert list(ranked["name"]) == ["faster_one", "fast_one", "easy_cases_only"]
+    assert list(ranked["rank"]) == [1, 2, 3]
+    assert list(ranked["coverage"]) == ["48/48", "48/48", "2/48"]
     others = at.dataframe[1].value
     assert list(others["verdict"]) == ["incorrect"]
+    # The same order as `fa-harness leaderboard` (the synthetic database has no Alembic
+    # revision for the command to check, so its row function is called directly).
+    from harness.ranking import leaderboard_rows
+
+    engine = create_engine(db)
+    cli = leaderboard_rows(engine, include_all=True)
+    engine.dispose()
+    assert [r["name"] for r in cli if r["rank"]] == list(ranked["name"])
+    assert [r["name"] for r in cli if not r["rank"]] == list(others["name"])
 
 
 def test_run_page(db: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,8 +4,9 @@ sessions, and `fa-harness db upgrade`."""
 
 from __future__ import annotations
 
-import os
-import uuid
+import json
+import subprocess
+import sys
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -31,33 +32,13 @@ from harness.db.store import (
 )
 from harness.synthetic import make_record, specs_for
 
-PG_ENV = "FA_HARNESS_TEST_PG"
-
-
-def _pg_schema_url(base: str, schema: str) -> str:
-    sep = "&" if "?" in base else "?"
-    return f"{base}{sep}options=-csearch_path%3D{schema}"
-
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request, tmp_path):
     """An empty database: a SQLite file, or a fresh PostgreSQL schema (dropped after)."""
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'results.sqlite'}"
-        return
-    base = os.environ.get(PG_ENV)
-    if not base:
-        pytest.skip(f"{PG_ENV} is not set (PostgreSQL URL of a scratch database)")
-    schema = f"fa_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    admin = make_engine(base)
-    with admin.begin() as c:
-        c.execute(text(f"CREATE SCHEMA {schema}"))
-    try:
-        yield _pg_schema_url(base, schema)
-    finally:
-        with admin.begin() as c:
-            c.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
+        return f"sqlite:///{tmp_path / 'results.sqlite'}"
+    return request.getfixturevalue("pg_url")
 
 
 def test_migrations_create_exactly_the_models(db_url):
@@ -151,6 +132,34 @@ def test_read_session_refuses_writes(db_url):
             s.commit()
 
 
+@pytest.mark.postgres
+def test_readonly_engine_keeps_the_url_options(pg_url):
+    """A read-only engine adds its own server option to those of the URL (a search_path
+    naming the schema), it does not replace them."""
+    rw = make_engine(pg_url)
+    with rw.begin() as c:
+        schema = c.exec_driver_sql("SHOW search_path").scalar()
+        c.execute(text("CREATE TABLE marker (x integer)"))
+        c.execute(text("INSERT INTO marker VALUES (7)"))
+    rw.dispose()
+    assert schema.startswith("fa_test_")
+    # Two `options` parameters arrive as a tuple; both must survive as well.
+    two = f"{pg_url}&options=-cstatement_timeout%3D12345"
+    for u, timeout in ((pg_url, None), (two, "12345ms")):
+        ro = make_engine(u, readonly=True)
+        try:
+            with ro.connect() as c:
+                assert c.exec_driver_sql("SHOW search_path").scalar() == schema
+                assert c.exec_driver_sql("SHOW default_transaction_read_only").scalar() == "on"
+                if timeout:
+                    assert c.exec_driver_sql("SHOW statement_timeout").scalar() == timeout
+                assert c.execute(text("SELECT x FROM marker")).scalar() == 7
+            with pytest.raises(Exception, match="read-only transaction"), ro.begin() as c:
+                c.execute(text("INSERT INTO marker VALUES (8)"))
+        finally:
+            ro.dispose()
+
+
 def test_open_db_errors_are_clear(tmp_path, monkeypatch):
     with pytest.raises(DatabaseError, match="no database at"):
         open_db(str(tmp_path / "absent.sqlite"), create=False)
@@ -227,3 +236,32 @@ def test_baseline_prefers_runs_of_the_same_grids(db_url):
         new.grids = ["smoke"]
         how, runs = baseline_runs(db, get_run(db, store_record(db, new)))
         assert [r.id for r in runs] == [s_id]
+
+
+def test_schema_modules_import_without_torch():
+    """`harness.db.models` / `.engine` pull SQLAlchemy only; the package's public names
+    still resolve (the store, and torch with it, on first use)."""
+    code = (
+        "import sys, json\n"
+        "import harness.db.engine, harness.db.models, harness.db\n"
+        "before = sorted(m for m in sys.modules if m.split('.')[0] == 'torch'"
+        " or m == 'harness.db.store')\n"
+        "from harness.db import DatabaseError, open_db, make_engine, read_session\n"
+        "from harness.db.store import open_db as store_open_db\n"
+        "assert open_db is store_open_db and issubclass(DatabaseError, Exception)\n"
+        "assert make_engine is harness.db.engine.make_engine\n"
+        "assert 'open_db' in dir(harness.db)\n"
+        "try:\n"
+        "    harness.db.no_such_name\n"
+        "except AttributeError as e:\n"
+        "    assert 'no_such_name' in str(e)\n"
+        "else:\n"
+        "    raise SystemExit('missing name resolved')\n"
+        "print(json.dumps([before, 'torch' in sys.modules]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, torch_after = json.loads(out.stdout.strip().splitlines()[-1])
+    assert before == []
+    assert torch_after  # the store did load when its names were asked for

@@ -40,14 +40,7 @@ SEEDS = range(20)
 VARIANT_SEEDS = 5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # The tile ops are small: intra-op threads only add contention on a busy 2-core runner
-    # (measured there: 30x slower with 2 threads while other processes run).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _variants() -> list:

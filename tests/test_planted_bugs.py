@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-import torch
 
 from harness.cases import Case, MaskKind
 from harness.check import check_case
@@ -61,12 +60,7 @@ EXPOSURES: dict[str, Exposure] = {
 SEEDS = range(3)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _bug(name: str):

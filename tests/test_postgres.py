@@ -6,18 +6,14 @@ store: no lost and no duplicated rows."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
-import uuid
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 
-from harness.db.engine import make_engine
 from harness.db.models import CaseRow, Result, Run, Variant
 from harness.db.store import counts, open_db, store_record
 from harness.synthetic import Spec, make_record, specs_for
 
-PG_ENV = "FA_HARNESS_TEST_PG"
 WRITERS = 8
 RECORDS_PER_WRITER = 3
 
@@ -25,22 +21,8 @@ RECORDS_PER_WRITER = 3
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def fresh_url(request, tmp_path):
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'results.sqlite'}"
-        return
-    base = os.environ.get(PG_ENV)
-    if not base:
-        pytest.skip(f"{PG_ENV} is not set (PostgreSQL URL of a scratch database)")
-    schema = f"fa_conc_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    admin = make_engine(base)
-    with admin.begin() as c:
-        c.execute(text(f"CREATE SCHEMA {schema}"))
-    sep = "&" if "?" in base else "?"
-    try:
-        yield f"{base}{sep}options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as c:
-            c.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
+        return f"sqlite:///{tmp_path / 'results.sqlite'}"
+    return request.getfixturevalue("pg_url")
 
 
 def _writer(url: str, worker: int, start: mp.synchronize.Event, q: mp.Queue) -> None:

@@ -203,3 +203,43 @@ def test_cli_import_refuses_invalid_file_and_stores_nothing(tmp_path, capsys):
     assert cli_main(["import", str(good), str(bench), "--db", str(db)]) == 0
     assert cli_main(["import", str(tmp_path / "good.json"), "--db", str(db)]) == 0
     assert "already stored" in capsys.readouterr().out
+
+
+def test_cli_import_directory_skips_files_that_are_not_records(tmp_path, capsys):
+    """A results folder holds a README, logs, archives and other tools' JSON next to the
+    records: those are skipped with a note; the records (also in sub-folders) are stored."""
+    from sqlalchemy import create_engine, text
+
+    res = tmp_path / "results"
+    (res / "2026-12").mkdir(parents=True)
+    make_record(specs_for(), seed=1).write(res / "perf-fp16.json")
+    make_record(specs_for(), seed=2).write(res / "2026-12" / "decode.json")
+    (res / "README.md").write_text("# H200 records\n")
+    (res / "h200-session.tgz").write_bytes(b"\x1f\x8b\x08\x00")
+    (res / "perf.log").write_text("== perf: rc=0\n")
+    (res / "timing_noise.json").write_text(json.dumps({"cases": [], "cv": 0.01}))
+    db = tmp_path / "r.sqlite"
+    assert cli_main(["import", str(res), "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    for name in ("README.md", "h200-session.tgz", "perf.log", "timing_noise.json"):
+        assert f"{res / name}: skipped" in out, out
+    assert "2 new run(s), 0 already stored" in out
+    engine = create_engine(f"sqlite:///{db}")
+    with engine.connect() as c:
+        assert c.execute(text("SELECT COUNT(*) FROM runs")).scalar() == 2
+    engine.dispose()
+
+    # A broken record in the folder still fails the whole import, storing nothing more.
+    bad = make_record(specs_for(), seed=3).to_dict()
+    del bad["uuid"]
+    (res / "broken.json").write_text(json.dumps(bad))
+    assert cli_main(["import", str(res), "--db", str(tmp_path / "other.sqlite")]) == 2
+    assert "broken.json" in capsys.readouterr().err
+    assert not (tmp_path / "other.sqlite").exists()
+    # A folder with no record at all, or a non-record named explicitly: exit 2.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "README.md").write_text("nothing yet\n")
+    assert cli_main(["import", str(empty), "--db", str(db)]) == 2
+    assert "no run records in" in capsys.readouterr().err
+    assert cli_main(["import", str(res / "timing_noise.json"), "--db", str(db)]) == 2

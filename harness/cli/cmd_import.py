@@ -2,39 +2,50 @@
 in the database; with no argument, the records waiting in the spool.
 
 Every file is read and validated before anything is stored: one bad file means exit 2 and
-nothing stored. Importing a record that is already stored does nothing (same uuid)."""
+nothing stored. Importing a record that is already stored does nothing (same uuid).
+In a directory, files that are not records (a README, logs, archives, JSON of another
+kind) are skipped with a note; a file named on the command line must be a record."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.cli import UsageError
 from harness.cli._dbopt import add_db_option, open_or_fail
+
+if TYPE_CHECKING:
+    from harness.record import RunRecord
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("import", help="store run records / pytest-benchmark JSON files")
     p.add_argument("paths", nargs="*", metavar="FILE_OR_DIR",
                    help="record files, pytest-benchmark --benchmark-json files, or "
-                        "directories of them (*.json); none: the spool directory")
+                        "directories of them (other files there are skipped with a "
+                        "note); none: the spool directory")
     add_db_option(p)
     p.set_defaults(func=cmd_import)
 
 
-def load_any(path: Path):  # noqa: ANN201 - RunRecord
-    """A run record from a record file or a pytest-benchmark JSON file."""
-    from harness.benchimport import looks_like_benchmark_json, record_from_benchmark_json
-    from harness.record import RecordError, RunRecord
+def _read_json(path: Path) -> tuple[str, object]:
+    from harness.record import RecordError
 
     try:
         text = path.read_text(encoding="utf-8")
-        data = json.loads(text)
+        return text, json.loads(text)
     except FileNotFoundError:
         raise RecordError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RecordError(f"{path}: cannot read JSON ({exc})") from None
+
+
+def _parse(path: Path, text: str, data: object) -> RunRecord:
+    from harness.benchimport import looks_like_benchmark_json, record_from_benchmark_json
+    from harness.record import RecordError, RunRecord
+
     try:
         if looks_like_benchmark_json(data):
             return record_from_benchmark_json(data, text=text)
@@ -43,19 +54,55 @@ def load_any(path: Path):  # noqa: ANN201 - RunRecord
         raise RecordError(f"{path}: {exc}") from None
 
 
-def expand(paths: list[str]) -> list[Path]:
-    files: list[Path] = []
+def load_any(path: Path) -> RunRecord:
+    """A run record from a record file or a pytest-benchmark JSON file."""
+    return _parse(path, *_read_json(path))
+
+
+def _claims_to_be_a_record(data: object) -> bool:
+    """A run record (valid or not) or a pytest-benchmark file: anything else found in a
+    directory (another tool's JSON) is not ours to import."""
+    from harness.benchimport import looks_like_benchmark_json
+
+    return looks_like_benchmark_json(data) or (
+        isinstance(data, dict) and "schema_version" in data)
+
+
+def expand(paths: list[str]) -> tuple[list[tuple[Path, bool]], list[str]]:
+    """(file, named on the command line) pairs to read, and notes on files of directories
+    that are skipped because they cannot be records (not *.json)."""
+    files: list[tuple[Path, bool]] = []
+    notes: list[str] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(p.rglob("*.json"))
-            if not found:
-                raise UsageError(f"{p}: no *.json files")
-            files += found
+            found = sorted(f for f in p.rglob("*") if f.is_file())
+            for f in found:
+                if f.suffix == ".json":
+                    files.append((f, False))
+                else:
+                    notes.append(f"{f}: skipped (not a run record)")
         elif p.exists():
-            files.append(p)
+            files.append((p, True))
         else:
             raise UsageError(f"{p}: no such file or directory")
-    return files
+    return files, notes
+
+
+def load_all(paths: list[str]) -> tuple[list[tuple[Path, RunRecord]], list[str]]:
+    """Every record to store, and the notes on skipped files. A record file that does not
+    read or validate raises RecordError; a directory without any record is a usage error."""
+    files, notes = expand(paths)
+    records: list[tuple[Path, RunRecord]] = []
+    for f, named in files:
+        text, data = _read_json(f)
+        if not named and not _claims_to_be_a_record(data):
+            notes.append(f"{f}: skipped (JSON, but not a run record or pytest-benchmark file)")
+            continue
+        records.append((f, _parse(f, text, data)))
+    if not records:
+        raise UsageError(f"no run records in {', '.join(paths)}"
+                         + (f" ({len(notes)} other file(s) skipped)" if notes else ""))
+    return records, notes
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -72,11 +119,12 @@ def cmd_import(args: argparse.Namespace) -> int:
             print(f"kept in spool: {p}")
         print(f"imported {len(ids)} spooled record(s)")
         return 2 if problems else 0
-    files = expand(args.paths)
     try:
-        records = [(f, load_any(f)) for f in files]
+        records, notes = load_all(args.paths)
     except RecordError as exc:
         raise UsageError(str(exc)) from None
+    for note in notes:
+        print(note)
     db = open_or_fail(args.db)
     new = 0
     try:

@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _leaderboard(args: argparse.Namespace) -> int:
     from harness.db import DatabaseError, open_db
-    from harness.scoring import leaderboard_rows
+    from harness.ranking import leaderboard_rows
 
     try:
         db = open_db(args.db)

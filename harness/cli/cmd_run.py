@@ -196,6 +196,19 @@ def _write_json(path: Path, args: argparse.Namespace, results: list) -> None:
         raise UsageError(f"cannot write {path}: {e}") from None
 
 
+def _calibration_dict() -> dict | None:
+    """This runner's saved ceilings (`fa-harness calibrate`), kept with the record so the
+    roofline of a stored run does not depend on the machine it is viewed from."""
+    from harness.calibrate import CalibrationError, load_calibration
+
+    try:
+        cal = load_calibration()
+    except CalibrationError as e:
+        print(f"note: calibration not recorded: {e}", file=sys.stderr)
+        return None
+    return cal.to_dict() if cal is not None else None
+
+
 def _record(args: argparse.Namespace, candidates: list, results: list) -> bool:
     """Write the run record (--record) and store it (--db). The record is spooled before
     the database is touched, so an unreachable database loses nothing. False when the
@@ -207,7 +220,8 @@ def _record(args: argparse.Namespace, candidates: list, results: list) -> bool:
 
     meta = {"source": "cli", "grids": [args.grid],
             "kernels": {c.name: kernel_info(c) for c in candidates},
-            "gpu": gpu_meta() if torch.cuda.is_available() else None}
+            "gpu": gpu_meta() if torch.cuda.is_available() else None,
+            "calibration": _calibration_dict() if torch.cuda.is_available() else None}
     try:
         rec = RunRecord.from_results(results, meta)
         if args.record:
