@@ -51,14 +51,20 @@ class Job:
 
 @dataclass
 class Outcome:
-    """What the worker writes back for a job."""
+    """What scoring reports and the worker writes back for a job (also scoring.ScoreReport)."""
 
     verdict: str
     message: str
     score: float | None = None
     failing_cases: list[dict[str, Any]] = field(default_factory=list)
     detail: dict[str, Any] = field(default_factory=dict)
+    # "error": the runner, not the submission, could not score it (no GPU, no baseline).
     status: str = DONE
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "message": self.message, "score": self.score,
+                "failing_cases": self.failing_cases, "detail": self.detail,
+                "status": self.status}
 
 
 def claim(engine: Engine, worker: str) -> Job | None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -42,6 +42,7 @@ import torch
 from harness.buffers import POISON_BITS, InputSnapshot, OutputBuffers
 from harness.candidate import Candidate
 from harness.cases import Case, Inputs, derive_seed, make_inputs
+from harness.queue import Outcome
 from harness.results import CaseResult, Status
 
 # Draw indices of timed calls start here, away from the correctness draw (0).
@@ -99,20 +100,9 @@ class ScoringOptions:
         return d
 
 
-@dataclass
-class ScoreReport:
-    verdict: str
-    message: str
-    score: float | None = None
-    failing_cases: list[dict[str, Any]] = field(default_factory=list)
-    detail: dict[str, Any] = field(default_factory=dict)
-    # "error": the runner, not the submission, could not score it (no GPU, no baseline).
-    status: str = "done"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "message": self.message, "score": self.score,
-                "failing_cases": self.failing_cases, "detail": self.detail,
-                "status": self.status}
+# What scoring reports is exactly what the worker writes back for a job (verdict, message,
+# score, failing cases, detail, status): one dataclass, kept in the torch-free queue module.
+ScoreReport = Outcome
 
 
 # ----------------------------------------------------------------------------- timers
