@@ -22,22 +22,25 @@ $(VENV): pyproject.toml
 run: $(VENV)
 	$(BIN)/fa-harness run
 
-# Three pytest runs (tests/ and suites/ hold modules of the same name, so they are not
-# collected together): the tests, every CPU candidate on the smoke grid, then the
+# Three pytest runs: the tests, every CPU candidate on the smoke grid, then the
 # algorithm models on the full adversarial grid (fast enough on the CPU). pytest's exit 5 (collected
 # no test) means the command itself is broken: it fails, with a message saying so.
 NO_TESTS = { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
 
-# First an nvcc build of every CUDA variant for sm_80 and sm_90 (registers and spills per
+# First the linters: ruff, and import-linter's contracts (the architecture's import rules,
+# ARCHITECTURE.md). Then an nvcc build of every CUDA variant for sm_80 and sm_90 (registers and spills per
 # entry; a compile error fails with the compiler's message; no GPU needed).
 test: $(VENV)
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/fa-harness kernels --compile --arch sm_80,sm_90
 	$(BIN)/pytest $(PYTEST_FLAGS) tests || $(NO_TESTS)
-	$(BIN)/pytest $(PYTEST_FLAGS) suites --fa-grid smoke || $(NO_TESTS)
-	$(BIN)/pytest $(PYTEST_FLAGS) suites --fa-grid full --fa-kernels '*_model' || $(NO_TESTS)
+	$(BIN)/pytest $(PYTEST_FLAGS) harness/suites --fa-grid smoke || $(NO_TESTS)
+	$(BIN)/pytest $(PYTEST_FLAGS) harness/suites --fa-grid full --fa-kernels '*_model' || $(NO_TESTS)
 
 lint: $(VENV)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) build *.egg-info

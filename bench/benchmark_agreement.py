@@ -1,11 +1,11 @@
 """Does pytest-benchmark's median (the pytest front, timed by the device clock) agree
-with harness.timing's median for the same call? Target: within 3%, on a short (~20 us)
+with harness.measure.timing's median for the same call? Target: within 3%, on a short (~20 us)
 and a long (~2 ms) kernel.
 
     python bench/benchmark_agreement.py [--candidate sdpa_flash] [--cases ID,ID] [--out F]
 
 pytest-benchmark runs in a subprocess on a generated test file (its --benchmark-json is
-read back); harness.timing.measure runs here. Prints both medians and their ratio;
+read back); harness.measure.timing.measure runs here. Prints both medians and their ratio;
 exit 1 when a ratio is off by more than --tolerance.
 """
 
@@ -25,10 +25,10 @@ LONG = "b4h16-4096x4096-d128-fp16-none"  # ~1.7 ms
 TEST_FILE = '''
 import pytest
 
-from harness.cases import Case
-from harness.perf import benchmark_device_time
-from harness.registry import get_candidate
-from harness.timing import DEVICE_CLOCK
+from harness.core.cases import Case
+from harness.measure.perf import benchmark_device_time
+from harness.candidates.registry import get_candidate
+from harness.measure.timing import DEVICE_CLOCK
 
 
 @pytest.mark.benchmark(timer=DEVICE_CLOCK)
@@ -70,9 +70,9 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("benchmark_agreement: needs a CUDA GPU", file=sys.stderr)
         return 2
-    from harness.cases import Case
-    from harness.perf import time_case
-    from harness.registry import get_candidate
+    from harness.candidates.registry import get_candidate
+    from harness.core.cases import Case
+    from harness.measure.perf import time_case
 
     case_ids = [c.strip() for c in args.cases.split(",") if c.strip()]
     cand = get_candidate(args.candidate)

@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT))
 from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from dashboard import headless  # noqa: E402
-from dashboard.synth import SynthSpec, generate, synth_cases  # noqa: E402
+from harness.dashboard import headless  # noqa: E402
+from harness.dashboard.synth import SynthSpec, generate, synth_cases  # noqa: E402
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 PG_DB = "fa_dashboard_bench"
@@ -48,7 +48,7 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 import altair, pandas, streamlit  # noqa: F401  (a running server has these loaded)
 from streamlit.testing.v1 import AppTest
-import dashboard.page_overview, dashboard.page_history, dashboard.charts  # noqa: F401
+import harness.dashboard.page_overview, harness.dashboard.page_history, harness.dashboard.charts  # noqa: F401
 imports = time.perf_counter() - t0
 app, views = sys.argv[1], json.loads(sys.argv[2])
 out = {"imports_s": imports}
@@ -113,7 +113,7 @@ def views(spec: SynthSpec) -> list[tuple[str, dict[str, str]]]:
 def render_times(url: str, spec: SynthSpec) -> dict[str, Any]:
     env = dict(os.environ, FA_HARNESS_DB=url, PYTHONPATH=str(ROOT))
     out = subprocess.run(
-        [sys.executable, "-c", _RENDER, str(ROOT / "dashboard" / "app.py"),
+        [sys.executable, "-c", _RENDER, str(ROOT / "harness" / "dashboard" / "app.py"),
          json.dumps(views(spec))], capture_output=True, text=True, env=env, cwd=ROOT,
         timeout=900)
     if out.returncode:

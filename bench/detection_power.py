@@ -6,7 +6,7 @@ side (the timing method stops after 10 to 50 samples) it reports the share of pa
 flagged as a regression when the new run is 3% slower (power, target >= 95%) and when
 both runs are identical (false alarms, target <= 1%), for
 
-- `harness.compare` (ratio beyond 2% AND Mann-Whitney U p < 0.01 AND separated median
+- `harness.records.compare` (ratio beyond 2% AND Mann-Whitney U p < 0.01 AND separated median
   intervals), and
 - a plain 5% threshold on the ratio of medians (what many dashboards do).
 
@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.compare import DEFAULT_POLICY, Policy, compare_samples  # noqa: E402
+from harness.records.compare import DEFAULT_POLICY, Policy, compare_samples  # noqa: E402
 
 NOISE = 0.015
 SLOWDOWN = 0.03

@@ -30,9 +30,10 @@ def main() -> int:
     ap.add_argument("--out", default="ncu_bytes.json")
     args = ap.parse_args()
 
-    from harness import iomodel, ncu
-    from harness.cases import Case
-    from harness.registry import get_candidate
+    from harness.candidates.registry import get_candidate
+    from harness.core import iomodel
+    from harness.core.cases import Case
+    from harness.measure import ncu
 
     rows = []
     print(f"{'candidate':11} {'case':34} {'read MiB':>10} {'write MiB':>10} "

@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness import submit  # noqa: E402
-from harness.db import open_db  # noqa: E402
-from harness.ranking import leaderboard_rows  # noqa: E402
-from harness.worker import WorkerConfig, work  # noqa: E402
+from harness.records.db import open_db  # noqa: E402
+from harness.submissions import submit  # noqa: E402
+from harness.submissions.ranking import leaderboard_rows  # noqa: E402
+from harness.submissions.worker import WorkerConfig, work  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "submissions"
 
@@ -49,7 +49,7 @@ def main() -> int:
 
     entries: list[tuple[str, Path]] = []
     folder = tmp / "fa2_mma"
-    shutil.copytree(ROOT / "kernels" / "fa2_mma", folder)
+    shutil.copytree(ROOT / "harness" / "kernels" / "fa2_mma", folder)
     entries.append(("fa2_mma (copy of kernels/fa2_mma)", folder))
     for f in sorted(DATA.glob("*.cu")):
         if args.only and f.name not in args.only:

@@ -35,10 +35,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("timing_noise: needs a CUDA GPU", file=sys.stderr)
         return 2
-    from harness.cases import Case, make_inputs
-    from harness.perf import make_launch, output_buffers
-    from harness.registry import get_candidate
-    from harness.timing import measure
+    from harness.candidates.registry import get_candidate
+    from harness.core.cases import Case, make_inputs
+    from harness.measure.perf import make_launch, output_buffers
+    from harness.measure.timing import measure
 
     case = Case.from_id(args.case)
     cand = get_candidate(args.candidate)
@@ -68,7 +68,7 @@ def main() -> int:
         result["do_bench"] = "triton not installed"
 
     print(f"{cand.name} {case.id} on {result['gpu']}, {args.repeats} measurements each")
-    print(f"  harness.timing  median {result['harness_median_of_medians_ms']:.4f} ms  "
+    print(f"  harness.measure.timing  median {result['harness_median_of_medians_ms']:.4f} ms  "
           f"CV {result['harness_cv']:.3%}  (target <= 0.5%)")
     if "do_bench_cv" in result:
         print(f"  triton do_bench median {result['do_bench_median_of_medians_ms']:.4f} ms  "

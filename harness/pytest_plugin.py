@@ -49,7 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "(overrides --fa-grid)")
     config.stash[_RESULTS_KEY] = []
     # Bad option values stop the session at once with one line (exit 4), before collection.
-    from harness.grids import GRIDS
+    from harness.core.grids import GRIDS
 
     grid = config.getoption("--fa-grid")
     if grid not in GRIDS:
@@ -67,7 +67,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def selected_candidates(config: pytest.Config) -> list:
     """The candidates the suites run: --fa-kernels, else every available one."""
-    from harness import registry
+    from harness.candidates import registry
 
     patterns = config.getoption("--fa-kernels")
     pool = registry.discover()
@@ -82,7 +82,7 @@ def selected_candidates(config: pytest.Config) -> list:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not {"fa_candidate_name", "fa_case"} <= set(metafunc.fixturenames):
         return
-    from harness.grids import get_grid
+    from harness.core.grids import get_grid
 
     marker = metafunc.definition.get_closest_marker("fa_grid")
     grid = marker.args[0] if marker else metafunc.config.getoption("--fa-grid")
@@ -99,7 +99,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture
 def fa_candidate(fa_candidate_name: str):
-    from harness.registry import get_candidate, unavailable_reason
+    from harness.candidates.registry import get_candidate, unavailable_reason
 
     cand = get_candidate(fa_candidate_name)
     reason = unavailable_reason(cand)
@@ -132,7 +132,7 @@ def fa_check(request: pytest.FixtureRequest):
     config = request.config
 
     def check(candidate, case):
-        from harness.runner import run_correctness
+        from harness.execution.runner import run_correctness
 
         opts = {"secret": config.getoption("--fa-secret"),
                 "repeats": config.getoption("--fa-repeats")}
@@ -154,7 +154,7 @@ def fa_check(request: pytest.FixtureRequest):
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     try:
-        from harness import registry
+        from harness.candidates import registry
 
         registry.discover()
         lines = [f"fa-harness: {n}" for n in registry.notes()]
@@ -171,9 +171,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     import torch
 
-    from harness.db.store import DatabaseError, open_db, store_record
-    from harness.gate import gpu_meta
-    from harness.record import RunRecord, spool
+    from harness.records.db.store import DatabaseError, open_db, store_record
+    from harness.records.gate import gpu_meta
+    from harness.records.record import RunRecord, spool
 
     grid = session.config.getoption("--fa-grid")
     rec = RunRecord.from_results(results, {

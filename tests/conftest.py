@@ -40,7 +40,7 @@ def pg_url() -> Iterator[str]:
         pytest.skip(f"{PG_ENV} is not set (PostgreSQL URL of a scratch database)")
     from sqlalchemy import text
 
-    from harness.db.engine import make_engine
+    from harness.records.db.engine import make_engine
 
     schema = f"fa_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     admin = make_engine(base)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.candidate import Candidate
-from harness.cases import Case, Inputs
-from harness.reference import attention_naive, case_flags
+from harness.core.candidate import Candidate
+from harness.core.cases import Case, Inputs
+from harness.core.reference import attention_naive, case_flags
 
 BUGS = ("none", "perturb", "nan", "skip_row", "masked_nonzero", "lse_off", "lse_plus_inf",
         "modify_input", "write_after", "write_before", "raise", "nondeterministic",
@@ -66,7 +66,7 @@ def make_fake(bug: str = "none", **kw) -> FakeCandidate:
 
 
 def build_isolated(name: str) -> FakeCandidate:
-    """Factory an isolated child calls (harness.isolate option "factory"): the fake named
+    """Factory an isolated child calls (harness.execution.isolate option "factory"): the fake named
     `fake_<bug>`, isolated. Appends a line to $FA_TEST_FACTORY_LOG when set, so a test can
     count how many children were started."""
     import os

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine
 
-from dashboard import headless
-from dashboard.synth import SynthSpec, generate, synth_cases
+from harness.dashboard import headless
+from harness.dashboard.synth import SynthSpec, generate, synth_cases
 
 pytestmark = [
     pytest.mark.browser,

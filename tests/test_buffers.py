@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.buffers import GUARD_BYTES, InputSnapshot, OutputBuffers
-from harness.cases import Case, MaskKind, make_inputs
+from harness.core.buffers import GUARD_BYTES, InputSnapshot, OutputBuffers
+from harness.core.cases import Case, MaskKind, make_inputs
 
 CASE = Case(2, 3, 1, 5, 7, 16, "bfloat16", MaskKind.RANDOM)
 

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 
-from harness import submit
-from harness.candidate import Candidate
-from harness.cases import Case, MaskKind
-from harness.queue import Job
-from harness.worker import WorkerConfig, run_job
+from harness.core.candidate import Candidate
+from harness.core.cases import Case, MaskKind
+from harness.submissions import submit
+from harness.submissions.queue import Job
+from harness.submissions.worker import WorkerConfig, run_job
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -89,13 +89,18 @@ class SideStream(Candidate):
 
 
 def _baseline() -> Candidate:
-    from harness.peers import sdpa_peers
+    from harness.candidates.peers import sdpa_peers
 
     return next(p for p in sdpa_peers() if p.name == "sdpa_flash")
 
 
 def test_side_stream_work_seen_as_unwritten():
-    from harness.scoring import CheatDetected, CudaCallTimer, ScoringOptions, timed_calls
+    from harness.submissions.scoring import (
+        CheatDetected,
+        CudaCallTimer,
+        ScoringOptions,
+        timed_calls,
+    )
 
     base = _baseline()
     cand = SideStream(name="side_stream", kind="peer", device="cuda", support=base.support,
@@ -108,7 +113,7 @@ def test_side_stream_work_seen_as_unwritten():
 
 def test_honest_peer_passes_timed_checks():
     """The same checks do not flag an honest candidate (the baseline itself)."""
-    from harness.scoring import CudaCallTimer, ScoringOptions, timed_calls
+    from harness.submissions.scoring import CudaCallTimer, ScoringOptions, timed_calls
 
     base = _baseline()
     opts = ScoringOptions(min_samples=5, min_time_s=0.05, max_time_s=2.0, warmup_calls=1)

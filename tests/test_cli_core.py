@@ -10,10 +10,10 @@ import pytest
 import torch
 from fake_candidates import make_fake
 
-from harness import registry
-from harness.cases import Case, MaskKind
+from harness.candidates import registry
 from harness.cli import main
-from harness.grids import GRIDS
+from harness.core.cases import Case, MaskKind
+from harness.core.grids import GRIDS
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 
@@ -88,8 +88,8 @@ def test_run_passes_fails_and_writes_json(fakes, capsys, tmp_path):
 
 @no_gpu
 def test_run_records_and_stores(fakes, capsys, tmp_path, monkeypatch):
-    pytest.importorskip("harness.record")
-    pytest.importorskip("harness.db.store")
+    pytest.importorskip("harness.records.record")
+    pytest.importorskip("harness.records.db.store")
     monkeypatch.setenv("FA_HARNESS_HOME", str(tmp_path / "home"))
     rec, db = tmp_path / "run.json", tmp_path / "results.sqlite"
     assert main(["run", "--kernels", "fake_none", "--record", str(rec), "--db",
@@ -151,7 +151,7 @@ def test_console_script_runs():
 
 
 def _pytest_suites(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "suites/test_correctness.py",
+    return subprocess.run([sys.executable, "-m", "pytest", "harness/suites/test_correctness.py",
                            "-p", "no:cacheprovider", "-q", *args],
                           capture_output=True, text=True, timeout=300)
 

@@ -9,14 +9,14 @@ import random
 import pytest
 
 from harness.cli import main as cli_main
-from harness.compare import (
+from harness.records.compare import (
     CompareError,
     Policy,
     compare_records,
     compare_samples,
     median_interval,
 )
-from harness.synthetic import make_record, specs_for
+from harness.records.synthetic import make_record, specs_for
 
 
 def _samples(n: int, scale: float, noise: float, seed: int) -> list[float]:

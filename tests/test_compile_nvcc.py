@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.compile import (
+from harness.candidates.compile import (
     CompileReport,
     arch_for,
     compile_all_nvcc,
@@ -15,7 +15,7 @@ from harness.compile import (
     nvcc_path,
     parse_ptxas,
 )
-from harness.variants import KERNELS_ROOT, load_specs, load_variant_dir
+from harness.candidates.variants import KERNELS_ROOT, load_specs, load_variant_dir
 
 DATA = Path(__file__).parent / "data" / "bad_variants"
 ARCHS = ("sm_80", "sm_90")

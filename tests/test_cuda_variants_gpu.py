@@ -10,9 +10,9 @@ import dataclasses
 import pytest
 import torch
 
-from harness.cases import Case, MaskKind, make_inputs
-from harness.expr import parse_expr
-from harness.results import Status
+from harness.candidates.expr import parse_expr
+from harness.core.cases import Case, MaskKind, make_inputs
+from harness.core.results import Status
 
 pytestmark = pytest.mark.gpu
 
@@ -20,9 +20,9 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 pytest.importorskip("cupy")
 
-from harness.check import check_case  # noqa: E402
-from harness.cuda_candidate import CudaVariant, LaunchRefused  # noqa: E402
-from harness.variants import KERNELS_ROOT, load_variant_dir  # noqa: E402
+from harness.candidates.cuda_candidate import CudaVariant, LaunchRefused  # noqa: E402
+from harness.candidates.variants import KERNELS_ROOT, load_variant_dir  # noqa: E402
+from harness.core.check import check_case  # noqa: E402
 
 SHIPPED = ("template", "naive", "fa1", "fa2_simt", "splitkv")
 M = MaskKind

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from dashboard import queries, source
-from dashboard.schema import Base, Submission
-from dashboard.synth import SynthSpec, generate, synth_cases
+from harness.dashboard import queries, source
+from harness.dashboard.schema import Base, Submission
+from harness.dashboard.synth import SynthSpec, generate, synth_cases
 
 ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "dashboard" / "app.py"
+APP = ROOT / "harness" / "dashboard" / "app.py"
 SPEC = SynthSpec(commits=12, gpus=2, variants=4, cases=6)
 H200 = "NVIDIA H200"
 
@@ -216,7 +216,7 @@ def test_leaderboard_ranks_as_the_cli(db: str, monkeypatch: pytest.MonkeyPatch) 
     assert list(others["verdict"]) == ["incorrect"]
     # The same order as `fa-harness leaderboard` (the synthetic database has no Alembic
     # revision for the command to check, so its row function is called directly).
-    from harness.ranking import leaderboard_rows
+    from harness.submissions.ranking import leaderboard_rows
 
     engine = create_engine(db)
     cli = leaderboard_rows(engine, include_all=True)
@@ -345,8 +345,8 @@ for page in {pages!r}:
     at.run()
     assert not at.exception, (page, [e.value for e in at.exception])
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "cupy", "triton")
-               or m in ("harness.cases", "harness.registry", "harness.cuda_candidate",
-                        "harness.compile", "harness.record", "harness.db.store"))
+               or m in ("harness.core.cases", "harness.candidates.registry", "harness.candidates.cuda_candidate",
+                        "harness.candidates.compile", "harness.records.record", "harness.records.db.store"))
 print(json.dumps(heavy))
 """
 
@@ -366,7 +366,7 @@ def test_cli_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
     args = build_parser().parse_args(["dashboard", "--db", "sqlite:///x.sqlite", "--port",
                                       "9000"])
     cmd = cmd_dashboard.command(args)
-    assert cmd[1:4] == ["-m", "dashboard.serve", "run"] and cmd[4].endswith("dashboard/app.py")
+    assert cmd[1:4] == ["-m", "harness.dashboard.serve", "run"] and cmd[4].endswith("dashboard/app.py")
     assert cmd[cmd.index("--server.port") + 1] == "9000"
     assert cmd[cmd.index("--server.headless") + 1] == "true"
     assert cmd[-3:] == ["--", "--db", "sqlite:///x.sqlite"]
@@ -455,7 +455,7 @@ def test_pages_on_postgresql(pg_db: str, monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.parametrize("page", ["overview", "run", "roofline", "correctness", "compare"])
 def test_run_without_results(page: str, tmp_path: Path, monkeypatch) -> None:
     """A run whose results never arrived (an interrupted import) is shown, not a crash."""
-    from dashboard.schema import Run
+    from harness.dashboard.schema import Run
 
     url = f"sqlite:///{tmp_path / 'h.sqlite'}"
     engine = create_engine(url)

@@ -14,10 +14,10 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import select, text
 
 from harness.cli import main as cli_main
-from harness.db import migrate
-from harness.db.engine import make_engine, read_session, resolve_url
-from harness.db.models import Base, CaseRow, Comparison, Result, Run, Variant
-from harness.db.store import (
+from harness.records.db import migrate
+from harness.records.db.engine import make_engine, read_session, resolve_url
+from harness.records.db.models import Base, CaseRow, Comparison, Result, Run, Variant
+from harness.records.db.store import (
     DatabaseError,
     DatabaseUnavailable,
     RecordConflict,
@@ -30,7 +30,7 @@ from harness.db.store import (
     store_comparisons,
     store_record,
 )
-from harness.synthetic import make_record, specs_for
+from harness.records.synthetic import make_record, specs_for
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -106,7 +106,7 @@ def test_baseline_parent_commit_then_branch_window(db_url):
 
 
 def test_comparisons_are_stored_and_replaced(db_url):
-    from harness.compare import compare_records
+    from harness.records.compare import compare_records
 
     base = make_record(specs_for(), seed=1)
     new = make_record(specs_for(), seed=2, minutes=5)
@@ -239,20 +239,20 @@ def test_baseline_prefers_runs_of_the_same_grids(db_url):
 
 
 def test_schema_modules_import_without_torch():
-    """`harness.db.models` / `.engine` pull SQLAlchemy only; the package's public names
+    """`harness.records.db.models` / `.engine` pull SQLAlchemy only; the package's public names
     still resolve (the store, and torch with it, on first use)."""
     code = (
         "import sys, json\n"
-        "import harness.db.engine, harness.db.models, harness.db\n"
+        "import harness.records.db.engine, harness.records.db.models, harness.records.db\n"
         "before = sorted(m for m in sys.modules if m.split('.')[0] == 'torch'"
-        " or m == 'harness.db.store')\n"
-        "from harness.db import DatabaseError, open_db, make_engine, read_session\n"
-        "from harness.db.store import open_db as store_open_db\n"
+        " or m == 'harness.records.db.store')\n"
+        "from harness.records.db import DatabaseError, open_db, make_engine, read_session\n"
+        "from harness.records.db.store import open_db as store_open_db\n"
         "assert open_db is store_open_db and issubclass(DatabaseError, Exception)\n"
-        "assert make_engine is harness.db.engine.make_engine\n"
-        "assert 'open_db' in dir(harness.db)\n"
+        "assert make_engine is harness.records.db.engine.make_engine\n"
+        "assert 'open_db' in dir(harness.records.db)\n"
         "try:\n"
-        "    harness.db.no_such_name\n"
+        "    harness.records.db.no_such_name\n"
         "except AttributeError as e:\n"
         "    assert 'no_such_name' in str(e)\n"
         "else:\n"

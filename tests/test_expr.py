@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.expr import ExprError, parse_expr
+from harness.candidates.expr import ExprError, parse_expr
 
 ENV = {"batch": 2, "heads": 8, "kv_heads": 2, "group": 4, "seqlen_q": 113, "seqlen_k": 203,
        "head_dim": 64, "dtype_bytes": 2, "num_splits": 3, "sm_count": 132, "block_q": 64}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.cases import Case, MaskKind, make_inputs, visible
-from harness.flops import attention_flops, causal_pairs, visible_pairs
+from harness.core.cases import Case, MaskKind, make_inputs, visible
+from harness.core.flops import attention_flops, causal_pairs, visible_pairs
 
 
 def brute_pairs(nq: int, nk: int, offset: int) -> int:

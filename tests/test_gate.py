@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from harness import gate
-from harness.cases import Case, MaskKind
 from harness.cli import main as cli_main
-from harness.db.models import Comparison
-from harness.db.store import counts, open_db
-from harness.gate import GateOptions, finish
-from harness.record import RunRecord, spooled
-from harness.synthetic import make_record, specs_for
+from harness.core.cases import Case, MaskKind
+from harness.records import gate
+from harness.records.db.models import Comparison
+from harness.records.db.store import counts, open_db
+from harness.records.gate import GateOptions, finish
+from harness.records.record import RunRecord, spooled
+from harness.records.synthetic import make_record, specs_for
 
 
 def _opts(tmp_path: Path, **kw) -> GateOptions:
@@ -88,7 +88,7 @@ def test_cli_import_without_arguments_loads_the_spool(tmp_path, monkeypatch, cap
     monkeypatch.setenv("FA_HARNESS_HOME", str(tmp_path))
     monkeypatch.delenv("FA_HARNESS_DB", raising=False)
     monkeypatch.delenv("FA_HARNESS_SPOOL", raising=False)
-    from harness.record import spool
+    from harness.records.record import spool
 
     spool(make_record(specs_for(), seed=1))
     spool(make_record(specs_for(), seed=2, minutes=1))
@@ -102,7 +102,7 @@ TINY = [Case(1, 2, 2, 17, 33, 16, "float16", MaskKind.CAUSAL_BR),
 
 
 def test_cli_ci_runs_cpu_models_and_compares_with_the_parent(tmp_path, monkeypatch, capsys):
-    from harness import grids
+    from harness.core import grids
 
     monkeypatch.setitem(grids.GRIDS, "tiny", lambda: list(TINY))
     monkeypatch.setenv("FA_HARNESS_HOME", str(tmp_path / "home"))

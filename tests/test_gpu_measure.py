@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.candidate import Candidate
-from harness.cases import Case
-from harness.results import Status
+from harness.core.candidate import Candidate
+from harness.core.cases import Case
+from harness.core.results import Status
 
 pytestmark = [
     pytest.mark.gpu,
@@ -29,13 +29,13 @@ QUICK = {"min_samples": 10, "min_time_s": 0.1, "max_time_s": 3.0}
 
 
 def quick():
-    from harness.timing import StopRule
+    from harness.measure.timing import StopRule
 
     return StopRule(**QUICK)
 
 
 def test_gpu_identity():
-    from harness.gpuinfo import gpu_identity
+    from harness.measure.gpuinfo import gpu_identity
 
     ident = gpu_identity()
     assert ident.nvml_error is None, ident.nvml_error
@@ -49,7 +49,7 @@ def test_gpu_identity():
 
 
 def test_measure_holds_the_stream_flushes_and_keeps_raw_samples():
-    from harness.timing import DeviceTimer, measure
+    from harness.measure.timing import DeviceTimer, measure
 
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
     c = torch.empty_like(a)
@@ -67,7 +67,7 @@ def test_measure_holds_the_stream_flushes_and_keeps_raw_samples():
 
 
 def test_launch_latency_is_kept_out_of_a_tiny_kernel():
-    from harness.timing import measure
+    from harness.measure.timing import measure
 
     x = torch.zeros(1, device="cuda")
     t = measure(lambda i: x.add_(1), rule=quick())
@@ -76,7 +76,7 @@ def test_launch_latency_is_kept_out_of_a_tiny_kernel():
 
 
 def test_a_launch_that_synchronises_turns_the_hold_off_instead_of_hanging():
-    from harness.timing import DeviceTimer, measure
+    from harness.measure.timing import DeviceTimer, measure
 
     DeviceTimer._cache.pop((torch.cuda.current_device(), True), None)
     x = torch.zeros(1024, device="cuda")
@@ -92,7 +92,7 @@ def test_a_launch_that_synchronises_turns_the_hold_off_instead_of_hanging():
 
 
 def test_cold_is_not_faster_than_warm_for_l2_resident_inputs():
-    from harness.timing import measure
+    from harness.measure.timing import measure
 
     x = torch.randn(4 << 20, device="cuda")  # 16 MiB: fits in L2
     out = torch.empty((), device="cuda")
@@ -103,7 +103,7 @@ def test_cold_is_not_faster_than_warm_for_l2_resident_inputs():
 
 
 def test_input_sets_rotate():
-    from harness.timing import measure
+    from harness.measure.timing import measure
 
     seen = []
     x = torch.zeros(1, device="cuda")
@@ -118,8 +118,8 @@ def test_input_sets_rotate():
 
 
 def test_time_case_sdpa_flash_is_plausible():
-    from harness.perf import time_case
-    from harness.registry import get_candidate
+    from harness.candidates.registry import get_candidate
+    from harness.measure.perf import time_case
 
     case = Case.from_id("b4h16-4096x4096-d128-fp16-none")
     t = time_case(get_candidate("sdpa_flash"), case, rule=QUICK)
@@ -127,7 +127,7 @@ def test_time_case_sdpa_flash_is_plausible():
 
 
 def test_calibration_measures_and_round_trips(tmp_path):
-    from harness.calibrate import calibrate, read_calibration
+    from harness.measure.calibrate import calibrate, read_calibration
 
     c = calibrate()
     assert c.copy_gbps > 100 and all(v > 10 for v in c.matmul_tflops_by_dtype.values())
@@ -155,8 +155,8 @@ def test_calibrate_command_writes_json(tmp_path):
     ("sdpa_math", "b2h4-97x97-d64-fp16-random", Status.PASSED),
 ])
 def test_peers_on_gpu(name, case_id, expect):
-    from harness.check import check_case
-    from harness.registry import get_candidate
+    from harness.candidates.registry import get_candidate
+    from harness.core.check import check_case
 
     res = check_case(get_candidate(name), Case.from_id(case_id), device="cuda")
     assert res.status is expect, res.message
@@ -183,8 +183,8 @@ def make_illegal(name):
 
 
 def zero_case_fn(candidate, case, options):
-    from harness.cases import make_inputs
-    from harness.results import CaseResult
+    from harness.core.cases import make_inputs
+    from harness.core.results import CaseResult
 
     inputs = make_inputs(case, "cuda")
     out = torch.empty_like(inputs.q)
@@ -194,7 +194,7 @@ def zero_case_fn(candidate, case, options):
 
 
 def test_cuda_illegal_address_is_crashed_and_the_next_case_runs():
-    from harness.isolate import run_isolated
+    from harness.execution.isolate import run_isolated
 
     cases = [Case(1, 1, 1, 8, 8, 16), Case(1, 1, 1, 8, 8, 17), Case(1, 1, 1, 8, 8, 16, seed=1)]
     res = run_isolated("illegal", cases, mode="check",
@@ -207,8 +207,8 @@ def test_cuda_illegal_address_is_crashed_and_the_next_case_runs():
 
 
 def test_run_perf_times_peers_and_renders_the_table():
-    from harness.perf import format_table, run_perf
-    from harness.registry import get_candidate
+    from harness.candidates.registry import get_candidate
+    from harness.measure.perf import format_table, run_perf
 
     cases = [Case.from_id("b2h16-2048x2048-d128-fp16-none"),
              Case.from_id("b1h32k8-1x8192-d128-fp16-none")]
@@ -226,8 +226,8 @@ def test_run_perf_times_peers_and_renders_the_table():
 
 
 def test_ncu_bytes_or_a_clear_reason():
-    from harness import ncu
-    from harness.registry import get_candidate
+    from harness.candidates.registry import get_candidate
+    from harness.measure import ncu
 
     case = Case.from_id("b1h32-4096x4096-d128-fp16-none")
     m = ncu.measure_bytes(get_candidate("sdpa_flash"), case)

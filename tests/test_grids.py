@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.cases import MaskKind, make_inputs
-from harness.grids import ANCHOR_PAIRS, GRIDS, ODD_HEAD_DIMS, get_grid
-from harness.reference import reference_for_case
+from harness.core.cases import MaskKind, make_inputs
+from harness.core.grids import ANCHOR_PAIRS, GRIDS, ODD_HEAD_DIMS, get_grid
+from harness.core.reference import reference_for_case
 
 
 def test_every_grid_is_deterministic_and_duplicate_free():

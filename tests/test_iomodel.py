@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness import iomodel as io
-from harness.cases import Case, MaskKind
-from harness.flops import attention_flops
+from harness.core import iomodel as io
+from harness.core.cases import Case, MaskKind
+from harness.core.flops import attention_flops
 
 MIB = 2 ** 20
 SEED = Case(1, 1, 1, 4096, 4096, 64, "float16")  # N = 4096, d = 64, fp16, one head

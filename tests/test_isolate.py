@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from harness.candidate import Candidate
-from harness.cases import Case, MaskKind
-from harness.isolate import is_cuda_fatal, run_isolated
-from harness.results import CaseResult, Status
+from harness.core.candidate import Candidate
+from harness.core.cases import Case, MaskKind
+from harness.core.results import CaseResult, Status
+from harness.execution.isolate import is_cuda_fatal, run_isolated
 
 # Behaviour is chosen by the case's head_dim, so one fake candidate covers every fault.
 OK, HANG, RAISE, EXIT, SEGV, HOG = 16, 17, 18, 19, 20, 21
@@ -52,7 +52,7 @@ def make_fake(name: str) -> Candidate:
 def trivial_case_fn(candidate: Candidate, case: Case, options: dict) -> CaseResult:
     """Runs the candidate once on zeros: isolation is under test, not the check."""
     q = torch.zeros(case.batch, case.heads, case.seqlen_q, case.head_dim, dtype=torch.float16)
-    from harness.cases import Inputs
+    from harness.core.cases import Inputs
 
     candidate.run(case, Inputs(q, q, q), torch.empty_like(q), None)
     return CaseResult(candidate.name, case, Status.PASSED, f"pid {os.getpid()}")

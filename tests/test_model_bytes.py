@@ -1,4 +1,4 @@
-"""The bytes the models' tile loops count, held against the IO model (harness.iomodel).
+"""The bytes the models' tile loops count, held against the IO model (harness.core.iomodel).
 
 The loops count every tile load and store as they do it; the IO model is a closed form.
 They must agree term by term: exactly for every mask kind the IO model covers (no mask,
@@ -19,14 +19,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import iomodel
-from harness.cases import Case, MaskKind, make_inputs
-from harness.models import all_models
-from harness.models.fa1 import FA1Model
-from harness.models.fa2 import FA2Model
-from harness.models.naive import NaiveModel
-from harness.models.splitkv import SplitKVModel
-from harness.models.tiles import F32_BYTES, ByteCounter
+from harness.candidates.models import all_models
+from harness.candidates.models.fa1 import FA1Model
+from harness.candidates.models.fa2 import FA2Model
+from harness.candidates.models.naive import NaiveModel
+from harness.candidates.models.splitkv import SplitKVModel
+from harness.candidates.models.tiles import F32_BYTES, ByteCounter
+from harness.core import iomodel
+from harness.core.cases import Case, MaskKind, make_inputs
 
 F16, BF16 = "float16", "bfloat16"
 M = MaskKind

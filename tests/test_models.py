@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-from harness.cases import Case, MaskKind, make_inputs
-from harness.check import check_case
-from harness.models import all_models, choose_num_splits
-from harness.models.fa1 import FA1Model
-from harness.models.fa2 import FA2Model
-from harness.models.naive import NaiveModel
-from harness.models.splitkv import SplitKVModel, combine_splits, split_chunks
-from harness.results import Status
+from harness.candidates.models import all_models, choose_num_splits
+from harness.candidates.models.fa1 import FA1Model
+from harness.candidates.models.fa2 import FA2Model
+from harness.candidates.models.naive import NaiveModel
+from harness.candidates.models.splitkv import SplitKVModel, combine_splits, split_chunks
+from harness.core.cases import Case, MaskKind, make_inputs
+from harness.core.check import check_case
+from harness.core.results import Status
 
 F16, BF16 = "float16", "bfloat16"
 M = MaskKind
@@ -81,7 +81,7 @@ def test_models_pass_the_check_on_20_seeds(base: Case):
 
 
 def _ref64(case: Case, inputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """A float64 oracle written here, independent of harness.reference."""
+    """A float64 oracle written here, independent of harness.core.reference."""
     g = case.group_size
     q = inputs.q.double()
     k = inputs.k.double().repeat_interleave(g, dim=1)

@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from harness import ncu
-from harness.candidate import Candidate, Support
-from harness.cases import Case
+from harness.core.candidate import Candidate, Support
+from harness.core.cases import Case
+from harness.measure import ncu
 
 HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
           '"Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",'
@@ -87,7 +87,7 @@ def test_command_line():
     for part in ("--cache-control all", "--clock-control none", "--csv",
                  "--profile-from-start off", "--print-units base",
                  "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum",
-                 "-k regex:^(a_b|c)$", "-m harness.ncu_target --kernel fa2_test",
+                 "-k regex:^(a_b|c)$", "-m harness.measure.ncu_target --kernel fa2_test",
                  f"--case {CASE.id}"):
         assert part in joined
     assert "-k" not in ncu.command("sdpa_flash", CASE.id)

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.cases import Case, MaskKind, make_inputs
-from harness.compile import compile_with_timeout, nvcc_path
-from harness.params import (
+from harness.candidates.compile import compile_with_timeout, nvcc_path
+from harness.candidates.params import (
     MASK_BOOL,
     MASK_CAUSAL,
     MASK_KEY_PADDING,
@@ -19,7 +18,8 @@ from harness.params import (
     field_offsets,
     layout_asserts,
 )
-from harness.variants import header_path
+from harness.candidates.variants import header_path
+from harness.core.cases import Case, MaskKind, make_inputs
 
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc not on PATH")
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.cases import Case, MaskKind, make_inputs
-from harness.check import check_case
-from harness.peers import BackendRefused, SdpaPeer, sdpa_peers
-from harness.results import Status
+from harness.candidates.peers import BackendRefused, SdpaPeer, sdpa_peers
+from harness.core.cases import Case, MaskKind, make_inputs
+from harness.core.check import check_case
+from harness.core.results import Status
 
 CASES = [
     Case(2, 4, 4, 33, 17, 32, "float16", MaskKind.CAUSAL_BR, 1),  # Nq > Nk: masked rows

@@ -8,17 +8,17 @@ import json
 import pytest
 import torch
 
-from harness import perf
-from harness.calibrate import (
+from harness.core.cases import Case, MaskKind
+from harness.core.results import CaseResult, Status, Timing
+from harness.measure import perf
+from harness.measure.calibrate import (
     Calibration,
     CalibrationError,
     default_path,
     load_calibration,
     read_calibration,
 )
-from harness.cases import Case, MaskKind
-from harness.gpuinfo import GpuIdentity, gpu_identity, gpu_model_key
-from harness.results import CaseResult, Status, Timing
+from harness.measure.gpuinfo import GpuIdentity, gpu_identity, gpu_model_key
 
 NO_GPU = not torch.cuda.is_available()
 
@@ -41,8 +41,8 @@ def test_calibration_round_trip(tmp_path):
     assert back.to_dict() == c.to_dict()
     assert back.gpu.model_key == "nvidia-h200"
     data = json.loads(path.read_text())
-    # what harness.iomodel.Ceilings.from_dict reads
-    from harness.iomodel import Ceilings
+    # what harness.core.iomodel.Ceilings.from_dict reads
+    from harness.core.iomodel import Ceilings
 
     ceil = Ceilings.from_dict(data)
     assert (ceil.copy_gbps, ceil.matmul_tflops) == (4240.0, 672.1)
@@ -124,8 +124,8 @@ DECODE = Case(1, 32, 8, 1, 65536, 128)
 
 
 def test_annotate_tflops_roofline_and_decode_bandwidth():
-    from harness.flops import attention_flops
-    from harness.iomodel import ideal_bytes
+    from harness.core.flops import attention_flops
+    from harness.core.iomodel import ideal_bytes
 
     flops = attention_flops(CASE)
     assert flops == 4 * 4 * 16 * 4096 * 4096 * 128
@@ -184,8 +184,8 @@ def test_run_perf_without_gpu_says_so():
 
 
 def test_make_launch_prefers_timed_call():
-    from harness.cases import make_inputs
-    from harness.peers import SdpaPeer
+    from harness.candidates.peers import SdpaPeer
+    from harness.core.cases import make_inputs
 
     p = SdpaPeer(name="sdpa_math", kind="peer", device="cpu", backend="math")
     case = Case(1, 2, 2, 8, 8, 16)

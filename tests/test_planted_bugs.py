@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.cases import Case, MaskKind
-from harness.check import check_case
-from harness.models import planted_bugs
-from harness.results import Status
+from harness.candidates.models import planted_bugs
+from harness.core.cases import Case, MaskKind
+from harness.core.check import check_case
+from harness.core.results import Status
 
 F16, BF16 = "float16", "bfloat16"
 M = MaskKind

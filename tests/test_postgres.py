@@ -10,9 +10,9 @@ import multiprocessing as mp
 import pytest
 from sqlalchemy import func, select
 
-from harness.db.models import CaseRow, Result, Run, Variant
-from harness.db.store import counts, open_db, store_record
-from harness.synthetic import Spec, make_record, specs_for
+from harness.records.db.models import CaseRow, Result, Run, Variant
+from harness.records.db.store import counts, open_db, store_record
+from harness.records.synthetic import Spec, make_record, specs_for
 
 WRITERS = 8
 RECORDS_PER_WRITER = 3

@@ -11,9 +11,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import create_engine, select, text
 
-from harness.db import make_engine, open_db
-from harness.db.models import Submission, utcnow
-from harness.queue import Outcome, claim, finish, queue_depth, requeue_stale
+from harness.records.db import make_engine, open_db
+from harness.records.db.models import Submission, utcnow
+from harness.submissions.queue import Outcome, claim, finish, queue_depth, requeue_stale
 
 N_JOBS = 60
 N_CLAIMERS = 6

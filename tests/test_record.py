@@ -9,10 +9,11 @@ import subprocess
 
 import pytest
 
-from harness.benchimport import record_from_benchmark_json
-from harness.cases import Case, MaskKind
 from harness.cli import main as cli_main
-from harness.record import (
+from harness.core.cases import Case, MaskKind
+from harness.core.results import CaseResult, Errors, Status, Timing
+from harness.records.benchimport import record_from_benchmark_json
+from harness.records.record import (
     SCHEMA_VERSION,
     RecordError,
     RunRecord,
@@ -21,8 +22,7 @@ from harness.record import (
     spooled,
     validate,
 )
-from harness.results import CaseResult, Errors, Status, Timing
-from harness.synthetic import make_record, specs_for
+from harness.records.synthetic import make_record, specs_for
 
 CASE = Case(2, 4, 2, 113, 203, 64, "float16", MaskKind.CAUSAL_BR, seed=3)
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from harness import reference as R
-from harness.cases import Case, MaskKind, make_inputs
+from harness.core import reference as R
+from harness.core.cases import Case, MaskKind, make_inputs
 
 
 def direct(q, k, v, vis=None, scale=None):

@@ -11,11 +11,11 @@ import pytest
 import torch
 from fake_candidates import isolated
 
-from harness.candidate import Support
-from harness.cases import Case, MaskKind
-from harness.check import check_case
-from harness.results import Status
-from harness.runner import exit_code, run_correctness, summarize
+from harness.core.candidate import Support
+from harness.core.cases import Case, MaskKind
+from harness.core.check import check_case
+from harness.core.results import Status
+from harness.execution.runner import exit_code, run_correctness, summarize
 
 # Nq > Nk bottom-right: fully masked rows; GQA; partial tiles.
 CASE = Case(2, 4, 2, 37, 29, 32, "float16", MaskKind.CAUSAL_BR)
@@ -108,7 +108,7 @@ def test_runner_skips_cuda_candidates_without_a_gpu(fake):
 
 
 def test_isolated_candidates_go_through_a_child_process():
-    pytest.importorskip("harness.isolate")
+    pytest.importorskip("harness.execution.isolate")
     results = run_correctness([isolated(), isolated("raise")], [CASE], timeout_s=120)
     assert [r.status for r in results] == [Status.PASSED, Status.ERROR], \
         [r.message for r in results]
@@ -117,10 +117,10 @@ def test_isolated_candidates_go_through_a_child_process():
 
 def test_smoke_grid_catches_every_planted_bug():
     """The default CI grid must expose every planted bug of the algorithm models."""
-    models = pytest.importorskip("harness.models")
+    models = pytest.importorskip("harness.candidates.models")
     if not hasattr(models, "planted_bugs"):
-        pytest.skip("harness.models provides no planted bugs")
-    from harness.grids import get_grid
+        pytest.skip("harness.candidates.models provides no planted bugs")
+    from harness.core.grids import get_grid
 
     bugs = models.planted_bugs()
     assert bugs, "no planted bugs"
@@ -140,7 +140,7 @@ def test_suite_runs_each_isolated_candidate_in_one_child(tmp_path):
     tests_dir = Path(__file__).parent
     (tmp_path / "conftest.py").write_text(
         "from fake_candidates import isolated\n"
-        "from harness import registry\n\n"
+        "from harness.candidates import registry\n\n"
         "def _discover(kinds=registry.DEFAULT_KINDS):\n"
         "    return [] if tuple(kinds) == ('planted',) else [isolated(), isolated('perturb')]\n\n"
         "registry.discover = _discover\n")
@@ -179,7 +179,7 @@ def test_check_case_on_cuda(fake, bug, status):
 
 
 def test_registry_tolerates_only_a_missing_source(monkeypatch, tmp_path):
-    from harness import registry
+    from harness.candidates import registry
 
     (tmp_path / "fa_src_broken.py").write_text("def all_models(:\n")
     (tmp_path / "fa_src_nodep.py").write_text("import fa_no_such_dependency\n")

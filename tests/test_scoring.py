@@ -2,7 +2,7 @@
 
 The cheats here pass the correctness stage (their first call on a case is honest) and
 cheat only in the timed calls, so the failing verdicts come from the per-call checks of
-`harness.scoring.timed_calls`: fresh inputs, poison, input snapshot, secret row oracle,
+`harness.submissions.scoring.timed_calls`: fresh inputs, poison, input snapshot, secret row oracle,
 and the physical time floor.
 """
 
@@ -13,17 +13,12 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from harness.candidate import Candidate
-from harness.cases import Case, MaskKind
-from harness.reference import reference_for_case
-from harness.scoring import (
-    ScoringOptions,
-    check_rows,
-    count_poison,
-    floor_ms,
-    pick_rows,
-    score_candidate,
-)
+from harness.core.candidate import Candidate
+from harness.core.cases import Case, MaskKind
+from harness.core.reference import reference_for_case
+from harness.submissions.floor import floor_ms
+from harness.submissions.scoring import ScoringOptions, score_candidate
+from harness.submissions.timed import check_rows, count_poison, pick_rows
 
 CASES = [Case(1, 2, 2, 37, 53, 32, "float16", MaskKind.CAUSAL_BR),
          Case(2, 2, 1, 16, 16, 32, "bfloat16", MaskKind.RANDOM)]
@@ -164,8 +159,8 @@ def test_time_below_physical_floor_is_invalid():
 
 def test_floor_formula():
     case = PERF[0]
-    from harness.flops import attention_flops
-    from harness.iomodel import ideal_bytes
+    from harness.core.flops import attention_flops
+    from harness.core.iomodel import ideal_bytes
 
     ceil = {"copy_gbps": 1000.0, "matmul_tflops": 1.0}
     expect = max(attention_flops(case) / 1e12, ideal_bytes(case) / 1e12) * 1e3
@@ -174,8 +169,8 @@ def test_floor_formula():
 
 def test_row_check_covers_fully_masked_rows():
     case = Case(2, 2, 2, 40, 30, 32, "float16", MaskKind.CAUSAL_BR)  # rows 0..9 see no key
-    from harness.buffers import OutputBuffers
-    from harness.cases import make_inputs
+    from harness.core.buffers import OutputBuffers
+    from harness.core.cases import make_inputs
 
     inputs = make_inputs(case, "cpu", secret=5)
     gen = torch.Generator().manual_seed(1)
@@ -190,7 +185,7 @@ def test_row_check_covers_fully_masked_rows():
 
 
 def test_poison_counter_counts_unwritten():
-    from harness.buffers import OutputBuffers
+    from harness.core.buffers import OutputBuffers
 
     case = PERF[0]
     bufs = OutputBuffers.allocate(case, "cpu", True)

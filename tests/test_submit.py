@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from harness import submit
 from harness.cli import main
-from harness.db import open_db
-from harness.db.models import ApiToken, Submission
-from harness.tokens import TokenError, create_token, hash_token, verify_token
+from harness.records.db import open_db
+from harness.records.db.models import ApiToken, Submission
+from harness.submissions import submit
+from harness.submissions.tokens import TokenError, create_token, hash_token, verify_token
 
 DATA = Path(__file__).parent / "data" / "submissions"
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,7 +164,7 @@ def test_good_submissions_validate(tmp_path):
     assert v.limits["threads"] == 128
     # A copy of a shipped variant folder validates the same way.
     folder = tmp_path / "fa2_mma"
-    shutil.copytree(ROOT / "kernels" / "fa2_mma", folder)
+    shutil.copytree(ROOT / "harness" / "kernels" / "fa2_mma", folder)
     v = submit.validate(submit.pack_path(folder))
     assert v.name == "fa2_mma" and v.limits["shared_bytes"] > 48 * 1024
 
@@ -174,7 +174,7 @@ def test_good_submissions_validate(tmp_path):
 
 def _counts(engine) -> dict[str, int]:
     """Row counts of every table except submissions (what a submission must not touch)."""
-    from harness.db.models import Base
+    from harness.records.db.models import Base
 
     with engine.connect() as c:
         return {t.name: c.execute(select(func.count()).select_from(t)).scalar_one()

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.db import open_db
-from harness.tokens import create_token
+from harness.records.db import open_db
+from harness.submissions.tokens import create_token
 
 AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
-PAGE = Path(__file__).resolve().parent.parent / "dashboard" / "page_submit.py"
+PAGE = Path(__file__).resolve().parent.parent / "harness" / "dashboard" / "page_submit.py"
 
 
 def _app(url: str):

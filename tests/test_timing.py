@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from harness.timing import (
+from harness.measure.timing import (
     DeviceClock,
     Sample,
     StopRule,
@@ -151,7 +151,7 @@ def test_plateau_detection():
 
 
 def test_to_timing_statistics():
-    from harness.timing import SampleRun
+    from harness.measure.timing import SampleRun
 
     run = SampleRun(samples_ms=[4.0, 1.0, 2.0, 3.0, 5.0], dropped_throttled=2, stop_reason="x")
     t = to_timing(run, mode="warm", method="m")
@@ -185,7 +185,7 @@ def test_stop_rule_validation():
 
 
 def test_measure_rejects_unknown_mode():
-    from harness.timing import measure
+    from harness.measure.timing import measure
 
     with pytest.raises(ValueError, match="mode"):
         measure(lambda i: None, mode="hot")

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from harness.cases import Case, MaskKind, make_inputs
-from harness.reference import naive_for_case, reference_for_case
-from harness.tolerance import Baseline, check_output, data_floor
+from harness.core.cases import Case, MaskKind, make_inputs
+from harness.core.reference import naive_for_case, reference_for_case
+from harness.core.tolerance import Baseline, check_output, data_floor
 
 # Nq > Nk, bottom-right causal: the first 16 rows are fully masked.
 CASE = Case(2, 4, 2, 48, 32, 64, "float16", MaskKind.CAUSAL_BR)

@@ -8,18 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from harness.cases import Case, MaskKind
-from harness.cuda_candidate import CudaVariant, DeviceLimits, PlannedLaunch
-from harness.variants import (
+from harness.candidates.cuda_candidate import (
+    CudaVariant,
+    DeviceLimits,
+    PlannedLaunch,
+    load_variants,
+)
+from harness.candidates.variants import (
     KERNELS_ROOT,
     VariantError,
     load_specs,
     load_variant,
     load_variant_dir,
     load_variant_file,
-    load_variants,
     size_env,
 )
+from harness.core.cases import Case, MaskKind
 
 DATA = Path(__file__).parent / "data" / "bad_variants"
 SHIPPED = ("fa1", "fa2_simt", "naive", "splitkv", "template")

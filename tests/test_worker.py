@@ -1,6 +1,6 @@
 """The worker survives every bad job: hangs, crashes, exceptions, memory hogs, garbage.
 
-The scoring child is real (a separate process started by `harness.worker.run_job`); the
+The scoring child is real (a separate process started by `harness.submissions.worker.run_job`); the
 scorer it calls is a fake selected through the worker configuration (`fake_scorer`
 below), which acts out what a bad submission does to the child process.
 """
@@ -15,11 +15,11 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from harness.db import open_db
-from harness.db.models import Base, Submission
-from harness.queue import claim
-from harness.scoring import ScoreReport
-from harness.worker import WorkerConfig, work
+from harness.records.db import open_db
+from harness.records.db.models import Base, Submission
+from harness.submissions.queue import claim
+from harness.submissions.scoring import ScoreReport
+from harness.submissions.worker import WorkerConfig, work
 
 SCORER = "tests.test_worker:fake_scorer"
 

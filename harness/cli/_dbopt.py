@@ -17,7 +17,7 @@ def add_db_option(p: argparse.ArgumentParser) -> None:
 
 def open_or_fail(url: str | None, *, create: bool = True, upgrade: bool | None = None):  # noqa: ANN201
     """open_db with any database problem turned into a one-line usage error (exit 2)."""
-    from harness.db.store import DatabaseError, open_db
+    from harness.records.db.store import DatabaseError, open_db
 
     try:
         return open_db(url, create=create, upgrade=upgrade)

@@ -27,8 +27,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not torch.cuda.is_available():
         raise UsageError("no CUDA GPU available: calibration measures a GPU")
-    from harness.calibrate import calibrate, default_path
-    from harness.gpuinfo import describe
+    from harness.measure.calibrate import calibrate, default_path
+    from harness.measure.gpuinfo import describe
 
     cal = calibrate()
     path = cal.save(args.out or default_path(cal.gpu.uuid))

@@ -41,7 +41,7 @@ def _split(s: str | None) -> list[str] | None:
 
 
 def cmd_ci(args: argparse.Namespace) -> int:
-    from harness.gate import GateOptions, GateUsageError, run_gate
+    from harness.records.gate import GateOptions, GateUsageError, run_gate
 
     grids = _split(args.grid)
     if not grids:

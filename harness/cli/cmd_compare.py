@@ -35,8 +35,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from harness.cli.cmd_import import load_any
-    from harness.compare import DEFAULT_POLICY, CompareError, compare_records
-    from harness.record import RecordError
+    from harness.records.compare import DEFAULT_POLICY, CompareError, compare_records
+    from harness.records.record import RecordError
 
     policy = DEFAULT_POLICY
     if args.threshold is not None:
@@ -55,7 +55,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             if _is_file_ref(ref):
                 records[side] = load_any(Path(ref))
             else:
-                from harness.db.store import DatabaseError, load_record
+                from harness.records.db.store import DatabaseError, load_record
 
                 db = db or open_or_fail(args.db, create=False)
                 try:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from harness.cli import UsageError
 
-ROOT = Path(__file__).resolve().parents[2]
-APP = ROOT / "dashboard" / "app.py"
+ROOT = Path(__file__).resolve().parents[2]  # the directory holding the harness package
+APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,9 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def command(args: argparse.Namespace) -> list[str]:
-    """The `streamlit run` command line for these arguments (through dashboard.serve, which
+    """The `streamlit run` command line for these arguments (through harness.dashboard.serve, which
     imports the dashboard's libraries before the server starts answering)."""
-    cmd = [sys.executable, "-m", "dashboard.serve", "run", str(APP),
+    cmd = [sys.executable, "-m", "harness.dashboard.serve", "run", str(APP),
            "--server.headless", "true", "--server.port", str(args.port),
            "--server.address", args.address, "--browser.gatherUsageStats", "false"]
     if args.db:
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--port {args.port} is not a TCP port (1-65535)")
     if not APP.exists():
         raise UsageError(f"the dashboard app is missing: {APP}")
-    # `python -m dashboard.serve` must find the dashboard package from any directory.
+    # `python -m harness.dashboard.serve` must find the dashboard package from any directory.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     if args.db:

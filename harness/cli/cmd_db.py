@@ -21,9 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
-    from harness.db import migrate
-    from harness.db.engine import display_url, make_engine, resolve_url, sqlite_file
-    from harness.db.store import DatabaseError, open_db
+    from harness.records.db import migrate
+    from harness.records.db.engine import display_url, make_engine, resolve_url, sqlite_file
+    from harness.records.db.store import DatabaseError, open_db
 
     url = resolve_url(args.db)
     path = sqlite_file(url)
@@ -51,8 +51,8 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 def cmd_current(args: argparse.Namespace) -> int:
     from harness.cli._dbopt import open_or_fail
-    from harness.db import migrate
-    from harness.db.store import counts
+    from harness.records.db import migrate
+    from harness.records.db.store import counts
 
     db = open_or_fail(args.db, create=False, upgrade=False)
     try:

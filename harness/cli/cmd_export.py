@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from harness.db.store import DatabaseError, load_record
+    from harness.records.db.store import DatabaseError, load_record
 
     db = open_or_fail(args.db, create=False)
     try:

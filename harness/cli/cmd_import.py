@@ -17,7 +17,7 @@ from harness.cli import UsageError
 from harness.cli._dbopt import add_db_option, open_or_fail
 
 if TYPE_CHECKING:
-    from harness.record import RunRecord
+    from harness.records.record import RunRecord
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _read_json(path: Path) -> tuple[str, object]:
-    from harness.record import RecordError
+    from harness.records.record import RecordError
 
     try:
         text = path.read_text(encoding="utf-8")
@@ -43,8 +43,8 @@ def _read_json(path: Path) -> tuple[str, object]:
 
 
 def _parse(path: Path, text: str, data: object) -> RunRecord:
-    from harness.benchimport import looks_like_benchmark_json, record_from_benchmark_json
-    from harness.record import RecordError, RunRecord
+    from harness.records.benchimport import looks_like_benchmark_json, record_from_benchmark_json
+    from harness.records.record import RecordError, RunRecord
 
     try:
         if looks_like_benchmark_json(data):
@@ -62,7 +62,7 @@ def load_any(path: Path) -> RunRecord:
 def _claims_to_be_a_record(data: object) -> bool:
     """A run record (valid or not) or a pytest-benchmark file: anything else found in a
     directory (another tool's JSON) is not ours to import."""
-    from harness.benchimport import looks_like_benchmark_json
+    from harness.records.benchimport import looks_like_benchmark_json
 
     return looks_like_benchmark_json(data) or (
         isinstance(data, dict) and "schema_version" in data)
@@ -106,8 +106,8 @@ def load_all(paths: list[str]) -> tuple[list[tuple[Path, RunRecord]], list[str]]
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from harness.db.store import DatabaseError, import_spool, store_record
-    from harness.record import RecordError
+    from harness.records.db.store import DatabaseError, import_spool, store_record
+    from harness.records.record import RecordError
 
     if not args.paths:
         db = open_or_fail(args.db)
@@ -130,7 +130,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     try:
         from sqlalchemy import select
 
-        from harness.db.models import Run
+        from harness.records.db.models import Run
 
         for f, rec in records:
             with db.session() as s:

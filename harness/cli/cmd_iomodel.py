@@ -29,9 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def model(args: argparse.Namespace) -> dict:
-    from harness import iomodel
-    from harness.cases import Case, MaskKind
-    from harness.flops import attention_flops
+    from harness.core import iomodel
+    from harness.core.cases import Case, MaskKind
+    from harness.core.flops import attention_flops
 
     try:
         spec = iomodel.get_gpu(args.gpu)
@@ -56,7 +56,7 @@ def model(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.iomodel import ALGORITHMS
+    from harness.core.iomodel import ALGORITHMS
 
     out = model(args)
     if args.json:

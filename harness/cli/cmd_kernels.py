@@ -40,8 +40,8 @@ def _fmt_set(values, all_values=None) -> str:
 
 def describe(c) -> dict:
     """What a candidate declares, as plain data (the table's and --json's rows)."""
-    from harness.cases import DTYPE_SHORT, MaskKind
-    from harness.registry import unavailable_reason
+    from harness.candidates.registry import unavailable_reason
+    from harness.core.cases import DTYPE_SHORT, MaskKind
 
     s = c.support
     return {
@@ -60,7 +60,7 @@ def describe(c) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness import registry
+    from harness.candidates import registry
 
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
     bad = [a for a in archs if not ARCH_RE.match(a)]
@@ -84,14 +84,14 @@ def run(args: argparse.Namespace) -> int:
         return code
     _print_table(rows, errors, notes)
     if args.compile:
-        from harness.compile import format_reports
+        from harness.candidates.compile import format_reports
 
         print(format_reports(reports))
     return code
 
 
 def _compile(archs: list[str]) -> tuple[list, int]:
-    from harness.compile import compile_all_nvcc, nvcc_path
+    from harness.candidates.compile import compile_all_nvcc, nvcc_path
 
     if nvcc_path() is None:
         raise UsageError("--compile needs nvcc on PATH")

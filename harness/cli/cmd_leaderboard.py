@@ -21,8 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _leaderboard(args: argparse.Namespace) -> int:
-    from harness.db import DatabaseError, open_db
-    from harness.ranking import leaderboard_rows
+    from harness.records.db import DatabaseError, open_db
+    from harness.submissions.ranking import leaderboard_rows
 
     try:
         db = open_db(args.db)

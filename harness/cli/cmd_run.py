@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", dest="json_path", metavar="FILE", default=None,
                    help="write every result as JSON to FILE")
     p.add_argument("--record", metavar="FILE", default=None,
-                   help="write a versioned run record (harness.record) to FILE")
+                   help="write a versioned run record (harness.records.record) to FILE")
     p.add_argument("--db", metavar="URL", default=None,
                    help="store the run record in this database (SQLAlchemy URL or SQLite path)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -60,7 +60,7 @@ def _console():
 
 
 def _select(args: argparse.Namespace, cuda: bool) -> list:
-    from harness import registry
+    from harness.candidates import registry
 
     pool = registry.discover()
     if args.kernels:
@@ -83,9 +83,9 @@ def _select(args: argparse.Namespace, cuda: bool) -> list:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from harness import registry
-    from harness.grids import get_grid
-    from harness.runner import exit_code, run_correctness, summarize, summary_table
+    from harness.candidates import registry
+    from harness.core.grids import get_grid
+    from harness.execution.runner import exit_code, run_correctness, summarize, summary_table
 
     try:
         cases = get_grid(args.grid)
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_failures(console: Any, results: list) -> None:
-    from harness.runner import FAILING
+    from harness.execution.runner import FAILING
 
     bad = [r for r in results if r.status in FAILING]
     for r in bad[:MAX_FAILURES_SHOWN]:
@@ -160,7 +160,7 @@ def _print_failures(console: Any, results: list) -> None:
 def _perf(args: argparse.Namespace, candidates: list, cases: list, console: Any) -> list:
     """Time every GPU candidate over the grid (each case checked once before sampling; a
     case that fails its check is reported and not timed)."""
-    from harness.perf import format_table, run_perf
+    from harness.measure.perf import format_table, run_perf
 
     timed = [c for c in candidates if c.device == "cuda"]
     if not timed:
@@ -185,7 +185,7 @@ def _perf(args: argparse.Namespace, candidates: list, cases: list, console: Any)
 
 
 def _write_json(path: Path, args: argparse.Namespace, results: list) -> None:
-    from harness.runner import summarize
+    from harness.execution.runner import summarize
 
     data = {"grid": args.grid, "results": [r.to_dict() for r in results],
             "summary": [vars(row) for row in summarize(results)]}
@@ -199,7 +199,7 @@ def _write_json(path: Path, args: argparse.Namespace, results: list) -> None:
 def _calibration_dict() -> dict | None:
     """This runner's saved ceilings (`fa-harness calibrate`), kept with the record so the
     roofline of a stored run does not depend on the machine it is viewed from."""
-    from harness.calibrate import CalibrationError, load_calibration
+    from harness.measure.calibrate import CalibrationError, load_calibration
 
     try:
         cal = load_calibration()
@@ -215,8 +215,8 @@ def _record(args: argparse.Namespace, candidates: list, results: list) -> bool:
     database could not take it."""
     import torch
 
-    from harness.gate import gpu_meta, kernel_info
-    from harness.record import RecordError, RunRecord, spool
+    from harness.records.gate import gpu_meta, kernel_info
+    from harness.records.record import RecordError, RunRecord, spool
 
     meta = {"source": "cli", "grids": [args.grid],
             "kernels": {c.name: kernel_info(c) for c in candidates},
@@ -229,7 +229,7 @@ def _record(args: argparse.Namespace, candidates: list, results: list) -> bool:
     except (RecordError, OSError) as e:
         raise UsageError(f"cannot write the run record: {e}") from None
     if args.db:
-        from harness.db.store import DatabaseError, open_db, store_record
+        from harness.records.db.store import DatabaseError, open_db, store_record
 
         kept = spool(rec)
         try:

@@ -35,9 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _submit(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from harness import submit
-    from harness.db import DatabaseError, open_db
-    from harness.tokens import TokenError, verify_token
+    from harness.records.db import DatabaseError, open_db
+    from harness.submissions import submit
+    from harness.submissions.tokens import TokenError, verify_token
 
     if not Path(args.path).exists():
         raise UsageError(f"{args.path}: no such file or folder")  # a typo is not a submission
@@ -77,8 +77,8 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _wait(engine, sid: int, timeout: float | None) -> int:  # noqa: ANN001 - Engine
-    from harness.db.engine import session_factory
-    from harness.db.models import Submission
+    from harness.records.db.engine import session_factory
+    from harness.records.db.models import Submission
 
     t0 = time.monotonic()
     last = None

@@ -7,8 +7,8 @@ import argparse
 from harness.cli import UsageError
 
 
-def _open(url: str | None):  # noqa: ANN202 - harness.db.Database
-    from harness.db import DatabaseError, open_db
+def _open(url: str | None):  # noqa: ANN202 - harness.records.db.Database
+    from harness.records.db import DatabaseError, open_db
 
     try:
         return open_db(url)
@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _create(args: argparse.Namespace) -> int:
-    from harness.tokens import TokenError, create_token
+    from harness.submissions.tokens import TokenError, create_token
 
     db = _open(args.db)
     try:
@@ -53,7 +53,7 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from harness.tokens import list_tokens
+    from harness.submissions.tokens import list_tokens
 
     db = _open(args.db)
     try:
@@ -65,7 +65,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _revoke(args: argparse.Namespace) -> int:
-    from harness.tokens import revoke_token
+    from harness.submissions.tokens import revoke_token
 
     db = _open(args.db)
     try:

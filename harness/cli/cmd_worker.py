@@ -39,8 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from harness.db import DatabaseError, open_db
-    from harness.worker import WorkerConfig, work
+    from harness.records.db import DatabaseError, open_db
+    from harness.submissions.worker import WorkerConfig, work
 
     for name in ("case_timeout", "job_timeout"):
         if getattr(args, name) <= 0:

@@ -1,0 +1,314 @@
+"""`CudaVariant`: a kernel variant from `kernels/` as a harness candidate.
+
+`run` compiles (cached), allocates the manifest's workspaces, resolves num_splits,
+evaluates grid/block/shared memory, refuses launches the device cannot take (with a
+message, before launching anything) and launches each entry in order on torch's current
+stream through CuPy. cupy is imported only inside `run`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.candidates.params import build_params
+from harness.candidates.variants import LoadError, VariantSpec, load_specs, size_env
+from harness.core.candidate import Candidate
+from harness.core.cases import Case, Inputs
+
+WORKSPACE_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16,
+                          "bfloat16": torch.bfloat16, "int32": torch.int32}
+MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_BLOCK = (1024, 1024, 64)
+MAX_THREADS = 1024
+H200_SMS = 132  # used only when no device is present (planning on the CPU)
+
+
+class LaunchRefused(RuntimeError):
+    """A launch the device cannot take (grid, block or shared memory over its limits)."""
+
+
+class CudaLaunchError(RuntimeError):
+    """CUDA reported an error for one of the variant's launches."""
+
+
+@dataclass(frozen=True)
+class PlannedLaunch:
+    entry: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+
+    @property
+    def skipped(self) -> bool:
+        """A zero grid dimension means "nothing to do for this case" (for example the
+        split-KV combine when num_splits == 1): the launch is left out."""
+        return 0 in self.grid
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    sm_count: int
+    max_shared_optin: int  # bytes per block, static + dynamic
+    compute_capability: tuple[int, int]
+
+
+@dataclass
+class CudaVariant(Candidate):
+    spec: VariantSpec | None = None
+    # Synchronize after the launches so an asynchronous fault is attributed to this
+    # variant here. Off by default: a host sync inside a timed call would add its latency
+    # to the measurement; correctness callers may turn it on.
+    sync_after_run: bool = False
+
+    @classmethod
+    def from_spec(cls, spec: VariantSpec) -> CudaVariant:
+        tiles = dict(spec.tiles)
+        if spec.num_splits is not None:
+            tiles["num_splits"] = spec.num_splits
+        return cls(
+            name=spec.name, kind="cuda", device="cuda", algorithm=spec.algorithm,
+            support=spec.to_support(), description=spec.description, isolate=True,
+            tiles=tiles,
+            meta={
+                "source_hash": spec.source_hash,
+                "manifest": spec.raw,
+                "manifest_path": str(spec.manifest_path),
+                "entries": spec.entry_names(),
+                "resources": {},
+            },
+            spec=spec,
+        )
+
+    # --- support ------------------------------------------------------------------------
+    def supports(self, case: Case) -> str | None:
+        reason = super().supports(case)
+        if reason is not None:
+            return reason
+        assert self.spec is not None
+        if self.spec.supports.head_dims is None and case.head_dim > self.spec.supports.max_head_dim:
+            return f"head_dim {case.head_dim} > {self.spec.supports.max_head_dim}"
+        if torch.cuda.is_available():
+            cc = torch.cuda.get_device_capability()
+            need = self.spec.min_compute_capability
+            if tuple(cc) < need:
+                return (f"needs compute capability {need[0]}.{need[1]}, device has "
+                        f"{cc[0]}.{cc[1]}")
+        return None
+
+    # --- planning (pure Python: testable without a GPU) --------------------------------
+    def tiles_for(self, case: Case, sm_count: int | None = None) -> dict[str, int]:
+        """The manifest's tiles with the split count resolved for `case` (the IO model's
+        "splits"); the SM count is the current device's, or 132 (H100/H200) without one."""
+        if self.spec is None or self.spec.num_splits is None:
+            return dict(self.tiles)
+        if sm_count is None:
+            sm_count = 132
+            try:
+                import torch
+
+                if torch.cuda.is_available():
+                    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+            except Exception:  # no device: the nominal count is only for the byte model
+                pass
+        return {**self.tiles, "splits": self.resolve_num_splits(case, sm_count)}
+
+    def resolve_num_splits(self, case: Case, sm_count: int) -> int:
+        """1 for variants without split-KV; the manifest's value when > 0; else the
+        heuristic, counting one CTA per (batch, kv head, row block) per split since this
+        project's split kernels process a whole GQA group per CTA."""
+        assert self.spec is not None
+        n = self.spec.num_splits
+        if n is None:
+            return 1
+        if n > 0:
+            return n
+        from harness.candidates.models.splitkv import choose_num_splits
+
+        tiles = self.spec.tiles
+        block_q = tiles.get("block_rows", tiles.get("block_q", 64))
+        rows = case.group_size * case.seqlen_q  # query rows sharing one kv head
+        slots = sm_count * tiles.get("ctas_per_sm", 1)
+        extra = {"block_k": tiles["block_k"]} if "block_k" in tiles else {}
+        return max(1, int(choose_num_splits(case.batch, case.kv_heads, rows, case.seqlen_k,
+                                            block_q, slots, **extra)))
+
+    def env(self, case: Case, *, num_splits: int, sm_count: int) -> dict[str, int]:
+        assert self.spec is not None
+        return size_env(case, num_splits=num_splits, sm_count=sm_count, tiles=self.spec.tiles)
+
+    def plan(self, case: Case, *, num_splits: int, sm_count: int) -> list[PlannedLaunch]:
+        assert self.spec is not None
+        env = self.env(case, num_splits=num_splits, sm_count=sm_count)
+        out = []
+        for launch in self.spec.launches:
+            grid = tuple(e.evaluate(env) for e in launch.grid)
+            block = tuple(e.evaluate(env) for e in launch.block)
+            out.append(PlannedLaunch(launch.entry_name(case.dtype, case.head_dim),
+                                     grid, block, launch.shared_mem.evaluate(env)))  # type: ignore[arg-type]
+        return out
+
+    def workspace_sizes(self, case: Case, *, num_splits: int, sm_count: int) -> list[int]:
+        assert self.spec is not None
+        env = self.env(case, num_splits=num_splits, sm_count=sm_count)
+        return [w.elements.evaluate(env) for w in self.spec.workspaces]
+
+    @staticmethod
+    def check_limits(p: PlannedLaunch, limits: DeviceLimits, static_smem: int = 0,
+                     max_threads: int = MAX_THREADS) -> str | None:
+        """Why the device cannot take this launch, or None."""
+        for i, (g, cap) in enumerate(zip(p.grid, MAX_GRID, strict=True)):
+            if g < 0 or g > cap:
+                return f"{p.entry}: grid[{i}] = {g} outside 1..{cap}"
+        for i, (b, cap) in enumerate(zip(p.block, MAX_BLOCK, strict=True)):
+            if b < 1 or b > cap:
+                return f"{p.entry}: block[{i}] = {b} outside 1..{cap}"
+        threads = p.block[0] * p.block[1] * p.block[2]
+        if threads > min(MAX_THREADS, max_threads):
+            return f"{p.entry}: {threads} threads per block > {min(MAX_THREADS, max_threads)}"
+        if p.shared_mem < 0:
+            return f"{p.entry}: negative shared memory {p.shared_mem}"
+        if p.shared_mem + static_smem > limits.max_shared_optin:
+            return (f"{p.entry}: needs {p.shared_mem + static_smem} bytes of shared memory "
+                    f"({p.shared_mem} dynamic + {static_smem} static), device allows "
+                    f"{limits.max_shared_optin}")
+        return None
+
+    # --- running ------------------------------------------------------------------------
+    def run(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+        from harness.candidates.compile import compile_cupy
+
+        assert self.spec is not None
+        if out.device.type != "cuda":
+            raise RuntimeError(f"{self.name} runs on CUDA tensors, got {out.device}")
+        device = out.device
+        limits = _device_limits(device)
+        compiled = compile_cupy(self.spec, limits.compute_capability)
+        self.meta["resources"] = compiled.resources_dict()
+        self.meta["arch"] = compiled.arch
+
+        num_splits = self.resolve_num_splits(case, limits.sm_count)
+        self.meta["num_splits"] = num_splits
+        plan = self.plan(case, num_splits=num_splits, sm_count=limits.sm_count)
+        for p in plan:
+            if p.skipped:
+                continue
+            res = compiled.resources[p.entry]
+            why = self.check_limits(p, limits, res.shared_bytes, res.max_threads)
+            if why is not None:
+                raise LaunchRefused(f"{self.name}: launch refused, {why}")
+
+        workspaces = [
+            torch.empty(max(1, n), dtype=WORKSPACE_TORCH_DTYPES[w.dtype], device=device)
+            for w, n in zip(self.spec.workspaces,
+                            self.workspace_sizes(case, num_splits=num_splits,
+                                                 sm_count=limits.sm_count), strict=True)
+        ]
+        q, k, v = (_aligned(t, case.head_dim) for t in (inputs.q, inputs.k, inputs.v))
+        dev_inputs = Inputs(q, k, v, inputs.mask, inputs.key_lengths)
+        params = build_params(case, dev_inputs, out, lse, workspaces, num_splits)
+
+        cp = _cupy_module()
+        tstream = torch.cuda.current_stream(device)
+        stream = _cupy_stream(cp, tstream)
+        with cp.cuda.Device(device.index if device.index is not None else 0):
+            for p in plan:
+                if p.skipped:
+                    continue
+                compiled.ensure_dynamic_smem(p.entry, p.shared_mem)
+                fn = compiled.function(p.entry)
+                try:
+                    self.meta["launch_path"] = _launch(cp, fn, p, params, stream)
+                except Exception as e:
+                    raise CudaLaunchError(f"{self.name}: launching {p.entry} grid={p.grid} "
+                                          f"block={p.block} smem={p.shared_mem} failed: {e}") \
+                        from None
+        # Keep inputs, workspaces and the mask alive until the stream has used them.
+        for t in (*workspaces, *params.keepalive, q, k, v):
+            t.record_stream(tstream)
+        if self.sync_after_run:
+            try:
+                tstream.synchronize()
+            except Exception as e:
+                raise CudaLaunchError(f"{self.name}: CUDA error after launches "
+                                      f"{[p.entry for p in plan]}: {e}") from None
+
+
+def _launch(cp: Any, fn: Any, p: PlannedLaunch, params: Any, stream: Any) -> str:
+    """Launch with FaParams passed by value. CuPy takes a numpy structured scalar as a
+    struct argument; should a CuPy build refuse it, the driver API gets the bytes directly
+    (cuLaunchKernel copies kernel parameters before it returns)."""
+    try:
+        fn(p.grid, p.block, (params.scalar,), shared_mem=p.shared_mem, stream=stream)
+        return "cupy"
+    except TypeError:
+        launch = getattr(cp.cuda.driver, "launchKernel", None)
+        if launch is None:
+            raise
+    import ctypes
+
+    arg_ptrs = (ctypes.c_void_p * 1)(params.array.ctypes.data)  # void** kernelParams
+    launch(fn.kernel.ptr, *p.grid, *p.block, p.shared_mem, stream.ptr,
+           ctypes.addressof(arg_ptrs), 0)
+    return "driver"
+
+
+def _aligned(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Kernels use 16-byte vector loads: give them a 16-byte aligned base and, when the
+    head dim allows it, strides that keep every row aligned."""
+    if t.stride(-1) != 1:
+        return t.contiguous()
+    bad_ptr = t.data_ptr() % 16 != 0
+    bad_stride = head_dim % 8 == 0 and any(t.stride(i) % 8 for i in range(3) if t.size(i) > 1)
+    if bad_ptr or bad_stride:
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+_limits_cache: dict[int, DeviceLimits] = {}
+
+
+def _device_limits(device: torch.device) -> DeviceLimits:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    hit = _limits_cache.get(idx)
+    if hit is not None:
+        return hit
+    props = torch.cuda.get_device_properties(idx)
+    optin = getattr(props, "shared_memory_per_block_optin", None)
+    if not optin:
+        cp = _cupy_module()
+        optin = cp.cuda.Device(idx).attributes["MaxSharedMemoryPerBlockOptin"]
+    lim = DeviceLimits(
+        sm_count=int(props.multi_processor_count),
+        max_shared_optin=int(optin),
+        compute_capability=(int(props.major), int(props.minor)),
+    )
+    _limits_cache[idx] = lim
+    return lim
+
+
+def _cupy_module():
+    from harness.candidates.compile import _cupy
+
+    return _cupy()
+
+
+def _cupy_stream(cp: Any, tstream: torch.cuda.Stream) -> Any:
+    """CuPy view of torch's stream, so our launches order with torch's work."""
+    from_external = getattr(cp.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        try:
+            return from_external(tstream)
+        except Exception:  # older CuPy, or a torch stream without __cuda_stream__
+            pass
+    return cp.cuda.ExternalStream(tstream.cuda_stream)
+
+
+def load_variants(root: Path | str | None = None) -> tuple[list[CudaVariant], list[LoadError]]:
+    """Every variant under `root` (default: the shipped kernels/) as a candidate, plus the
+    problems of those that could not be loaded."""
+    specs, errors = load_specs(root)
+    return [CudaVariant.from_spec(s) for s in specs], errors

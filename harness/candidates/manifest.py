@@ -1,0 +1,312 @@
+"""Manifest validation: a parsed `manifest.toml` (or a single file's manifest comment) becomes a
+`VariantSpec`, or one `VariantError` naming the file, the field and what is wrong.
+
+Every field is checked for its type and range here, and every size expression is parsed
+with the whitelist of harness.candidates.expr, so that nothing a manifest says is ever
+evaluated as code. The format is documented in kernels/README.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness.candidates.expr import FUNCTIONS, SIZE_NAMES, Expr, ExprError, parse_expr
+from harness.candidates.variant_spec import (
+    ALGORITHMS,
+    ALLOWED_OPTIONS,
+    ARCH_RE,
+    CC_RE,
+    ENTRY_RE,
+    HEADER_NAME,
+    IDENT_RE,
+    INCLUDE_RE,
+    LAUNCH_OPTIONAL,
+    LAUNCH_REQUIRED,
+    MAX_HEAD_DIM,
+    MAX_WORKSPACES,
+    SUPPORTS_OPTIONAL,
+    SUPPORTS_REQUIRED,
+    TOP_OPTIONAL,
+    TOP_REQUIRED,
+    WORKSPACE_DTYPES,
+    WORKSPACE_KEYS,
+    LaunchSpec,
+    LoadError,
+    SupportSpec,
+    VariantError,
+    VariantSpec,
+    WorkspaceSpec,
+)
+from harness.core.cases import DTYPES, MaskKind
+
+# ------------------------------------------------------------------------------------
+# Validation
+# ------------------------------------------------------------------------------------
+
+
+class _Ctx:
+    def __init__(self, path: Path, variant: str):
+        self.path = path
+        self.variant = variant
+
+    def fail(self, where: str, message: str) -> VariantError:
+        return VariantError(LoadError(str(self.path), where, message, self.variant))
+
+
+def _keys(ctx: _Ctx, table: Any, where: str, required: tuple[str, ...],
+          optional: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ctx.fail(where, f"must be a table, got {_tname(table)}")
+    for k in table:
+        if k not in required and k not in optional:
+            prefix = f"{where}." if where else ""
+            raise ctx.fail(f"{prefix}{k}", f"unknown field (allowed here: "
+                           f"{', '.join(required + optional)})")
+    for k in required:
+        if k not in table:
+            prefix = f"{where}." if where else ""
+            raise ctx.fail(f"{prefix}{k}", "missing required field")
+    return table
+
+
+def _tname(v: Any) -> str:
+    return {str: "a string", int: "an integer", bool: "a boolean", float: "a float",
+            list: "a list", dict: "a table"}.get(type(v), type(v).__name__)
+
+
+def _str(ctx: _Ctx, v: Any, where: str) -> str:
+    if not isinstance(v, str):
+        raise ctx.fail(where, f"must be a string, got {_tname(v)}")
+    return v
+
+
+def _bool(ctx: _Ctx, v: Any, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise ctx.fail(where, f"must be true or false, got {_tname(v)}")
+    return v
+
+
+def _int(ctx: _Ctx, v: Any, where: str, minimum: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ctx.fail(where, f"must be an integer, got {_tname(v)}")
+    if v < minimum:
+        raise ctx.fail(where, f"must be >= {minimum}, got {v}")
+    return v
+
+
+def _list(ctx: _Ctx, v: Any, where: str, nonempty: bool = True) -> list[Any]:
+    if not isinstance(v, list):
+        raise ctx.fail(where, f"must be a list, got {_tname(v)}")
+    if nonempty and not v:
+        raise ctx.fail(where, "must not be empty")
+    return v
+
+
+def _expr(ctx: _Ctx, v: Any, where: str, names: frozenset[str]) -> Expr:
+    try:
+        return parse_expr(v, names)
+    except ExprError as e:
+        raise ctx.fail(where, str(e)) from None
+
+
+def _dims(ctx: _Ctx, v: Any, where: str, names: frozenset[str]) -> tuple[Expr, Expr, Expr]:
+    items = _list(ctx, v, where)
+    if len(items) > 3:
+        raise ctx.fail(where, f"at most 3 dimensions, got {len(items)}")
+    exprs = [_expr(ctx, x, f"{where}[{i}]", names) for i, x in enumerate(items)]
+    while len(exprs) < 3:
+        exprs.append(parse_expr(1))
+    return exprs[0], exprs[1], exprs[2]
+
+
+def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: str | None,
+                single_file: tuple[Path, str] | None) -> VariantSpec:
+    ctx = _Ctx(path, expect_name or str(data.get("name", "")))
+    required = TOP_REQUIRED if single_file is None else tuple(k for k in TOP_REQUIRED
+                                                               if k != "sources")
+    optional = TOP_OPTIONAL if single_file is None else TOP_OPTIONAL + ("sources",)
+    _keys(ctx, data, "", required, optional)
+
+    name = _str(ctx, data["name"], "name")
+    if not IDENT_RE.match(name):
+        raise ctx.fail("name", f"{name!r} must be letters, digits and underscores")
+    if expect_name is not None and name != expect_name:
+        raise ctx.fail("name", f"{name!r} must equal the folder name {expect_name!r}")
+    ctx.variant = name
+    description = _str(ctx, data["description"], "description")
+    algorithm = _str(ctx, data["algorithm"], "algorithm")
+    if algorithm not in ALGORITHMS:
+        raise ctx.fail("algorithm", f"unknown algorithm {algorithm!r} "
+                       f"(one of {', '.join(sorted(ALGORITHMS))})")
+
+    cc_text = _str(ctx, data["min_compute_capability"], "min_compute_capability")
+    m = CC_RE.match(cc_text)
+    if not m:
+        raise ctx.fail("min_compute_capability", f"{cc_text!r} must look like \"8.0\"")
+    min_cc = (int(m.group(1)), int(m.group(2)))
+
+    arch = _str(ctx, data.get("arch", ""), "arch")
+    if arch and not ARCH_RE.match(arch):
+        raise ctx.fail("arch", f"{arch!r} must look like \"sm_90a\" or be empty")
+
+    options = tuple(_str(ctx, o, f"compile_options[{i}]") for i, o in
+                    enumerate(_list(ctx, data.get("compile_options", []),
+                                    "compile_options", nonempty=False)))
+    for i, o in enumerate(options):
+        if not ALLOWED_OPTIONS.match(o):
+            raise ctx.fail(f"compile_options[{i}]", f"option {o!r} is not allowed (allowed: "
+                           "--use_fast_math, -lineinfo, --maxrregcount=N, --ftz/--prec-div/"
+                           "--prec-sqrt/--fmad=true|false, --extra-device-vectorization, -DNAME)")
+    deterministic = _bool(ctx, data.get("deterministic", True), "deterministic")
+
+    num_splits = None
+    if "num_splits" in data:
+        num_splits = _int(ctx, data["num_splits"], "num_splits", 0)
+        if algorithm != "splitkv":
+            raise ctx.fail("num_splits", "only split-KV variants (algorithm = \"splitkv\") "
+                           "may set num_splits")
+
+    supports = _supports(ctx, data["supports"])
+
+    tiles: dict[str, int] = {}
+    raw_tiles = data.get("tiles", {})
+    if not isinstance(raw_tiles, dict):
+        raise ctx.fail("tiles", f"must be a table, got {_tname(raw_tiles)}")
+    for k, v in raw_tiles.items():
+        if not IDENT_RE.match(k) or k in SIZE_NAMES or k in FUNCTIONS:
+            raise ctx.fail(f"tiles.{k}", "tile names must be identifiers that are not size "
+                           "names or functions")
+        tiles[k] = _int(ctx, v, f"tiles.{k}", 1)
+    names = SIZE_NAMES | frozenset(tiles)
+
+    workspaces: list[WorkspaceSpec] = []
+    raw_ws = _list(ctx, data.get("workspace", []), "workspace", nonempty=False)
+    if len(raw_ws) > MAX_WORKSPACES:
+        raise ctx.fail("workspace", f"at most {MAX_WORKSPACES} workspaces "
+                       f"(FaParams.workspace has {MAX_WORKSPACES} slots), got {len(raw_ws)}")
+    for i, w in enumerate(raw_ws):
+        where = f"workspace[{i}]"
+        _keys(ctx, w, where, WORKSPACE_KEYS, ())
+        wname = _str(ctx, w["name"], f"{where}.name")
+        if not IDENT_RE.match(wname) or any(x.name == wname for x in workspaces):
+            raise ctx.fail(f"{where}.name", f"{wname!r} must be a unique identifier")
+        wdt = _str(ctx, w["dtype"], f"{where}.dtype")
+        if wdt not in WORKSPACE_DTYPES:
+            raise ctx.fail(f"{where}.dtype", f"unknown dtype {wdt!r} "
+                           f"(one of {', '.join(WORKSPACE_DTYPES)})")
+        workspaces.append(WorkspaceSpec(wname, wdt, _expr(ctx, w["elements"],
+                                                          f"{where}.elements", names)))
+
+    launches: list[LaunchSpec] = []
+    for i, launch in enumerate(_list(ctx, data["launch"], "launch")):
+        where = f"launch[{i}]"
+        _keys(ctx, launch, where, LAUNCH_REQUIRED, LAUNCH_OPTIONAL)
+        entry = _str(ctx, launch["entry"], f"{where}.entry")
+        if not ENTRY_RE.match(entry) or entry[0].isdigit():
+            raise ctx.fail(f"{where}.entry", f"{entry!r} must be an identifier, optionally "
+                           "with {dtype} and {head_dim} placeholders")
+        if "{head_dim}" in entry and supports.head_dims is None:
+            raise ctx.fail(f"{where}.entry", "uses {head_dim} but supports.head_dims is "
+                           "\"any\": list the head dims the entries exist for")
+        launches.append(LaunchSpec(
+            entry=entry,
+            grid=_dims(ctx, launch["grid"], f"{where}.grid", names),
+            block=_dims(ctx, launch["block"], f"{where}.block", names),
+            shared_mem=_expr(ctx, launch.get("shared_mem", 0), f"{where}.shared_mem", names),
+        ))
+
+    # Sources: read them and check their includes.
+    texts: list[tuple[str, str]] = []
+    if single_file is not None:
+        fpath, ftext = single_file
+        if "sources" in data:
+            src = _list(ctx, data["sources"], "sources")
+            if src != [fpath.name]:
+                raise ctx.fail("sources", f"a single-file variant is its own source: leave "
+                               f"sources out or set it to [{fpath.name!r}]")
+        sources: tuple[str, ...] = (fpath.name,)
+        texts.append((fpath.name, ftext))
+    else:
+        sources = tuple(_str(ctx, s, f"sources[{i}]") for i, s in
+                        enumerate(_list(ctx, data["sources"], "sources")))
+        for i, s in enumerate(sources):
+            if "/" in s or "\\" in s or s.startswith(".") or not s.endswith((".cu", ".cuh")):
+                raise ctx.fail(f"sources[{i}]", f"{s!r} must be a .cu/.cuh file name inside "
+                               "the variant folder")
+            sp = folder / s
+            if not sp.is_file():
+                raise ctx.fail(f"sources[{i}]", f"source file {s!r} not found in {folder}")
+            try:
+                texts.append((f"{name}/{s}", sp.read_text()))
+            except (OSError, UnicodeDecodeError) as e:
+                raise ctx.fail(f"sources[{i}]", f"cannot read {s!r}: {e}") from None
+    for label, text in texts:
+        for lineno, line in enumerate(text.split("\n"), 1):
+            m = INCLUDE_RE.match(line)
+            if m and m.group(2) != HEADER_NAME:
+                src_path = folder / Path(label).name if single_file is None else path
+                raise VariantError(LoadError(
+                    str(src_path), f"line {lineno}",
+                    f"#include {m.group(1)}{m.group(2)}{'>' if m.group(1) == '<' else chr(34)}"
+                    f" is not allowed: a variant may include only \"{HEADER_NAME}\"", name))
+
+    return VariantSpec(
+        name=name, description=description, algorithm=algorithm, sources=sources,
+        min_compute_capability=min_cc, arch=arch, compile_options=options,
+        deterministic=deterministic, num_splits=num_splits, supports=supports, tiles=tiles,
+        workspaces=tuple(workspaces), launches=tuple(launches), manifest_path=path,
+        source_texts=tuple(texts), raw=data,
+    )
+
+
+def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
+    _keys(ctx, table, "supports", SUPPORTS_REQUIRED, SUPPORTS_OPTIONAL)
+    dtypes = tuple(_str(ctx, d, f"supports.dtypes[{i}]") for i, d in
+                   enumerate(_list(ctx, table["dtypes"], "supports.dtypes")))
+    for i, d in enumerate(dtypes):
+        if d not in DTYPES:
+            raise ctx.fail(f"supports.dtypes[{i}]", f"unknown dtype {d!r} "
+                           f"(one of {', '.join(DTYPES)})")
+    raw_dims = table["head_dims"]
+    max_head_dim = MAX_HEAD_DIM
+    if "max_head_dim" in table:
+        max_head_dim = _int(ctx, table["max_head_dim"], "supports.max_head_dim", 1)
+        if max_head_dim > MAX_HEAD_DIM:
+            raise ctx.fail("supports.max_head_dim", f"must be <= {MAX_HEAD_DIM}")
+    head_dims: tuple[int, ...] | None
+    if raw_dims == "any":
+        if "max_head_dim" not in table:
+            raise ctx.fail("supports.max_head_dim", "required when head_dims = \"any\"")
+        head_dims = None
+    elif isinstance(raw_dims, list):
+        head_dims = tuple(_int(ctx, d, f"supports.head_dims[{i}]", 1)
+                          for i, d in enumerate(_list(ctx, raw_dims, "supports.head_dims")))
+        for i, d in enumerate(head_dims):
+            if d > max_head_dim:
+                raise ctx.fail(f"supports.head_dims[{i}]", f"{d} > {max_head_dim}")
+    else:
+        raise ctx.fail("supports.head_dims", f"must be a list of integers or \"any\", got "
+                       f"{_tname(raw_dims)}")
+    masks: list[MaskKind] = []
+    for i, mk in enumerate(_list(ctx, table["masks"], "supports.masks")):
+        s = _str(ctx, mk, f"supports.masks[{i}]")
+        try:
+            masks.append(MaskKind(s))
+        except ValueError:
+            raise ctx.fail(f"supports.masks[{i}]", f"unknown mask kind {s!r} (one of "
+                           f"{', '.join(m.value for m in MaskKind)})") from None
+    masked_lse = _str(ctx, table.get("masked_lse", "-inf"), "supports.masked_lse")
+    if masked_lse not in ("-inf", "+inf"):
+        raise ctx.fail("supports.masked_lse", f"must be \"-inf\" or \"+inf\", got {masked_lse!r}")
+    mq = table.get("max_seqlen_q")
+    mk_ = table.get("max_seqlen_k")
+    return SupportSpec(
+        dtypes=dtypes, head_dims=head_dims, max_head_dim=max_head_dim, masks=tuple(masks),
+        gqa=_bool(ctx, table["gqa"], "supports.gqa"),
+        writes_lse=_bool(ctx, table["writes_lse"], "supports.writes_lse"),
+        masked_lse=masked_lse,
+        max_seqlen_q=None if mq is None else _int(ctx, mq, "supports.max_seqlen_q", 1),
+        max_seqlen_k=None if mk_ is None else _int(ctx, mk_, "supports.max_seqlen_k", 1),
+        decode_only=_bool(ctx, table.get("decode_only", False), "supports.decode_only"),
+    )

@@ -1,0 +1,25 @@
+"""CPU algorithm models of the attention kernels, and planted-bug variants of them.
+
+The models (`all_models`) compute attention the way each algorithm's loops do it (naive
+3-step, FA1, FA2, split-KV), in float32 from fp16/bf16 inputs, and count the HBM bytes
+those loops move (`model.last_bytes` after a run). They pass the harness's correctness
+check; the planted bugs (`planted_bugs`) must not.
+"""
+
+from __future__ import annotations
+
+from harness.candidates.models.base import ModelCandidate
+from harness.candidates.models.fa1 import FA1Model
+from harness.candidates.models.fa2 import FA2Model
+from harness.candidates.models.naive import NaiveModel
+from harness.candidates.models.planted import planted_bugs
+from harness.candidates.models.splitkv import SplitKVModel, choose_num_splits
+from harness.candidates.models.tiles import ByteCounter
+
+__all__ = ["ByteCounter", "FA1Model", "FA2Model", "ModelCandidate", "NaiveModel",
+           "SplitKVModel", "all_models", "choose_num_splits", "planted_bugs"]
+
+
+def all_models() -> list[ModelCandidate]:
+    """One fresh instance of every correct algorithm model, default tiles."""
+    return [NaiveModel(), FA1Model(), FA2Model(), SplitKVModel()]

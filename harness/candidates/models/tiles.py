@@ -1,0 +1,120 @@
+"""Pieces every CPU algorithm model shares: the byte counter, tile ranges, tile masks and
+the head mapping.
+
+The models run on the CPU in torch, one tile at a time, the way a kernel's loops would.
+Each tile op is vectorised over batch and heads (one tile of every (b, h) program at once),
+so a model costs Python overhead per tile, not per element or per head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.core.cases import Case, Inputs
+
+# The score of a masked pair and the initial running max. Where a row's max is still -inf
+# (every key so far masked), the models subtract 0 instead (the -inf guard), so that
+# exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
+NEG_INF = float("-inf")
+
+# Element size of the float32 tensors kernels keep in HBM: LSE, FA1's m and l, the
+# split-KV partial outputs and partial LSEs.
+F32_BYTES = 4
+
+
+@dataclass
+class ByteCounter:
+    """HBM bytes one model run moved, as its tile loops load and store them.
+
+    Counted per tensor name ("Q", "K", "V", "O", "LSE", "S", "P", "m", "l", "O_partial",
+    "LSE_partial", "mask"), so a test can hold each term against the IO model."""
+
+    reads: dict[str, int] = field(default_factory=dict)
+    writes: dict[str, int] = field(default_factory=dict)
+
+    def read(self, what: str, nbytes: int) -> None:
+        self.reads[what] = self.reads.get(what, 0) + int(nbytes)
+
+    def write(self, what: str, nbytes: int) -> None:
+        self.writes[what] = self.writes.get(what, 0) + int(nbytes)
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(self.reads.values())
+
+    @property
+    def write_bytes(self) -> int:
+        return sum(self.writes.values())
+
+    @property
+    def total(self) -> int:
+        return self.read_bytes + self.write_bytes
+
+    def without(self, *names: str) -> int:
+        """Total bytes leaving out the named tensors (e.g. "mask", which the IO model of an
+        unmasked algorithm does not carry)."""
+        return (sum(v for k, v in self.reads.items() if k not in names)
+                + sum(v for k, v in self.writes.items() if k not in names))
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {"reads": dict(self.reads), "writes": dict(self.writes)}
+
+
+def tile_ranges(n: int, block: int) -> list[tuple[int, int]]:
+    """[start, stop) of each block of `n` rows; the last block may be partial."""
+    return [(s, min(s + block, n)) for s in range(0, n, block)]
+
+
+def softmax_scale(case: Case) -> float:
+    return case.head_dim ** -0.5
+
+
+def kv_head_map(case: Case) -> torch.Tensor:
+    """K/V head read by each query head: h // group (GQA/MQA), as fa_harness.h defines."""
+    return torch.arange(case.heads) // case.group_size
+
+
+def causal_key_end(case: Case, offset: int, row_stop: int) -> int:
+    """Exclusive end of the keys any row in [., row_stop) can see under a causal mask with
+    `offset`: key tiles from there on are skipped whole, as kernels do."""
+    return max(0, min(case.seqlen_k, row_stop - 1 + offset + 1))
+
+
+def tile_visibility(case: Case, inputs: Inputs, rows: tuple[int, int], cols: tuple[int, int],
+                    offset: int, *, use_mask: bool = True) -> torch.Tensor | None:
+    """Boolean visibility of one (rows x cols) tile, shaped (B|1, 1, rows, cols), or None
+    when the whole tile is visible. `offset` is the causal offset the model applies
+    (query i sees key j iff j <= i + offset); `use_mask` False drops the mask tensor."""
+    r0, r1 = rows
+    c0, c1 = cols
+    vis: torch.Tensor | None = None
+    if case.mask.is_causal:
+        i = torch.arange(r0, r1)[:, None]
+        j = torch.arange(c0, c1)[None, :]
+        if c1 - 1 > r0 + offset:  # some pair of the tile is above the diagonal
+            vis = (j <= i + offset)[None, None]
+    if use_mask and inputs.mask is not None:
+        m = inputs.mask
+        m = m[:, :, r0:r1, c0:c1] if m.shape[2] != 1 else m[:, :, :, c0:c1]
+        vis = m if vis is None else (vis & m)
+    return vis
+
+
+def load_tile(t: torch.Tensor, heads: torch.Tensor | None, r0: int, r1: int) -> torch.Tensor:
+    """Rows [r0, r1) of a (B, H, N, d) tensor as float32 (what a kernel converts its tile
+    to in registers), with the head dimension gathered through `heads` for K/V."""
+    tile = t[:, :, r0:r1, :]
+    if heads is not None:
+        tile = tile.index_select(1, heads)
+    return tile.to(torch.float32)
+
+
+def tile_bytes(case: Case, rows: int, width: int, elem: int) -> int:
+    """Bytes of one tile of `rows` x `width` elements loaded by every (b, h) program."""
+    return case.batch * case.heads * rows * width * elem
+
+
+def elem_size(case: Case) -> int:
+    return torch.empty((), dtype=case.torch_dtype).element_size()

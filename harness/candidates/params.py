@@ -1,0 +1,171 @@
+"""Host mirror of `FaParams` (kernels/include/fa_harness.h) and the code that fills it.
+
+The struct is passed to every kernel by value. On the host it is one element of a numpy
+structured array with the same field order, offsets and size; tests/test_params.py
+generates `static_assert(offsetof(FaParams, f) == N)` lines from this dtype and compiles
+them with nvcc, so a change on either side without the other fails CI.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from harness.core.cases import Case, Inputs, MaskKind
+
+MASK_NONE = 0
+MASK_CAUSAL = 1
+MASK_KEY_PADDING = 2
+MASK_BOOL = 4
+DTYPE_CODES = {"float16": 0, "bfloat16": 1}
+NUM_WORKSPACES = 4
+LOG2E = 1.4426950408889634
+
+# (name, numpy type, count). Pointers are uint64, `long long` int64, int int32.
+_FIELDS: list[tuple[str, str, int]] = [
+    ("q", "u8", 1), ("k", "u8", 1), ("v", "u8", 1), ("o", "u8", 1), ("lse", "u8", 1),
+    ("mask", "u8", 1), ("seqlens_k", "u8", 1), ("workspace", "u8", NUM_WORKSPACES),
+    ("q_batch_stride", "i8", 1), ("q_head_stride", "i8", 1), ("q_row_stride", "i8", 1),
+    ("k_batch_stride", "i8", 1), ("k_head_stride", "i8", 1), ("k_row_stride", "i8", 1),
+    ("v_batch_stride", "i8", 1), ("v_head_stride", "i8", 1), ("v_row_stride", "i8", 1),
+    ("o_batch_stride", "i8", 1), ("o_head_stride", "i8", 1), ("o_row_stride", "i8", 1),
+    ("mask_batch_stride", "i8", 1), ("mask_row_stride", "i8", 1),
+    ("batch", "i4", 1), ("heads", "i4", 1), ("kv_heads", "i4", 1),
+    ("seqlen_q", "i4", 1), ("seqlen_k", "i4", 1), ("head_dim", "i4", 1),
+    ("mask_kind", "i4", 1), ("causal_offset", "i4", 1), ("dtype", "i4", 1),
+    ("num_splits", "i4", 1),
+    ("scale", "f4", 1), ("scale_log2", "f4", 1),
+]
+
+
+def _make_dtype() -> np.dtype:
+    # align=True applies C layout rules (each field at a multiple of its alignment, total
+    # size rounded to the largest alignment), which is what nvcc does for the struct.
+    spec = [(n, "<" + t, (c,)) if c > 1 else (n, "<" + t) for n, t, c in _FIELDS]
+    return np.dtype(spec, align=True)
+
+
+PARAMS_DTYPE: np.dtype = _make_dtype()
+
+
+def field_offsets() -> dict[str, int]:
+    return {name: PARAMS_DTYPE.fields[name][1] for name in PARAMS_DTYPE.names}
+
+
+def layout_asserts(struct: str = "FaParams") -> str:
+    """C++ static_asserts that hold iff the device struct matches PARAMS_DTYPE."""
+    lines = [f"static_assert(__builtin_offsetof({struct}, {n}) == {off}, "
+             f"\"FaParams.{n}: host offset {off}\");" for n, off in field_offsets().items()]
+    lines.append(f"static_assert(sizeof({struct}) == {PARAMS_DTYPE.itemsize}, "
+                 f"\"sizeof(FaParams): host size {PARAMS_DTYPE.itemsize}\");")
+    lines.append(f"static_assert(alignof({struct}) == {PARAMS_DTYPE.alignment}, "
+                 "\"alignof(FaParams)\");")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class BuiltParams:
+    """The filled struct plus the device tensors it points to (kept alive until the
+    launches are enqueued and, through the stream, done)."""
+
+    array: np.ndarray  # shape (1,), dtype PARAMS_DTYPE
+    keepalive: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def scalar(self) -> np.void:
+        return self.array[0]
+
+    def __getitem__(self, name: str):  # convenience for tests and diagnostics
+        return self.array[0][name]
+
+
+def mask_kind_bits(case: Case) -> int:
+    bits = MASK_NONE
+    if case.mask.is_causal:
+        bits |= MASK_CAUSAL
+    if case.mask is MaskKind.KEY_PADDING:
+        bits |= MASK_KEY_PADDING
+    if case.mask is MaskKind.RANDOM:
+        bits |= MASK_BOOL
+    return bits
+
+
+def _strides(t: torch.Tensor, what: str) -> tuple[int, int, int]:
+    if t.dim() != 4:
+        raise ValueError(f"{what} must be 4-D (batch, heads, seq, head_dim), got {tuple(t.shape)}")
+    if t.stride(3) != 1:
+        raise ValueError(f"{what} must have a unit stride on head_dim")
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def build_params(case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None,
+                 workspaces: Sequence[torch.Tensor], num_splits: int) -> BuiltParams:
+    """Fill FaParams for one launch sequence. Tensors must already be on the device."""
+    if len(workspaces) > NUM_WORKSPACES:
+        raise ValueError(f"at most {NUM_WORKSPACES} workspaces, got {len(workspaces)}")
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be resolved to >= 1, got {num_splits}")
+    arr = np.zeros(1, dtype=PARAMS_DTYPE)
+    p = arr[0]
+    keep: list[torch.Tensor] = []
+    q, k, v = inputs.q, inputs.k, inputs.v
+    expect_q = (case.batch, case.heads, case.seqlen_q, case.head_dim)
+    expect_kv = (case.batch, case.kv_heads, case.seqlen_k, case.head_dim)
+    for t, want, what in ((q, expect_q, "q"), (k, expect_kv, "k"), (v, expect_kv, "v"),
+                          (out, expect_q, "out")):
+        if tuple(t.shape) != want:
+            raise ValueError(f"{what} has shape {tuple(t.shape)}, expected {want}")
+        if t.dtype != case.torch_dtype:
+            raise ValueError(f"{what} has dtype {t.dtype}, expected {case.torch_dtype}")
+    p["q"], p["k"], p["v"], p["o"] = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    p["q_batch_stride"], p["q_head_stride"], p["q_row_stride"] = _strides(q, "q")
+    p["k_batch_stride"], p["k_head_stride"], p["k_row_stride"] = _strides(k, "k")
+    p["v_batch_stride"], p["v_head_stride"], p["v_row_stride"] = _strides(v, "v")
+    p["o_batch_stride"], p["o_head_stride"], p["o_row_stride"] = _strides(out, "out")
+    if lse is not None:
+        if tuple(lse.shape) != expect_q[:3] or lse.dtype != torch.float32 or \
+                not lse.is_contiguous():
+            raise ValueError(f"lse must be contiguous float32 {expect_q[:3]}, got "
+                             f"{tuple(lse.shape)} {lse.dtype}")
+        p["lse"] = lse.data_ptr()
+
+    bits = mask_kind_bits(case)
+    if bits & MASK_BOOL:
+        if inputs.mask is None:
+            raise ValueError(f"case {case.id} needs a boolean mask tensor")
+        m = inputs.mask
+        if m.dim() != 4 or m.shape[-1] != case.seqlen_k:
+            raise ValueError(f"mask must be (B|1, 1, Nq|1, Nk), got {tuple(m.shape)}")
+        # uint8 row-major (B|1, Nq|1, Nk); a size-1 dimension broadcasts with stride 0.
+        m8 = m[:, 0].to(device=q.device, dtype=torch.uint8).contiguous()
+        keep.append(m8)
+        p["mask"] = m8.data_ptr()
+        p["mask_batch_stride"] = 0 if m8.shape[0] == 1 else m8.stride(0)
+        p["mask_row_stride"] = 0 if m8.shape[1] == 1 else m8.stride(1)
+    if bits & MASK_KEY_PADDING:
+        if inputs.key_lengths is None:
+            raise ValueError(f"case {case.id} needs key_lengths")
+        kl = inputs.key_lengths.to(device=q.device, dtype=torch.int32).contiguous()
+        if kl.numel() != case.batch:
+            raise ValueError(f"key_lengths has {kl.numel()} entries, expected {case.batch}")
+        keep.append(kl)
+        p["seqlens_k"] = kl.data_ptr()
+    ws = np.zeros(NUM_WORKSPACES, dtype=np.uint64)
+    for i, w in enumerate(workspaces):
+        ws[i] = w.data_ptr()
+    p["workspace"] = ws
+
+    p["batch"], p["heads"], p["kv_heads"] = case.batch, case.heads, case.kv_heads
+    p["seqlen_q"], p["seqlen_k"], p["head_dim"] = case.seqlen_q, case.seqlen_k, case.head_dim
+    p["mask_kind"] = bits
+    p["causal_offset"] = case.causal_offset
+    p["dtype"] = DTYPE_CODES[case.dtype]
+    p["num_splits"] = num_splits
+    scale = 1.0 / math.sqrt(case.head_dim)
+    p["scale"] = scale
+    p["scale_log2"] = scale * LOG2E
+    return BuiltParams(arr, keep)

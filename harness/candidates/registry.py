@@ -1,0 +1,166 @@
+"""Every candidate the project knows: CPU algorithm models, CUDA kernel variants and
+PyTorch SDPA peers, discovered from their modules.
+
+Sources:
+  model    harness.candidates.models.all_models()
+  cuda     harness.candidates.cuda_candidate.load_variants(root): variants that fail to load are kept as
+           `LoadError`s (reported by `load_errors()` and `fa-harness kernels`), never a crash
+  peer     harness.candidates.peers.sdpa_peers()
+  planted  harness.candidates.models.planted_bugs(): deliberately wrong models that prove the checks
+           catch each bug class; never part of a default discovery
+
+A source whose module (or entry-point function) does not exist is skipped with a logged
+reason (`notes()`); any other import problem (a SyntaxError, a missing dependency inside the module) is raised, so
+a broken module can never hide as "no candidates".
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import logging
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.core.candidate import Candidate
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KINDS = ("model", "cuda", "peer")
+SOURCES = {
+    "model": ("harness.candidates.models", "all_models"),
+    "cuda": ("harness.candidates.cuda_candidate", "load_variants"),
+    "peer": ("harness.candidates.peers", "sdpa_peers"),
+    "planted": ("harness.candidates.models", "planted_bugs"),
+}
+
+_cache: dict[tuple[str, ...], list[Candidate]] = {}
+_load_errors: list[Any] = []
+_notes: list[str] = []
+
+
+def _import_source(module: str) -> Any | None:
+    """The module, or None when it does not exist (only that exact module missing)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name == module:
+            note = f"{module} is not present: its candidates are not discovered"
+            if note not in _notes:
+                _notes.append(note)
+                log.info(note)
+            return None
+        raise
+
+
+def _from_source(kind: str) -> list[Candidate]:
+    module_name, func_name = SOURCES[kind]
+    module = _import_source(module_name)
+    if module is None:
+        return []
+    func = getattr(module, func_name, None)
+    if func is None:  # the module exists but does not provide its entry point (yet)
+        note = f"{module_name} has no {func_name}(): its candidates are not discovered"
+        if note not in _notes:
+            _notes.append(note)
+            log.info(note)
+        return []
+    if kind == "cuda":
+        variants, errors = func(kernels_root())
+        for err in errors:
+            if err not in _load_errors:
+                _load_errors.append(err)
+        return list(variants)
+    return list(func())
+
+
+def kernels_root() -> Path:
+    """The project's kernels/ folder (one sub-folder per CUDA variant)."""
+    return Path(__file__).resolve().parents[1] / "kernels"
+
+
+def discover(kinds: Iterable[str] = DEFAULT_KINDS) -> list[Candidate]:
+    """Candidates of the given kinds, sorted by name (a stable order for pytest-xdist).
+    Cached per process; `clear_cache()` forgets."""
+    kinds = tuple(kinds)
+    unknown = [k for k in kinds if k not in SOURCES]
+    if unknown:
+        raise ValueError(f"unknown candidate kind(s) {unknown}; known: {', '.join(SOURCES)}")
+    if kinds not in _cache:
+        found: dict[str, Candidate] = {}
+        for kind in kinds:
+            for cand in _from_source(kind):
+                if cand.name in found:
+                    raise ValueError(f"two candidates are named {cand.name!r} "
+                                     f"({found[cand.name].kind} and {cand.kind})")
+                found[cand.name] = cand
+        _cache[kinds] = [found[n] for n in sorted(found)]
+    return list(_cache[kinds])
+
+
+def load_errors() -> list[Any]:
+    """Variants that could not be loaded (harness.candidates.variants.LoadError), after `discover`."""
+    return list(_load_errors)
+
+
+def notes() -> list[str]:
+    """Why some source contributed nothing (its module is not present)."""
+    return list(_notes)
+
+
+def clear_cache() -> None:
+    _cache.clear()
+    _load_errors.clear()
+    _notes.clear()
+
+
+def get_candidate(name: str) -> Candidate:
+    """The candidate called `name`, among every kind including planted bugs."""
+    for cand in discover(DEFAULT_KINDS) + discover(("planted",)):
+        if cand.name == name:
+            return cand
+    raise KeyError(f"no candidate named {name!r}; known: "
+                   f"{', '.join(c.name for c in discover(DEFAULT_KINDS))}")
+
+
+def candidate_from_dir(folder: str | Path) -> Candidate:
+    """A CUDA variant built from one folder (manifest.toml + .cu): submissions."""
+    from harness.candidates.cuda_candidate import CudaVariant
+    from harness.candidates.variants import load_variant_dir
+
+    return CudaVariant.from_spec(load_variant_dir(folder))
+
+
+def unavailable_reason(candidate: Candidate) -> str | None:
+    """None when this machine can run `candidate`: CPU always, CUDA only with a GPU."""
+    if candidate.device == "cpu":
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU (none available here)"
+    return None
+
+
+def available(candidate: Candidate) -> bool:
+    return unavailable_reason(candidate) is None
+
+
+def select(candidates: Sequence[Candidate], patterns: str | Sequence[str] | None
+           ) -> list[Candidate]:
+    """Candidates whose name matches any of `patterns` (names or shell globs, or one
+    comma-separated string). None or empty selects all. ValueError when a pattern
+    matches nothing (a typo must not silently run zero candidates)."""
+    if not patterns:
+        return list(candidates)
+    if isinstance(patterns, str):
+        patterns = [p.strip() for p in patterns.split(",") if p.strip()]
+    chosen: list[Candidate] = []
+    for pat in patterns:
+        hits = [c for c in candidates if fnmatch.fnmatchcase(c.name, pat)]
+        if not hits:
+            raise ValueError(f"no candidate matches {pat!r}; known: "
+                             f"{', '.join(c.name for c in candidates) or '(none)'}")
+        chosen += [c for c in hits if c.name not in {x.name for x in chosen}]
+    return sorted(chosen, key=lambda c: c.name)

@@ -1,0 +1,225 @@
+"""What a kernel variant is, once its manifest has been read: the spec dataclasses, the
+manifest format's constants, and the values of the size-expression variables for a case.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.candidates.expr import Expr
+from harness.core.candidate import Support
+from harness.core.cases import DTYPE_SHORT, Case, MaskKind
+
+KERNELS_ROOT = Path(__file__).resolve().parents[1] / "kernels"
+HEADER_NAME = "fa_harness.h"
+MANIFEST_NAME = "manifest.toml"
+# Folders under kernels/ that are not variants.
+NOT_VARIANTS = frozenset({"include"})
+
+ALGORITHMS = frozenset({"naive_3pass", "naive_fused", "fa1", "fa2", "splitkv", "ideal"})
+WORKSPACE_DTYPES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
+MAX_WORKSPACES = 4
+MAX_HEAD_DIM = 256
+
+TOP_REQUIRED = ("name", "description", "algorithm", "sources", "min_compute_capability",
+                "supports", "launch")
+TOP_OPTIONAL = ("arch", "compile_options", "deterministic", "num_splits", "tiles", "workspace")
+SUPPORTS_REQUIRED = ("dtypes", "head_dims", "masks", "gqa", "writes_lse")
+SUPPORTS_OPTIONAL = ("masked_lse", "max_seqlen_q", "max_seqlen_k", "decode_only", "max_head_dim")
+WORKSPACE_KEYS = ("name", "dtype", "elements")
+LAUNCH_REQUIRED = ("entry", "grid", "block")
+LAUNCH_OPTIONAL = ("shared_mem",)
+
+# Compiler options a manifest may pass. A whitelist, because submissions use the same
+# format: an include path, a pre-included file or an output path must not get through.
+# Each is accepted by both NVRTC and nvcc.
+ALLOWED_OPTIONS = re.compile(
+    r"^(--use_fast_math|-use_fast_math|-lineinfo|--generate-line-info"
+    r"|--?maxrregcount=\d+"
+    r"|--?(ftz|prec-div|prec-sqrt|fmad)=(true|false)"
+    r"|--extra-device-vectorization"
+    r"|-D[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.+-]*)?)$"
+)
+ARCH_RE = re.compile(r"^sm_(\d+)(\d)([af]?)$")  # sm_90a -> (9, 0, "a"), sm_100 -> (10, 0)
+CC_RE = re.compile(r"^(\d+)\.(\d+)$")
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]*)[>"]')
+IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENTRY_RE = re.compile(r"^([A-Za-z0-9_]|\{dtype\}|\{head_dim\})+$")
+SUBMISSION_RE = re.compile(r"\A\s*/\*\s*fa-harness manifest[^\n]*\n(.*?)\*/", re.S)
+
+
+@dataclass(frozen=True)
+class LoadError:
+    """One problem with one variant: `path` is the manifest (or source) file, `where` the
+    field such as `launch[0].grid[1]` or a line such as `line 12`."""
+
+    path: str
+    where: str
+    message: str
+    variant: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.where}: {self.message}" if self.where else \
+            f"{self.path}: {self.message}"
+
+
+class VariantError(ValueError):
+    def __init__(self, error: LoadError):
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass(frozen=True)
+class WorkspaceSpec:
+    name: str
+    dtype: str
+    elements: Expr
+
+    @property
+    def itemsize(self) -> int:
+        return WORKSPACE_DTYPES[self.dtype]
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    entry: str  # may hold {dtype} and {head_dim}
+    grid: tuple[Expr, Expr, Expr]
+    block: tuple[Expr, Expr, Expr]
+    shared_mem: Expr
+
+    def entry_name(self, dtype: str, head_dim: int) -> str:
+        return self.entry.replace("{dtype}", DTYPE_SHORT[dtype]).replace("{head_dim}",
+                                                                         str(head_dim))
+
+
+@dataclass(frozen=True)
+class SupportSpec:
+    dtypes: tuple[str, ...]
+    head_dims: tuple[int, ...] | None  # None: any head dim up to max_head_dim
+    max_head_dim: int
+    masks: tuple[MaskKind, ...]
+    gqa: bool
+    writes_lse: bool
+    masked_lse: str = "-inf"
+    max_seqlen_q: int | None = None
+    max_seqlen_k: int | None = None
+    decode_only: bool = False
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """A validated manifest plus the source text it names."""
+
+    name: str
+    description: str
+    algorithm: str
+    sources: tuple[str, ...]
+    min_compute_capability: tuple[int, int]
+    arch: str
+    compile_options: tuple[str, ...]
+    deterministic: bool
+    num_splits: int | None
+    supports: SupportSpec
+    tiles: dict[str, int]
+    workspaces: tuple[WorkspaceSpec, ...]
+    launches: tuple[LaunchSpec, ...]
+    manifest_path: Path
+    source_texts: tuple[tuple[str, str], ...] = field(repr=False)  # (label, text)
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    # --- entry points -------------------------------------------------------------------
+    def expansions(self) -> list[tuple[str, int | None]]:
+        """(dtype, head_dim) pairs the entries are instantiated for; head_dim is None when
+        no entry depends on it."""
+        uses_d = any("{head_dim}" in launch.entry for launch in self.launches)
+        dims: list[int | None] = list(self.supports.head_dims or []) if uses_d else [None]
+        return [(dt, d) for dt in self.supports.dtypes for d in dims]
+
+    def entry_names(self) -> list[str]:
+        names: list[str] = []
+        for dt, d in self.expansions():
+            for launch in self.launches:
+                n = launch.entry_name(dt, d if d is not None else 0)
+                if n not in names:
+                    names.append(n)
+        return names
+
+    # --- source -------------------------------------------------------------------------
+    def full_source(self) -> str:
+        """What is compiled: the header, each source (its `#include "fa_harness.h"` line
+        blanked), then one FA_CHECK_ENTRY per entry. `#line` directives keep compiler
+        messages pointing at the original file and line. The header is inlined rather
+        than found through `-I` so that the compile caches, keyed on this text, see a
+        header change."""
+        header = header_path().read_text()
+        header = re.sub(r"^\s*#\s*pragma\s+once\s*$", "", header, flags=re.M)
+        parts = [f'#line 1 "{HEADER_NAME}"', header]
+        for label, text in self.source_texts:
+            parts.append(f'#line 1 "{label}"')
+            parts.append(_blank_header_includes(text))
+        parts.append('#line 1 "<entry point checks>"')
+        parts.extend(f"FA_CHECK_ENTRY({e});" for e in self.entry_names())
+        return "\n".join(parts) + "\n"
+
+    @property
+    def source_hash(self) -> str:
+        h = hashlib.sha256(self.full_source().encode())
+        h.update("\0".join(self.compile_options).encode())
+        return h.hexdigest()[:16]
+
+    # --- sizes --------------------------------------------------------------------------
+    def to_support(self) -> Support:
+        s = self.supports
+        return Support(
+            dtypes=frozenset(s.dtypes),
+            head_dims=frozenset(s.head_dims) if s.head_dims is not None else None,
+            masks=frozenset(s.masks),
+            gqa=s.gqa,
+            writes_lse=s.writes_lse,
+            masked_lse=s.masked_lse,  # type: ignore[arg-type]
+            deterministic=self.deterministic,
+            max_seqlen_q=s.max_seqlen_q,
+            max_seqlen_k=s.max_seqlen_k,
+            decode_only=s.decode_only,
+            min_compute_capability=self.min_compute_capability,
+        )
+
+    def workspace_bytes(self, env: Mapping[str, int]) -> int:
+        return sum(w.elements.evaluate(env) * w.itemsize for w in self.workspaces)
+
+
+def size_env(case: Case, *, num_splits: int = 1, sm_count: int = 132,
+             tiles: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Values of every expression variable for `case`."""
+    env = {
+        "batch": case.batch,
+        "heads": case.heads,
+        "kv_heads": case.kv_heads,
+        "group": case.heads // case.kv_heads,
+        "seqlen_q": case.seqlen_q,
+        "seqlen_k": case.seqlen_k,
+        "head_dim": case.head_dim,
+        "dtype_bytes": 2,
+        "num_splits": num_splits,
+        "sm_count": sm_count,
+    }
+    env.update(tiles or {})
+    return env
+
+
+def header_path() -> Path:
+    return KERNELS_ROOT / "include" / HEADER_NAME
+
+
+def _blank_header_includes(text: str) -> str:
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        m = INCLUDE_RE.match(line)
+        if m and m.group(2) == HEADER_NAME:
+            lines[i] = "// (fa_harness.h is inlined by the harness)"
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""The one interface every candidate implements: CPU algorithm models, CUDA kernel
+variants from `kernels/`, and the PyTorch SDPA peers.
+
+A candidate never allocates its own outputs: the harness hands it `out` (B, H, Nq, d) in
+the case dtype and, when the candidate declares it writes LSE, `lse` (B, H, Nq) float32,
+both poisoned beforehand, and checks afterwards that every element was written.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from harness.core.cases import Case, Inputs, MaskKind
+
+Kind = Literal["model", "cuda", "peer"]
+
+
+@dataclass(frozen=True)
+class Support:
+    """What a candidate can run. `head_dims` None means any head dim."""
+
+    dtypes: frozenset[str] = frozenset({"float16", "bfloat16"})
+    head_dims: frozenset[int] | None = None
+    masks: frozenset[MaskKind] = frozenset(MaskKind)
+    gqa: bool = True
+    writes_lse: bool = True
+    # LSE written for a fully masked row: "-inf" (FA3, flex) or "+inf" (FA2's convention).
+    masked_lse: Literal["-inf", "+inf"] = "-inf"
+    deterministic: bool = True
+    max_seqlen_q: int | None = None
+    max_seqlen_k: int | None = None
+    decode_only: bool = False  # e.g. split-KV decoding kernels that need Nq small
+    max_seqlen_q_decode: int = 64
+    min_compute_capability: tuple[int, int] = (0, 0)
+
+    def reason_unsupported(self, case: Case) -> str | None:
+        if case.dtype not in self.dtypes:
+            return f"dtype {case.dtype} not supported"
+        if self.head_dims is not None and case.head_dim not in self.head_dims:
+            return f"head_dim {case.head_dim} not supported (declares {sorted(self.head_dims)})"
+        if case.mask not in self.masks:
+            return f"mask {case.mask.value} not supported"
+        if not self.gqa and case.kv_heads != case.heads:
+            return "GQA/MQA not supported"
+        if self.max_seqlen_q is not None and case.seqlen_q > self.max_seqlen_q:
+            return f"seqlen_q {case.seqlen_q} > {self.max_seqlen_q}"
+        if self.max_seqlen_k is not None and case.seqlen_k > self.max_seqlen_k:
+            return f"seqlen_k {case.seqlen_k} > {self.max_seqlen_k}"
+        if self.decode_only and case.seqlen_q > self.max_seqlen_q_decode:
+            return f"decode kernel: seqlen_q {case.seqlen_q} > {self.max_seqlen_q_decode}"
+        return None
+
+
+@dataclass
+class Candidate(ABC):
+    name: str
+    kind: Kind
+    device: Literal["cpu", "cuda"]
+    # Key into harness.core.iomodel for the bytes this algorithm moves: "naive_3pass",
+    # "naive_fused", "fa1", "fa2", "splitkv" or "ideal" (peers whose algorithm is unknown).
+    algorithm: str = "ideal"
+    support: Support = field(default_factory=Support)
+    description: str = ""
+    # Run in a child process with a timeout (CUDA variants, submissions): a crash or hang
+    # becomes a verdict instead of taking the run down.
+    isolate: bool = False
+    # Tile sizes the IO model needs (block_q for FA2, block_k for FA1, splits for split-KV).
+    tiles: dict[str, int] = field(default_factory=dict)
+    # Manifest-declared workspace, compile resources, source hash... (CUDA variants).
+    meta: dict = field(default_factory=dict)
+
+    def supports(self, case: Case) -> str | None:
+        """None when the case can run, else the reason it is skipped."""
+        return self.support.reason_unsupported(case)
+
+    @abstractmethod
+    def run(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+        """Compute attention for `case` into the harness-owned `out` (and `lse`)."""

@@ -1,0 +1,51 @@
+"""FLOPs of the attention forward pass, counted from the visible (query, key) pairs.
+
+Each visible pair costs one dot product of length d for QK^T and one axpy of length d for
+PV: 2 * d + 2 * d = 4 * d FLOPs. Masked pairs cost nothing in an algorithm that skips
+them, so the count follows the actual mask: exact closed forms for no mask and causal
+masks (either alignment, any Nq and Nk), and a count over the mask tensor for key padding
+and arbitrary masks. For Nq = Nk causal this gives the familiar "half of 4 * N^2 * d" up to
+the diagonal (N(N+1)/2 pairs, not N^2/2).
+"""
+
+from __future__ import annotations
+
+from harness.core.cases import Case, Inputs, MaskKind
+
+
+def _clamped_prefix(n: int, cap: int) -> int:
+    """sum_{x <= n} clamp(x, 0, cap) over integers x (terms with x <= 0 are zero)."""
+    if n <= 0:
+        return 0
+    if n <= cap:
+        return n * (n + 1) // 2
+    return cap * (cap + 1) // 2 + (n - cap) * cap
+
+
+def causal_pairs(seqlen_q: int, seqlen_k: int, offset: int) -> int:
+    """Visible pairs of one (batch, head) when row i sees keys j <= i + offset:
+    sum over i of clamp(i + offset + 1, 0, Nk), in closed form."""
+    return _clamped_prefix(offset + seqlen_q, seqlen_k) - _clamped_prefix(offset, seqlen_k)
+
+
+def visible_pairs(case: Case, inputs: Inputs | None = None) -> int:
+    """Visible (query, key) pairs summed over batch and heads."""
+    bh = case.batch * case.heads
+    if case.mask is MaskKind.NONE:
+        return bh * case.seqlen_q * case.seqlen_k
+    if case.mask.is_causal:
+        return bh * causal_pairs(case.seqlen_q, case.seqlen_k, case.causal_offset)
+    if inputs is None or inputs.mask is None:
+        from harness.core.cases import make_inputs  # the mask comes from the case's seeded draw
+
+        inputs = make_inputs(case, "cpu")
+    m = inputs.mask.bool()
+    m = m.expand(case.batch, m.shape[1], case.seqlen_q, case.seqlen_k)
+    per_mask_head = int(m.sum())
+    # A (B, 1, Nq, Nk) mask applies to every head; a per-head mask is counted as is.
+    return per_mask_head * (case.heads if m.shape[1] == 1 else 1)
+
+
+def attention_flops(case: Case, inputs: Inputs | None = None) -> int:
+    """Forward FLOPs: 4 * d per visible pair."""
+    return 4 * case.head_dim * visible_pairs(case, inputs)

@@ -1,0 +1,141 @@
+"""The named case grids: smoke, full, perf, decode.
+
+Every grid is a deterministic list (same order in every process, which pytest-xdist
+needs). Inputs are drawn per case from the case id (harness.core.cases.derive_seed), so every
+combination gets its own seeded draw and the `seed` field stays 0.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from harness.core.cases import Case, MaskKind
+
+DTYPES = ("float16", "bfloat16")
+MASKS = tuple(MaskKind)
+
+# Sequence-length pairs FlashAttention's own tests sweep (odd sizes, partial tiles, Nq > Nk
+# and Nq < Nk, single-row decode-like queries), each also swapped, plus a few squares.
+ANCHOR_PAIRS = ((113, 203), (128, 217), (108, 256), (256, 512), (512, 256), (1023, 1024),
+                (1024, 1023), (1, 239), (3, 799), (127, 513))
+SQUARE_PAIRS = ((1, 1), (64, 64), (97, 97))
+MAIN_HEAD_DIMS = (64, 128)
+# Odd head dims: only candidates declaring them run these (others skip with the reason).
+ODD_HEAD_DIMS = (40, 59, 96, 111)
+# (heads, kv_heads): MHA, GQA with groups of 2 and 3, MQA.
+HEAD_CONFIGS = ((4, 4), (4, 2), (6, 2), (4, 1))
+BATCHES = (1, 2, 4)
+FULL_DRAWS_PER_COMBINATION = 2
+FULL_SAMPLER_SEED = 20240611
+# Above this many (query, key) pairs per head a full-grid case keeps batch * heads <= 8,
+# so that the CPU models finish the grid in minutes.
+FULL_BIG_PAIRS = 300_000
+
+
+def _all_pairs() -> list[tuple[int, int]]:
+    pairs: list[tuple[int, int]] = []
+    for a, b in ANCHOR_PAIRS + SQUARE_PAIRS:
+        for p in ((a, b), (b, a)):
+            if p not in pairs:
+                pairs.append(p)
+    return pairs
+
+
+def smoke() -> list[Case]:
+    """Fewer than 40 small cases, seconds on a GPU: every mask kind in both dtypes at a
+    non-square shape (113 x 203), Nq > Nk under both causal alignments (fully masked rows
+    under bottom-right), GQA and MQA, d = 128, decode-like 1 and 3 query rows, odd head dims
+    40 and 96, a key-padding batch with an empty entry, and a 256 x 256 square."""
+    cases = [Case(2, 4, 4, 113, 203, 64, dt, m) for dt in DTYPES for m in MASKS]
+    cases += [
+        Case(2, 4, 4, 203, 113, 64, "float16", MaskKind.CAUSAL_BR),
+        Case(2, 4, 4, 203, 113, 64, "bfloat16", MaskKind.CAUSAL_TL),
+        Case(1, 4, 4, 203, 113, 128, "float16", MaskKind.RANDOM),
+        Case(2, 8, 2, 128, 128, 128, "float16", MaskKind.NONE),
+        Case(1, 4, 1, 64, 97, 128, "bfloat16", MaskKind.CAUSAL_BR),
+        Case(2, 6, 2, 97, 64, 64, "float16", MaskKind.KEY_PADDING),
+        Case(1, 4, 4, 256, 256, 128, "float16", MaskKind.NONE),
+        Case(1, 4, 4, 256, 256, 128, "bfloat16", MaskKind.CAUSAL_BR),
+        Case(2, 4, 4, 256, 256, 64, "float16", MaskKind.CAUSAL_TL),
+        Case(1, 8, 2, 1, 239, 128, "float16", MaskKind.KEY_PADDING),
+        Case(2, 4, 4, 3, 799, 64, "bfloat16", MaskKind.CAUSAL_BR),
+        Case(1, 4, 4, 1, 1, 64, "float16", MaskKind.NONE),
+        Case(3, 4, 4, 128, 217, 64, "float16", MaskKind.KEY_PADDING),
+        Case(1, 4, 4, 113, 203, 40, "float16", MaskKind.NONE),
+        Case(1, 4, 2, 217, 128, 96, "bfloat16", MaskKind.CAUSAL_BR),
+    ]
+    return cases
+
+
+def full() -> list[Case]:
+    """The adversarial grid (about 190 cases), in the spirit of FlashAttention's tests.
+
+    Every sequence-length pair of ANCHOR_PAIRS (each also swapped) and SQUARE_PAIRS meets
+    every mask kind FULL_DRAWS_PER_COMBINATION times; each of those combinations draws its
+    dtype (fp16/bf16), head dim (64 and 128 half the time, else one of the odd dims 40, 59,
+    96, 111), head layout (MHA, GQA 2 and 3, MQA) and batch (1, 2, 4) from a fixed-seed
+    sampler, so the combinatorics are covered by a sampled subset instead of a product of
+    ~10^4 cases. Nq > Nk with bottom-right causal gives fully masked rows, as do key padding
+    (the last batch entry has no keys) and the random masks (every 7th row). Large pairs
+    keep batch * heads <= 8 so the CPU models finish the grid in minutes."""
+    rng = random.Random(FULL_SAMPLER_SEED)
+    dims = MAIN_HEAD_DIMS * 2 + ODD_HEAD_DIMS
+    cases: list[Case] = []
+    for _ in range(FULL_DRAWS_PER_COMBINATION):
+        for nq, nk in _all_pairs():
+            for mask in MASKS:
+                dtype = rng.choice(DTYPES)
+                d = rng.choice(dims)
+                heads, kv = rng.choice(HEAD_CONFIGS)
+                batch = rng.choice(BATCHES)
+                if nq * nk > FULL_BIG_PAIRS:
+                    batch = min(batch, 2)
+                    heads, kv = (4, kv) if kv in (1, 2, 4) else (4, 2)
+                case = Case(batch, heads, kv, nq, nk, d, dtype, mask)
+                if case not in cases:
+                    cases.append(case)
+    return cases
+
+
+PERF_TOKENS = 16384
+PERF_MODEL_DIM = 2048
+
+
+def perf() -> list[Case]:
+    """The throughput grid (48 cases), the layout of FlashAttention's benchmarks and of the
+    peer baseline: B * N = 16384 tokens, heads = 2048 / d, N = 512 ... 16384 (powers of
+    two), d in {64, 128}, causal (bottom-right; Nq = Nk so both alignments agree) or not,
+    fp16 and bf16."""
+    cases = []
+    for dtype in DTYPES:
+        for d in MAIN_HEAD_DIMS:
+            heads = PERF_MODEL_DIM // d
+            for n in (512, 1024, 2048, 4096, 8192, 16384):
+                for mask in (MaskKind.NONE, MaskKind.CAUSAL_BR):
+                    cases.append(Case(PERF_TOKENS // n, heads, heads, n, n, d, dtype, mask))
+    return cases
+
+
+DECODE_SEQLENS_K = (1024, 8192, 32768, 65536, 131072)
+
+
+def decode() -> list[Case]:
+    """The decoding grid (20 cases): one query row (Nq = 1), batch 1, 32 query heads with 8
+    (GQA) or 32 (MHA) K/V heads, d = 128, Nk in {1k, 8k, 32k, 64k, 128k}, fp16 and bf16:
+    bandwidth-bound reads of the KV cache, where split-KV matters."""
+    return [Case(1, 32, kv, 1, nk, 128, dtype, MaskKind.NONE)
+            for dtype in DTYPES for kv in (8, 32) for nk in DECODE_SEQLENS_K]
+
+
+GRIDS: dict[str, Callable[[], list[Case]]] = {
+    "smoke": smoke, "full": full, "perf": perf, "decode": decode,
+}
+
+
+def get_grid(name: str) -> list[Case]:
+    """The cases of grid `name`; ValueError naming the known grids otherwise."""
+    try:
+        return GRIDS[name]()
+    except KeyError:
+        raise ValueError(f"unknown grid {name!r}; known: {', '.join(GRIDS)}") from None

@@ -1,0 +1,216 @@
+"""How many HBM bytes each attention algorithm moves, and what that allows on a roofline.
+
+The formulas follow the derivation the project grew from (naive attention with its N x N
+intermediates, FlashAttention's tiling, FA1 vs FA2 loop order, split-KV):
+
+- naive_3pass: S = QK^T written, softmax reads S three times (max, sum, normalise) and
+  writes P, PV reads P: Q, K, V, O once plus 6 * Nq * Nk score elements.
+- naive_fused: the same with a one-pass softmax (S read once): 4 * Nq * Nk.
+- fa1 (outer loop over K/V blocks of B_k keys): K and V read once; O, l, m initialised in
+  HBM, then for every K/V block, Q, O, m and l are read back and O, m, l written again.
+- fa2 (outer loop over Q blocks of B_q rows): Q read once, K and V read once per Q block
+  (ceil(Nq / B_q) times), O and LSE written once.
+- splitkv: FA2 with the keys split over `splits` programs: each split reads its Q block
+  and writes a float32 partial O and partial LSE; a combine reads them back and writes O
+  and LSE. One split is plain FA2.
+- ideal: Q, K, V, O once (K/V once per K/V head): the floor no exact algorithm beats.
+
+Scores S and P are stored at `tiles["score_bytes"]` bytes per element (default: the input
+element size, as in the worked example); O, Q, K, V at the input element size; LSE, m, l
+and split partials in float32. For causal masks, FA1/FA2/split-KV skip whole tiles that
+lie above the diagonal (K/V rows are counted up to the last visible key of each Q block,
+rounded up to B_k; FA1 skips Q blocks that see no key of a K/V block). Key padding and
+arbitrary masks are not modelled (every tile is assumed loaded). For GQA, every query
+head reads its K/V head's blocks itself (no sharing across the group) except in `ideal`.
+
+Everything is per (batch, head) and summed: `hbm_bytes(algorithm, case, tiles)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.core.cases import Case
+
+F32 = 4
+ALGORITHMS = ("naive_3pass", "naive_fused", "fa1", "fa2", "splitkv", "ideal")
+DEFAULT_BLOCK_Q = 64
+DEFAULT_BLOCK_K = 64
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Datasheet ceilings: dense fp16/bf16 tensor-core TFLOP/s and HBM TB/s."""
+
+    name: str
+    tflops_fp16: float
+    hbm_tbps: float
+
+    @property
+    def ridge(self) -> float:
+        """FLOP/byte where the roofline turns from bandwidth- to compute-bound."""
+        return self.tflops_fp16 / self.hbm_tbps
+
+
+GPU_SPECS: dict[str, GpuSpec] = {
+    s.name: s for s in (
+        GpuSpec("h100-sxm", 989.0, 3.35),
+        GpuSpec("h200", 989.0, 4.8),
+        GpuSpec("a100-80gb-sxm", 312.0, 2.039),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Ceilings measured on a runner (harness.measure.calibrate): device copy bandwidth (read +
+    write bytes per second, in GB/s) and large fp16 matmul throughput (TFLOP/s)."""
+
+    copy_gbps: float
+    matmul_tflops: float
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Ceilings:
+        try:
+            return cls(float(d["copy_gbps"]), float(d["matmul_tflops"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"calibration needs numeric copy_gbps and matmul_tflops: {e}") from e
+
+    def as_spec(self, name: str = "measured") -> GpuSpec:
+        return GpuSpec(name, self.matmul_tflops, self.copy_gbps / 1000.0)
+
+
+def _elem(case: Case) -> int:
+    return case.torch_dtype.itemsize
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _tile(tiles: dict | None, key: str, default: int) -> int:
+    value = int((tiles or {}).get(key, default))
+    if value < 1:
+        raise ValueError(f"tile {key} must be >= 1, got {value}")
+    return value
+
+
+def _causal_offset(case: Case) -> int | None:
+    return case.causal_offset if case.mask.is_causal else None
+
+
+def _kv_rows_per_q_block(case: Case, block_q: int, block_k: int) -> int:
+    """K (or V) rows one (b, h) loads over all its Q blocks: every key for a non-causal
+    case; for causal, up to the last visible key of the block, rounded up to B_k."""
+    nq, nk = case.seqlen_q, case.seqlen_k
+    offset = _causal_offset(case)
+    total = 0
+    for r0 in range(0, nq, block_q):
+        r1 = min(r0 + block_q, nq)
+        end = nk if offset is None else max(0, min(nk, r1 + offset))
+        total += min(nk, _ceil_div(end, block_k) * block_k)
+    return total
+
+
+def _fa1_q_rows_per_kv_block(case: Case, block_q: int, block_k: int) -> int:
+    """Q rows re-visited over all K/V blocks: every Q block for each K/V block; for causal,
+    only Q blocks with some row that sees a key of the K/V block."""
+    nq, nk = case.seqlen_q, case.seqlen_k
+    offset = _causal_offset(case)
+    total = 0
+    for c0 in range(0, nk, block_k):
+        if offset is None:
+            total += nq
+            continue
+        first_row = max(0, c0 - offset)  # the first row i with c0 <= i + offset
+        if first_row >= nq:
+            continue
+        total += nq - (first_row // block_q) * block_q
+    return total
+
+
+def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict[str, int]:
+    """Bytes per term ("read Q", "write S", ...), summed over batch and heads."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
+    e = _elem(case)
+    nq, nk, d = case.seqlen_q, case.seqlen_k, case.head_dim
+    bh, bhkv = case.batch * case.heads, case.batch * case.kv_heads
+    q_bytes, o_bytes = nq * d * e, nq * d * e
+    kv_bytes = nk * d * e
+    terms: dict[str, int] = {}
+    if algorithm in ("naive_3pass", "naive_fused"):
+        sb = _tile(tiles, "score_bytes", e)
+        score = nq * nk * sb
+        terms = {"read Q": q_bytes, "read K": kv_bytes, "write S": score,
+                 "read S": (3 if algorithm == "naive_3pass" else 1) * score,
+                 "write P": score, "read P": score, "read V": kv_bytes, "write O": o_bytes}
+        return {k: bh * v for k, v in terms.items()}
+    if algorithm == "ideal":
+        return {"read Q": bh * q_bytes, "read K": bhkv * kv_bytes, "read V": bhkv * kv_bytes,
+                "write O": bh * o_bytes}
+    bq = _tile(tiles, "block_q", DEFAULT_BLOCK_Q)
+    bk = _tile(tiles, "block_k", DEFAULT_BLOCK_K)
+    if algorithm == "fa1":
+        q_rows = _fa1_q_rows_per_kv_block(case, bq, bk)
+        # O lives in HBM between outer iterations (in float32 when acc_bytes = 4, as FA1's
+        # own code kept it); a final pass reads it with m and l, writes O in the input
+        # dtype and the LSE.
+        acc = _tile(tiles, "acc_bytes", e)
+        terms = {
+            "read K": kv_bytes, "read V": kv_bytes,
+            # initialisation, once per visit, then the final O in the input dtype
+            "write O": nq * d * acc + q_rows * d * acc + o_bytes,
+            "write m,l": 2 * nq * F32 + q_rows * 2 * F32,
+            "read Q": q_rows * d * e, "read O": q_rows * d * acc + nq * d * acc,
+            "read m,l": q_rows * 2 * F32 + 2 * nq * F32,
+            "write LSE": nq * F32,
+        }
+        return {k: bh * v for k, v in terms.items()}
+    kv_rows = _kv_rows_per_q_block(case, bq, bk)
+    terms = {"read Q": q_bytes, "read K": kv_rows * d * e, "read V": kv_rows * d * e,
+             "write O": o_bytes, "write LSE": nq * F32}
+    if algorithm == "splitkv":
+        splits = _tile(tiles, "splits", 1)
+        if splits > 1:
+            terms["read Q"] = splits * q_bytes
+            partial = splits * nq * (d + 1) * F32  # partial O and partial LSE, float32
+            terms["write partials"] = partial
+            terms["read partials"] = partial
+    return {k: bh * v for k, v in terms.items()}
+
+
+def hbm_bytes(algorithm: str, case: Case, tiles: dict | None = None) -> int:
+    """Total HBM bytes `algorithm` moves for `case` with the given tile sizes."""
+    return sum(hbm_breakdown(algorithm, case, tiles).values())
+
+
+def ideal_bytes(case: Case) -> int:
+    return hbm_bytes("ideal", case)
+
+
+def arithmetic_intensity(flops: int | float, nbytes: int | float) -> float:
+    """FLOP per byte of HBM traffic."""
+    return float(flops) / float(nbytes) if nbytes else float("inf")
+
+
+def roofline_tflops(intensity: float, spec: GpuSpec | Ceilings) -> float:
+    """Attainable TFLOP/s at `intensity`: min(peak compute, intensity x bandwidth)."""
+    if isinstance(spec, Ceilings):
+        spec = spec.as_spec()
+    return min(spec.tflops_fp16, intensity * spec.hbm_tbps)
+
+
+def roofline_floor_ms(flops: int | float, nbytes: int | float, spec: GpuSpec | Ceilings) -> float:
+    """The least time any kernel needs to do `flops` and move `nbytes` on `spec`
+    (ms). Measurements below this floor are physically impossible (status invalid)."""
+    if isinstance(spec, Ceilings):
+        spec = spec.as_spec()
+    return max(flops / (spec.tflops_fp16 * 1e12), nbytes / (spec.hbm_tbps * 1e12)) * 1e3
+
+
+def get_gpu(name: str) -> GpuSpec:
+    try:
+        return GPU_SPECS[name]
+    except KeyError:
+        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(GPU_SPECS)}") from None

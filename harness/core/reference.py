@@ -1,0 +1,201 @@
+"""The attention oracle (float64) and the same-precision naive implementation.
+
+`attention_ref` is what every candidate is checked against: plain softmax attention in
+float64 on the inputs' device. `attention_naive` is the yardstick of the tolerance rule:
+the error a straightforward implementation in the input dtype makes against the oracle
+(see harness.core.tolerance). Both work on blocks of query rows so that the (rows, Nk) score
+matrix never outgrows a byte budget: N = 16384 at d = 128 stays within a few GB.
+
+Conventions (shared by every candidate):
+- layout (B, H, N, d); K/V may have fewer heads (GQA/MQA): query head h reads K/V head
+  h // (H // Hkv);
+- causal "bottom_right" (FlashAttention): query i sees keys j <= i + Nk - Nq;
+  causal "top_left" (PyTorch is_causal): j <= i;
+- `mask` is boolean, broadcastable to (B, H, Nq, Nk), True = may attend;
+- a fully masked row gives out = 0 exactly and lse = -inf.
+
+Nothing optimized imports this module for computation: it is meant to be read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from harness.core.cases import Case, Inputs, MaskKind
+
+# Bytes the per-block working set may use. The float64 oracle keeps about three
+# (B, H, rows, Nk) float64 tensors alive at once (scores, probabilities, their exp), plus
+# a boolean mask; 512 MiB keeps the N = 16384, d = 128 perf case to a few dozen rows per
+# block while leaving the full inputs (upcast once) as the dominant cost.
+REF_BUDGET_BYTES = 512 * 2**20
+# Live tensors of one block, counted in float64 elements per (b, h, row, key).
+_LIVE_PER_SCORE = 3
+_ALIGNS = ("bottom_right", "top_left")
+
+
+def block_rows_for(batch: int, heads: int, seqlen_k: int, *, elem_bytes: int = 8,
+                   budget_bytes: int = REF_BUDGET_BYTES) -> int:
+    """Query rows per block so that the block's score-sized tensors fit the budget."""
+    per_row = batch * heads * seqlen_k * (elem_bytes * _LIVE_PER_SCORE + 1)
+    return max(1, budget_bytes // max(per_row, 1))
+
+
+def block_working_set_bytes(batch: int, heads: int, seqlen_k: int, rows: int, *,
+                            elem_bytes: int = 8) -> int:
+    """Bytes the score-sized tensors of one block of `rows` query rows occupy."""
+    return batch * heads * seqlen_k * rows * (elem_bytes * _LIVE_PER_SCORE + 1)
+
+
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int]:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k, v must be 4-D (batch, heads, seq, head_dim)")
+    b, h, _, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    if k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k {tuple(k.shape)} does not match q {tuple(q.shape)}")
+    hkv = k.shape[1]
+    if h % hkv:
+        raise ValueError(f"q heads ({h}) must be divisible by k/v heads ({hkv})")
+    return h, hkv, h // hkv
+
+
+def _block_visibility(rows: slice, nq: int, nk: int, causal: bool, causal_align: str,
+                      mask: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """Boolean visibility of one row block, shaped (B|1, H|1, rows, Nk) or None if all."""
+    vis = None
+    if causal:
+        offset = nk - nq if causal_align == "bottom_right" else 0
+        i = torch.arange(rows.start, rows.stop, device=device)[:, None]
+        j = torch.arange(nk, device=device)[None, :]
+        vis = (j <= i + offset)[None, None]
+    if mask is not None:
+        m = mask.to(device=device, dtype=torch.bool)
+        while m.dim() < 4:
+            m = m.unsqueeze(0)
+        m = m[:, :, rows, :] if m.shape[2] != 1 else m
+        vis = m if vis is None else (vis & m)
+    return vis
+
+
+def _grouped(t: torch.Tensor, hkv: int, group: int, rows: int) -> torch.Tensor:
+    """(B|1, H|1, rows, X) -> (B|1, Hkv|1, G * rows, X): the rows of the G query heads that
+    share a K/V head are stacked, so one plain matmul per K/V head serves the whole group
+    (K and V are never expanded to H heads, which would copy them G times)."""
+    if t.shape[1] == 1:  # the same for every head (a mask): repeat the rows per group
+        t = t.expand(t.shape[0], 1, rows, t.shape[3]) if t.shape[2] == 1 else t
+        return t.repeat(1, 1, group, 1) if group > 1 else t
+    return t.reshape(t.shape[0], hkv, group * t.shape[2], t.shape[3])
+
+
+def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                       causal_align: str, mask: torch.Tensor | None, scale: float | None,
+                       block_rows: int | None, elem_bytes: int,
+                       block_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+                       out_dtype: torch.dtype, lse_dtype: torch.dtype,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    if causal_align not in _ALIGNS:
+        raise ValueError(f"causal_align must be one of {_ALIGNS}, got {causal_align!r}")
+    h, hkv, group = _check_shapes(q, k, v)
+    b, _, nq, d = q.shape
+    nk = k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    rows = block_rows or block_rows_for(b, h, nk, elem_bytes=elem_bytes)
+    out = torch.empty((b, h, nq, d), dtype=out_dtype, device=q.device)
+    lse = torch.empty((b, h, nq), dtype=lse_dtype, device=q.device)
+    for r0 in range(0, nq, rows):
+        r = slice(r0, min(r0 + rows, nq))
+        n = r.stop - r.start
+        qg = _grouped(q[:, :, r], hkv, group, n)  # (B, Hkv, G * rows, d)
+        vis = _block_visibility(r, nq, nk, causal, causal_align, mask, q.device)
+        vis = None if vis is None else _grouped(vis, hkv, group, n)
+        o_blk, lse_blk = block_fn(qg, k, v, vis, scale)
+        out[:, :, r] = o_blk.reshape(b, h, n, d)
+        lse[:, :, r] = lse_blk.reshape(b, h, n)
+    return out, lse
+
+
+def _ref_block(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor,
+               vis: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    s = (qg @ kg.transpose(-1, -2)) * scale  # inputs are float64 already
+    if vis is not None:
+        s = s.masked_fill(~vis, -math.inf)
+    m = s.amax(dim=-1, keepdim=True)
+    # -inf guard: a fully masked row has m = -inf and exp(-inf - (-inf)) would be NaN;
+    # subtracting 0 instead leaves every exp at exactly 0, so the row sum is 0 below.
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.exp(s - m)
+    denom = p.sum(dim=-1, keepdim=True)
+    o = (p @ vg) / torch.where(denom > 0, denom, torch.ones_like(denom))
+    lse = (m + torch.log(denom)).squeeze(-1)  # log(0) = -inf for fully masked rows
+    return o, lse
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                  causal_align: str = "bottom_right", mask: torch.Tensor | None = None,
+                  scale: float | None = None, block_rows: int | None = None,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 attention on the inputs' device: (out (B, H, Nq, d), lse (B, H, Nq)), both
+    float64. Fully masked rows: out 0, lse -inf. `block_rows` overrides the budget."""
+    # Upcast once (not per block): per-block conversions of K/V would dominate at large N.
+    q, k, v = q.double(), k.double(), v.double()
+    return _blocked_attention(q, k, v, causal=causal, causal_align=causal_align, mask=mask,
+                              scale=scale, block_rows=block_rows, elem_bytes=8,
+                              block_fn=_ref_block, out_dtype=torch.float64,
+                              lse_dtype=torch.float64)
+
+
+def _naive_block(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor,
+                 vis: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    # What a careful eager implementation does in the input dtype: QK^T in the dtype,
+    # scale and softmax in float32, P cast back to the dtype, PV in the dtype. A matmul "in
+    # the dtype" is float32 accumulation rounded to the dtype (what GPU matmuls do); it is
+    # written out that way so that CPU and GPU agree and the CPU, whose half-precision
+    # matmuls are slow, stays fast. Products of fp16/bf16 values are exact in float32.
+    dt = qg.dtype
+    s = (qg.float() @ kg.float().transpose(-1, -2)).to(dt).float() * scale
+    if vis is not None:
+        s = s.masked_fill(~vis, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)  # -inf on fully masked rows
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.exp(s - m)
+    denom = p.sum(dim=-1, keepdim=True)
+    p = (p / torch.where(denom > 0, denom, torch.ones_like(denom))).to(dt)
+    return (p.float() @ vg.float()).to(dt), lse
+
+
+def attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                    causal_align: str = "bottom_right", mask: torch.Tensor | None = None,
+                    scale: float | None = None, block_rows: int | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same-precision naive attention: (out in the input dtype, lse float32). Same
+    conventions as `attention_ref`, fully masked rows 0 (and lse -inf)."""
+    return _blocked_attention(q, k, v, causal=causal, causal_align=causal_align, mask=mask,
+                              scale=scale, block_rows=block_rows, elem_bytes=4,
+                              block_fn=_naive_block, out_dtype=q.dtype,
+                              lse_dtype=torch.float32)
+
+
+def case_flags(case: Case, inputs: Inputs) -> dict:
+    """Keyword flags of `attention_ref`/`attention_naive` that express a case's mask."""
+    if case.mask is MaskKind.CAUSAL_BR:
+        return {"causal": True, "causal_align": "bottom_right", "mask": None}
+    if case.mask is MaskKind.CAUSAL_TL:
+        return {"causal": True, "causal_align": "top_left", "mask": None}
+    if case.mask in (MaskKind.KEY_PADDING, MaskKind.RANDOM):
+        if inputs.mask is None:
+            raise ValueError(f"case {case.id} needs inputs.mask for mask kind {case.mask.value}")
+        return {"causal": False, "mask": inputs.mask}
+    return {"causal": False, "mask": None}
+
+
+def reference_for_case(case: Case, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    return attention_ref(inputs.q, inputs.k, inputs.v, **case_flags(case, inputs))
+
+
+def naive_for_case(case: Case, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    return attention_naive(inputs.q, inputs.k, inputs.v, **case_flags(case, inputs))

@@ -1,0 +1,96 @@
+"""Roofline: arithmetic intensity vs achieved TFLOP/s of one run, under the ceilings its
+runner measured at calibration (copy bandwidth, dense matmul throughput)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from harness.dashboard import charts, ui
+from harness.dashboard.data import Ctx
+
+BYTES = {"model": "IO model bytes (bytes_model)", "measured": "measured DRAM bytes (Nsight)"}
+
+
+def pick_run(ctx: Ctx, gpu: str | None) -> int | None:
+    """The run named by `run=` (checked), else a picker over recent runs on `gpu`."""
+    runs = ctx.q("runs_list", gpu, 300)
+    token = ui.param("run")
+    wanted = ctx.q("resolve_run", token, gpu) if token else None
+    if token and wanted is None:
+        st.error(f"`run={token}`: no such run in this database.")
+    if runs.empty:
+        return wanted
+    labels = {int(r["id"]): ui.run_label(r) for _, r in runs.iterrows()}
+    if wanted is not None and wanted not in labels:
+        row = ctx.q("run_detail", wanted)
+        labels = {wanted: ui.run_label(row), **labels}
+    ids = list(labels)
+    index = ids.index(wanted) if wanted in labels else 0
+    run_id = st.selectbox("Run", ids, index=index, format_func=labels.get)
+    ui.set_params(run=run_id)
+    return run_id
+
+
+def pick_gpu_and_run(ctx: Ctx) -> tuple[str | None, int | None]:
+    """The GPU picker and, next to it, `pick_run` over that GPU's runs."""
+    gpus = ctx.q("gpus")
+    c1, c2 = st.columns([1, 1])
+    with c1:
+        gpu = ui.pick("GPU", gpus, "gpu") if gpus else None
+    with c2:
+        run_id = pick_run(ctx, gpu)
+    return gpu, run_id
+
+
+def ceilings(calibration: dict | None) -> tuple[float | None, dict[str, float]]:
+    cal = calibration or {}
+    bw = cal.get("copy_gbps")
+    peaks = {label: float(cal[key]) for label, key in
+             (("fp16 matmul", "matmul_tflops_fp16"), ("bf16 matmul", "matmul_tflops_bf16"))
+             if isinstance(cal.get(key), (int, float))}
+    return (float(bw) if isinstance(bw, (int, float)) else None), peaks
+
+
+def render(ctx: Ctx) -> None:
+    st.title("Roofline")
+    _gpu, run_id = pick_gpu_and_run(ctx)
+    if run_id is None:
+        st.info("No runs on this GPU.")
+        return
+    detail = ctx.q("run_detail", run_id)
+    res = ctx.q("run_results", run_id)
+    has_measured = bool(res["bytes_read"].notna().any()) if len(res) else False
+    source = st.radio("Bytes", list(BYTES), format_func=BYTES.__getitem__, horizontal=True,
+                      index=0, disabled=not has_measured)
+    if source == "measured":
+        nbytes = res["bytes_read"].astype("float64") + res["bytes_write"].fillna(0)
+    else:
+        nbytes = res["bytes_model"].astype("float64")
+    pts = res.assign(bytes=nbytes)
+    pts = pts[(pts["status"] == "passed") & pts["tflops"].gt(0) & pts["bytes"].gt(0)
+              & pts["flops"].notna()]
+    if pts.empty:
+        st.info("This run has no passing result with FLOPs, bytes and timing.")
+        return
+    pts = pts.assign(intensity=pts["flops"].astype("float64") / pts["bytes"])
+    bw, peaks = ceilings(detail.get("calibration"))
+    if not bw and not peaks:
+        st.caption("This run recorded no calibration, so no ceilings are drawn.")
+    title = f"run #{run_id} {ui.short(detail.get('commit'))} on {detail.get('gpu_name')}"
+    st.altair_chart(charts.roofline_chart(pts[["intensity", "tflops", "variant", "case_id"]],
+                                          bw, peaks, title), width="stretch")
+    if bw or peaks:
+        peak = max(peaks.values()) if peaks else np.inf
+        roof = np.minimum(peak, pts["intensity"] * (bw or np.inf) / 1000.0)
+        pts = pts.assign(of_roof=pts["tflops"] / roof)
+        summary = (pts.groupby("variant")
+                   .agg(cases=("case_id", "size"), best_tflops=("tflops", "max"),
+                        median_of_roof=("of_roof", "median"), best_of_roof=("of_roof", "max"))
+                   .sort_values("best_tflops", ascending=False))
+        st.caption(f"Ceilings: copy {bw or '-'} GB/s, "
+                   + ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in peaks.items()))
+        st.dataframe(summary.round(3))
+    else:
+        st.dataframe(pd.DataFrame(pts.groupby("variant")["tflops"].max()).round(1))

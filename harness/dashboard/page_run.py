@@ -1,0 +1,93 @@
+"""Run: one run's environment, compile resources, failures with their messages, verdicts."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlencode
+
+import pandas as pd
+import streamlit as st
+
+from harness.dashboard import ui
+from harness.dashboard.data import Ctx
+from harness.dashboard.queries import FLAGGED
+
+ENV_FIELDS = ("commit", "parent_commit", "branch", "created_at", "source", "gpu_name",
+              "gpu_uuid", "gpu_model_key", "driver", "cuda", "torch", "cupy", "python",
+              "hostname", "schema_version", "uuid", "record_sha256")
+
+
+def render(ctx: Ctx) -> None:
+    st.title("Run")
+    token = ui.param("run")
+    if token is not None:
+        run_id = ctx.q("resolve_run", token, None)
+        if run_id is None:
+            st.error(f"Run `{token}` does not exist in this database (it takes a run id or "
+                     "a commit). Pick one of the recent runs below.")
+    else:
+        run_id = None
+    if run_id is None:
+        runs = ctx.q("runs_list", None, 300)
+        if runs.empty:
+            st.info("No runs recorded.")
+            return
+        labels = {int(r["id"]): ui.run_label(r) for _, r in runs.iterrows()}
+        run_id = st.selectbox("Run", list(labels), format_func=labels.get)
+        if token is None:
+            ui.set_params(run=run_id)
+    detail = ctx.q("run_detail", run_id)
+    if detail is None:  # deleted between the lookup and now
+        st.error(f"Run {run_id} does not exist in this database.")
+        return
+    st.subheader(f"#{run_id} · {ui.short(detail['commit'])} · {detail.get('gpu_name') or '?'}")
+
+    res_counts = ctx.q("status_counts", (run_id,))
+    counts = dict(zip(res_counts["status"], res_counts["n"], strict=True))
+    cols = st.columns(4)
+    cols[0].metric("results", int(sum(counts.values())))
+    cols[1].metric("passed", int(counts.get("passed", 0)))
+    cols[2].metric("skipped", int(counts.get("skipped", 0)))
+    cols[3].metric("not passed", int(sum(v for k, v in counts.items()
+                                         if k not in ("passed", "skipped"))))
+
+    st.markdown("#### Environment")
+    env = pd.DataFrame({"field": list(ENV_FIELDS),
+                        "value": [str(detail.get(f)) if detail.get(f) is not None else "-"
+                                  for f in ENV_FIELDS]})
+    st.dataframe(env, hide_index=True)
+    for field in ("clocks", "calibration", "grids", "env"):
+        if detail.get(field):
+            with st.expander(field):
+                st.code(json.dumps(detail[field], indent=2, sort_keys=True, default=str),
+                        language="json")
+
+    st.markdown("#### Compile resources")
+    res = ctx.q("compile_resources", run_id)
+    res = res[res[["registers", "spills", "shared_bytes"]].notna().any(axis=1)]
+    if res.empty:
+        st.caption("No compile report in this run (no CUDA variant, or none compiled).")
+    else:
+        st.dataframe(res, hide_index=True)
+
+    st.markdown("#### Failures")
+    fails = ctx.q("run_failures", run_id)
+    if fails.empty:
+        st.success("No failed, crashed, timed-out, erroneous or invalid result.")
+    else:
+        st.error(f"{len(fails)} result(s) did not pass.")
+        st.dataframe(fails, hide_index=True)
+
+    comps = ctx.q("run_comparisons", run_id)
+    if len(comps):
+        st.markdown("#### Verdicts against the baseline")
+        base = comps["base_run_id"].dropna()
+        if len(base):
+            b = int(base.mode().iloc[0])
+            query = urlencode({"page": "compare", "base": b, "new": run_id,
+                               "gpu": detail.get("gpu_model_key") or ""})
+            st.markdown(f"Baseline: [run #{b}]({ui.run_href(b)}) · [compare](./?{query})")
+        st.dataframe(comps["verdict"].value_counts().rename("count"))
+        flagged = comps[comps["verdict"].isin(FLAGGED)]
+        if len(flagged):
+            st.dataframe(flagged, hide_index=True)

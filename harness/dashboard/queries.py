@@ -1,0 +1,303 @@
+"""Every database read the dashboard makes, as plain functions of an Engine.
+
+The results table grows by (variants x cases) rows per run and per GPU, a million rows is
+a normal history, so every query here is shaped to touch a bounded number of rows through
+an index, and aggregates in SQL:
+  - per-run views (Compare, Roofline, Correctness, Run) read one run via ix_results_run;
+  - the History series reads one (variant, case) via ix_results_variant_case;
+  - Overview reads only the latest run per (GPU, branch), found in the small runs table;
+  - regression flags come from the comparisons table through ix_comparisons_verdict,
+    since flagged verdicts are the rare ones.
+No function loads all results. Functions return pandas DataFrames (or small dicts) so the
+Streamlit layer can cache them; nothing here imports Streamlit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import Engine, Select, and_, case, distinct, func, inspect, select
+
+from harness.dashboard.schema import CaseRow, Comparison, Result, Run, Submission, Variant
+from harness.submissions.ranking import COLUMNS, leaderboard_rows
+
+# Verdicts that mean "something got worse" (flagged in red everywhere).
+FLAGGED = ("regression", "correctness_regression", "precision_drift")
+GOOD = ("improvement", "correctness_fixed")
+NOT_OK = ("failed", "crashed", "timeout", "error", "invalid")
+
+
+# Flagged verdicts are a few per thousand, but SQLite's planner, given only per-index
+# averages by ANALYZE (not per-value counts), prices `verdict IN (...)` as a sixth of the
+# table and scans. Naming the index keeps these lookups on it; PostgreSQL's per-value
+# statistics choose it by themselves.
+_BY_VERDICT = "INDEXED BY ix_comparisons_verdict"
+
+
+def _frame(engine: Engine, stmt: Select[Any]) -> pd.DataFrame:
+    with engine.connect() as conn:
+        res = conn.execute(stmt)
+        return pd.DataFrame(res.fetchall(), columns=list(res.keys()))
+
+
+# --- catalogue: small tables -------------------------------------------------------------
+
+
+def summary(engine: Engine) -> dict[str, Any]:
+    with engine.connect() as conn:
+        row = conn.execute(
+            select(func.count(Run.id), func.min(Run.created_at), func.max(Run.created_at))
+        ).one()
+        variants = conn.execute(select(func.count(distinct(Variant.name)))).scalar_one()
+        cases = conn.execute(select(func.count(CaseRow.id))).scalar_one()
+        gpus = conn.execute(select(func.count(distinct(Run.gpu_model_key)))).scalar_one()
+    return {"runs": int(row[0]), "first": row[1], "last": row[2], "variants": int(variants),
+            "cases": int(cases), "gpus": int(gpus)}
+
+
+def gpus(engine: Engine) -> list[str]:
+    stmt = select(Run.gpu_model_key).distinct().where(Run.gpu_model_key.is_not(None))
+    with engine.connect() as conn:
+        return sorted(conn.execute(stmt).scalars())
+
+
+def branches(engine: Engine) -> list[str]:
+    stmt = select(Run.branch).distinct().where(Run.branch.is_not(None))
+    with engine.connect() as conn:
+        return sorted(conn.execute(stmt).scalars())
+
+
+def variant_names(engine: Engine) -> list[str]:
+    with engine.connect() as conn:
+        return sorted(conn.execute(select(Variant.name).distinct()).scalars())
+
+
+def case_ids(engine: Engine) -> list[str]:
+    with engine.connect() as conn:
+        return list(conn.execute(select(CaseRow.case_id).order_by(CaseRow.case_id)).scalars())
+
+
+def runs_list(engine: Engine, gpu: str | None = None, limit: int = 500) -> pd.DataFrame:
+    """The most recent runs (newest first), optionally on one GPU model."""
+    stmt = select(Run.id, Run.commit, Run.branch, Run.created_at, Run.gpu_model_key,
+                  Run.gpu_name, Run.source)
+    if gpu:
+        stmt = stmt.where(Run.gpu_model_key == gpu)
+    return _frame(engine, stmt.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit))
+
+
+def resolve_run(engine: Engine, token: str, gpu: str | None = None) -> int | None:
+    """A run from a deep-link value: a run id, or a commit (prefix) on `gpu` (newest run)."""
+    token = token.strip()
+    if not token:
+        return None
+    with engine.connect() as conn:
+        if token.isdigit():
+            found = conn.execute(select(Run.id).where(Run.id == int(token))).scalar()
+            if found is not None:
+                return int(found)
+        if len(token) < 4 or any(c not in "0123456789abcdefABCDEF" for c in token):
+            return None
+        stmt = select(Run.id).where(Run.commit.like(token.lower() + "%"))
+        if gpu:
+            stmt = stmt.where(Run.gpu_model_key == gpu)
+        found = conn.execute(stmt.order_by(Run.created_at.desc(), Run.id.desc()).limit(1)).scalar()
+        return None if found is None else int(found)
+
+
+# --- overview ----------------------------------------------------------------------------
+
+
+def latest_runs(engine: Engine) -> pd.DataFrame:
+    """The newest run of every (GPU model, branch)."""
+    rn = func.row_number().over(
+        partition_by=(Run.gpu_model_key, Run.branch),
+        order_by=(Run.created_at.desc(), Run.id.desc()),
+    ).label("rn")
+    sub = select(Run.id, Run.commit, Run.branch, Run.gpu_model_key, Run.gpu_name,
+                 Run.created_at, Run.source, rn).subquery()
+    stmt = (select(sub.c.id, sub.c.commit, sub.c.branch, sub.c.gpu_model_key, sub.c.gpu_name,
+                   sub.c.created_at, sub.c.source)
+            .where(sub.c.rn == 1).order_by(sub.c.gpu_model_key, sub.c.branch))
+    return _frame(engine, stmt)
+
+
+def status_counts(engine: Engine, run_ids: Sequence[int]) -> pd.DataFrame:
+    """run_id x status -> count, for a few runs."""
+    if not run_ids:
+        return pd.DataFrame(columns=["run_id", "status", "n"])
+    stmt = (select(Result.run_id, Result.status, func.count().label("n"))
+            .where(Result.run_id.in_(list(run_ids)))
+            .group_by(Result.run_id, Result.status))
+    return _frame(engine, stmt)
+
+
+def flagged_in_runs(engine: Engine, run_ids: Sequence[int]) -> pd.DataFrame:
+    """Regression-type verdicts recorded for these runs."""
+    if not run_ids:
+        return pd.DataFrame(columns=["run_id", "base_run_id", "variant", "case_id", "verdict",
+                                     "ratio", "p_value"])
+    stmt = (select(Comparison.run_id, Comparison.base_run_id, Comparison.variant,
+                   Comparison.case_id, Comparison.verdict, Comparison.ratio, Comparison.p_value)
+            .where(Comparison.run_id.in_(list(run_ids)), Comparison.verdict.in_(FLAGGED))
+            .order_by(Comparison.run_id, Comparison.variant, Comparison.case_id))
+    return _frame(engine, stmt)
+
+
+def recent_flags(engine: Engine, limit: int = 50) -> pd.DataFrame:
+    """The newest regression-type verdicts anywhere in the history."""
+    # Pick the few newest flagged rows first, then join their runs (joining first makes
+    # the planner walk every run).
+    newest = (select(Comparison.id, Comparison.run_id, Comparison.created_at,
+                     Comparison.variant, Comparison.case_id, Comparison.verdict,
+                     Comparison.ratio, Comparison.p_value)
+              .with_hint(Comparison, _BY_VERDICT, "sqlite")
+              .where(Comparison.verdict.in_(FLAGGED))
+              .order_by(Comparison.created_at.desc(), Comparison.id.desc())
+              .limit(limit).subquery())
+    stmt = (select(newest.c.run_id, Run.commit, Run.branch, Run.gpu_model_key, Run.created_at,
+                   newest.c.variant, newest.c.case_id, newest.c.verdict, newest.c.ratio,
+                   newest.c.p_value)
+            .join(Run, Run.id == newest.c.run_id)
+            .order_by(newest.c.created_at.desc(), newest.c.id.desc()))
+    return _frame(engine, stmt)
+
+
+def best_tflops(engine: Engine, run_ids: Sequence[int]) -> pd.DataFrame:
+    """Best passing TFLOP/s of every variant in each of these runs (with the case count)."""
+    if not run_ids:
+        return pd.DataFrame(columns=["run_id", "variant", "best_tflops", "passed"])
+    stmt = (select(Result.run_id, Variant.name.label("variant"),
+                   func.max(Result.tflops).label("best_tflops"),
+                   func.count().label("passed"))
+            .join(Variant, Variant.id == Result.variant_id)
+            .where(Result.run_id.in_(list(run_ids)), Result.status == "passed")
+            .group_by(Result.run_id, Variant.name))
+    return _frame(engine, stmt)
+
+
+# --- history -----------------------------------------------------------------------------
+
+
+def series(engine: Engine, variant: str, case_id: str, gpu: str,
+           branch: str | None = None) -> pd.DataFrame:
+    """One (variant, case, GPU) over time: one row per run, oldest first."""
+    case_pk = select(CaseRow.id).where(CaseRow.case_id == case_id).scalar_subquery()
+    stmt = (select(Run.id.label("run_id"), Run.commit, Run.branch, Run.created_at,
+                   Variant.source_hash, Result.status, Result.median_ms, Result.min_ms,
+                   Result.iqr_ms, Result.rel_noise, Result.tflops, Result.flops,
+                   Result.err_ratio, Result.out_err, Result.base_err)
+            .join(Run, Run.id == Result.run_id)
+            .join(Variant, Variant.id == Result.variant_id)
+            .where(Variant.name == variant, Result.case_pk == case_pk,
+                   Run.gpu_model_key == gpu)
+            .order_by(Run.created_at, Run.id))
+    if branch:
+        stmt = stmt.where(Run.branch == branch)
+    return _frame(engine, stmt)
+
+
+def series_flags(engine: Engine, variant: str, case_id: str) -> pd.DataFrame:
+    """Non-neutral verdicts recorded for one (variant, case), any run."""
+    stmt = (select(Comparison.run_id, Comparison.base_run_id, Comparison.verdict,
+                   Comparison.ratio, Comparison.p_value)
+            .with_hint(Comparison, _BY_VERDICT, "sqlite")
+            .where(Comparison.variant == variant, Comparison.case_id == case_id,
+                   Comparison.verdict.in_(FLAGGED + GOOD)))
+    return _frame(engine, stmt)
+
+
+def err_ratio_history(engine: Engine, variant: str, gpu: str) -> pd.DataFrame:
+    """Worst error ratio and failure count of one variant per run on one GPU."""
+    failed = func.sum(case((Result.status.in_(NOT_OK), 1), else_=0))
+    stmt = (select(Run.id.label("run_id"), Run.commit, Run.created_at,
+                   func.max(Result.err_ratio).label("max_err_ratio"),
+                   failed.label("not_ok"), func.count().label("cases"))
+            .join(Run, Run.id == Result.run_id)
+            .join(Variant, Variant.id == Result.variant_id)
+            .where(Variant.name == variant, Run.gpu_model_key == gpu)
+            .group_by(Run.id, Run.commit, Run.created_at)
+            .order_by(Run.created_at, Run.id))
+    return _frame(engine, stmt)
+
+
+# --- one run -----------------------------------------------------------------------------
+
+
+_RUN_COLUMNS = ("id", "uuid", "commit", "parent_commit", "branch", "created_at", "source",
+                "gpu_name", "gpu_uuid", "gpu_model_key", "driver", "cuda", "torch", "cupy",
+                "python", "hostname", "clocks", "calibration", "grids", "schema_version",
+                "record_sha256", "env")
+
+
+def run_detail(engine: Engine, run_id: int) -> dict[str, Any] | None:
+    cols = [getattr(Run, c) for c in _RUN_COLUMNS]
+    with engine.connect() as conn:
+        row = conn.execute(select(*cols).where(Run.id == run_id)).mappings().first()
+    return None if row is None else dict(row)
+
+
+def run_results(engine: Engine, run_id: int) -> pd.DataFrame:
+    """Every result of one run, with its variant and case (thousands of rows at most)."""
+    stmt = (select(Variant.name.label("variant"), Variant.kind, Variant.source_hash,
+                   CaseRow.case_id, CaseRow.batch, CaseRow.heads, CaseRow.seqlen_q,
+                   CaseRow.seqlen_k, CaseRow.head_dim, CaseRow.dtype, CaseRow.mask,
+                   Result.status, Result.message, Result.out_err, Result.base_err,
+                   Result.err_ratio, Result.lse_err, Result.median_ms, Result.min_ms,
+                   Result.iqr_ms, Result.rel_noise, Result.tflops, Result.flops,
+                   Result.bytes_model, Result.bytes_ideal, Result.bytes_read,
+                   Result.bytes_write, Result.registers, Result.spills, Result.shared_bytes)
+            .join(Variant, Variant.id == Result.variant_id)
+            .join(CaseRow, CaseRow.id == Result.case_pk)
+            .where(Result.run_id == run_id)
+            .order_by(Variant.name, CaseRow.case_id))
+    return _frame(engine, stmt)
+
+
+def run_comparisons(engine: Engine, run_id: int) -> pd.DataFrame:
+    stmt = (select(Comparison.base_run_id, Comparison.variant, Comparison.case_id,
+                   Comparison.verdict, Comparison.ratio, Comparison.p_value)
+            .where(Comparison.run_id == run_id))
+    return _frame(engine, stmt)
+
+
+def compile_resources(engine: Engine, run_id: int) -> pd.DataFrame:
+    """Registers, spills and shared memory per variant in one run (worst over its cases)."""
+    stmt = (select(Variant.name.label("variant"), Variant.source_hash,
+                   func.max(Result.registers).label("registers"),
+                   func.max(Result.spills).label("spills"),
+                   func.max(Result.shared_bytes).label("shared_bytes"))
+            .join(Variant, Variant.id == Result.variant_id)
+            .where(Result.run_id == run_id)
+            .group_by(Variant.name, Variant.source_hash)
+            .order_by(Variant.name))
+    return _frame(engine, stmt)
+
+
+def run_failures(engine: Engine, run_id: int) -> pd.DataFrame:
+    stmt = (select(Variant.name.label("variant"), CaseRow.case_id, Result.status,
+                   Result.message, Result.err_ratio)
+            .join(Variant, Variant.id == Result.variant_id)
+            .join(CaseRow, CaseRow.id == Result.case_pk)
+            .where(and_(Result.run_id == run_id, Result.status.in_(NOT_OK)))
+            .order_by(Variant.name, CaseRow.case_id))
+    return _frame(engine, stmt)
+
+
+# --- leaderboard -------------------------------------------------------------------------
+
+
+def has_table(engine: Engine, name: str) -> bool:
+    with engine.connect() as conn:
+        return inspect(conn).has_table(name)
+
+
+def leaderboard(engine: Engine) -> pd.DataFrame:
+    """Every submission: the scored ones ranked exactly as `fa-harness leaderboard` ranks
+    them (`harness.submissions.ranking`), then the others, newest first, with rank NaN."""
+    if not has_table(engine, Submission.__tablename__):
+        return pd.DataFrame(columns=list(COLUMNS))
+    return pd.DataFrame(leaderboard_rows(engine, include_all=True, limit=1000),
+                        columns=list(COLUMNS))

@@ -1,0 +1,149 @@
+"""Run candidates over cases and summarise: the correctness job behind `fa-harness run`.
+
+Trusted in-process candidates (the CPU models, the SDPA peers) are checked case by case
+in this process, case-major so that the oracle of a case is computed once for all of them
+(harness.core.check keeps the last one). Candidates with `isolate=True` (CUDA variants,
+submissions) go through harness.execution.isolate.run_isolated: one child process per candidate, a
+crash or hang becomes that case's verdict and the child restarts for the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.core.candidate import Candidate
+from harness.core.cases import Case
+from harness.core.results import CaseResult, Status
+
+DEFAULT_TIMEOUT_S = 300.0
+FAILING = (Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.ERROR, Status.INVALID)
+
+
+def _progress(enabled: bool, total: int):
+    if not enabled:
+        return nullcontext(None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), transient=True)
+    return prog
+
+
+def run_correctness(candidates: Sequence[Candidate], cases: Sequence[Case], *, secret: int = 0,
+                    on_result: Callable[[CaseResult], None] | None = None, repeats: int = 1,
+                    progress: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S,
+                    isolate_options: dict[str, Any] | None = None) -> list[CaseResult]:
+    """One CaseResult per (candidate, case), candidate-major in the given orders."""
+    from harness.candidates.registry import unavailable_reason
+    from harness.core.check import check_case
+
+    cases = list(cases)
+    results: dict[tuple[int, int], CaseResult] = {}
+    total = len(candidates) * len(cases)
+    with _progress(progress, total) as prog:
+        task = prog.add_task("correctness", total=total) if prog is not None else None
+
+        def settle(ci: int, ki: int, res: CaseResult) -> None:
+            results[(ci, ki)] = res
+            if prog is not None:
+                prog.update(task, advance=1, description=f"{res.kernel}")
+            if on_result is not None:
+                on_result(res)
+
+        in_process: list[int] = []
+        for ci, cand in enumerate(candidates):
+            reason = unavailable_reason(cand)
+            if reason:
+                for ki, case in enumerate(cases):
+                    settle(ci, ki, CaseResult(cand.name, case, Status.SKIPPED, reason))
+            elif cand.isolate:
+                _run_isolated(ci, cand, cases, secret, repeats, timeout_s,
+                              isolate_options or {}, settle)
+            else:
+                in_process.append(ci)
+        for ki, case in enumerate(cases):
+            for ci in in_process:
+                cand = candidates[ci]
+                settle(ci, ki, check_case(cand, case, device=cand.device, secret=secret,
+                                          repeats=repeats))
+    return [results[(ci, ki)] for ci in range(len(candidates)) for ki in range(len(cases))]
+
+
+def _run_isolated(ci: int, cand: Candidate, cases: list[Case], secret: int, repeats: int,
+                  timeout_s: float, extra: dict[str, Any],
+                  settle: Callable[[int, int, CaseResult], None]) -> None:
+    from harness.execution.isolate import run_isolated
+
+    todo = []
+    for ki, case in enumerate(cases):
+        reason = cand.supports(case)
+        if reason:  # decided here: no child process for a case that would only skip
+            settle(ci, ki, CaseResult(cand.name, case, Status.SKIPPED, reason))
+        else:
+            todo.append(ki)
+    if not todo:
+        return
+    # A candidate may say how its child rebuilds it (e.g. {"variant_dir": ...} for a
+    # submission, {"factory": "module:function"}); the caller's options come last.
+    own = dict((cand.meta or {}).get("isolate_options") or {})
+    options = {"secret": secret, "repeats": repeats, "device": cand.device, **own, **extra}
+    got = run_isolated(cand.name, [cases[ki] for ki in todo], mode="check", options=options,
+                       timeout_s=timeout_s)
+    for ki, res in zip(todo, got, strict=True):
+        settle(ci, ki, res)
+
+
+@dataclass
+class SummaryRow:
+    kernel: str
+    counts: dict[str, int] = field(default_factory=dict)
+    worst_ratio: float | None = None
+    worst_case: str | None = None
+    first_failure: str | None = None
+
+    @property
+    def failed(self) -> int:
+        return sum(self.counts.get(s.value, 0) for s in FAILING)
+
+
+def summarize(results: Sequence[CaseResult]) -> list[SummaryRow]:
+    """Per candidate: how many cases ended in each status, the worst error ratio (error /
+    naive error; the tolerance bound is 2) and the first failure's message."""
+    rows: dict[str, SummaryRow] = {}
+    for res in results:
+        row = rows.setdefault(res.kernel, SummaryRow(res.kernel))
+        row.counts[res.status.value] = row.counts.get(res.status.value, 0) + 1
+        ratio = res.errors.ratio
+        if ratio is not None and (row.worst_ratio is None or ratio > row.worst_ratio):
+            row.worst_ratio, row.worst_case = ratio, res.case.id
+        if res.status in FAILING and row.first_failure is None:
+            row.first_failure = f"{res.case.id}: {res.status.value}: {res.message}"
+    return list(rows.values())
+
+
+def exit_code(results: Sequence[CaseResult]) -> int:
+    """1 when any case failed, crashed, timed out, errored or was invalid; else 0."""
+    return 1 if any(r.status in FAILING for r in results) else 0
+
+
+def summary_table(rows: Sequence[SummaryRow], title: str = "correctness"):
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("candidate")
+    for s in Status:
+        table.add_column(s.value, justify="right")
+    table.add_column("worst ratio", justify="right")
+    table.add_column("worst case")
+    for row in rows:
+        cells = []
+        for s in Status:
+            n = row.counts.get(s.value, 0)
+            cell = str(n) if n else "."
+            cells.append(f"[red]{cell}[/red]" if n and s in FAILING else cell)
+        ratio = "-" if row.worst_ratio is None else f"{row.worst_ratio:.2f}"
+        table.add_row(row.kernel, *cells, ratio, row.worst_case or "-")
+    return table

@@ -1,0 +1,412 @@
+"""The perf run: every capable candidate (our variants and the SDPA peers) timed on the
+same cases in the same run, each in its own child process, each checked for correctness
+once before it is timed.
+
+Per (candidate, case) the result carries: the timing (harness.measure.timing, cold by default),
+TFLOP/s from `harness.core.flops.attention_flops`, the IO model's bytes for the candidate's
+algorithm and tiles plus the ideal bytes (Q, K, V, O once), optionally Nsight Compute's
+measured DRAM bytes, and in `extra`:
+  vs_baseline     baseline median / this median (> 1: faster than the baseline)
+  roofline_tflops min(matmul ceiling, ideal intensity x copy bandwidth), from the
+                  runner's measured ceilings (the `calibration` given, else this runner's
+                  saved `fa-harness calibrate` file), else the datasheet of a known GPU
+                  (then `ceilings` says "datasheet")
+  roofline_pct    achieved TFLOP/s / roofline_tflops
+  model_gbps      IO-model bytes / time
+  kv_gbps         K + V bytes / time (decode shapes, Nq <= 16: bandwidth-bound)
+A candidate that fails the check, crashes or hangs while sampling is one clear line on
+the log and a non-passed result; the run goes on.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from io import StringIO
+from typing import Any
+
+from harness.core.candidate import Candidate
+from harness.core.cases import Case, Inputs
+from harness.core.results import CaseResult, Status, Timing
+
+DECODE_MAX_SEQLEN_Q = 16
+DEFAULT_CASE_TIMEOUT_S = 300.0
+
+
+class PerfUnavailable(RuntimeError):
+    """The perf run cannot happen here (no GPU); the message is one line."""
+
+
+# ---------------------------------------------------------------- in the child
+
+
+def output_buffers(candidate: Candidate, case: Case):
+    """Plain output tensors for timing (the poisoned, guarded ones are for the check)."""
+    import torch
+
+    out = torch.empty((case.batch, case.heads, case.seqlen_q, case.head_dim),
+                      dtype=case.torch_dtype, device="cuda")
+    lse = (torch.empty((case.batch, case.heads, case.seqlen_q), dtype=torch.float32,
+                       device="cuda") if candidate.support.writes_lse else None)
+    return out, lse
+
+
+def make_launch(candidate: Candidate, case: Case, input_sets: Sequence[Inputs], out, lse
+                ) -> Callable[[int], Any]:
+    """launch(i) runs the candidate on input set i. A candidate may offer `timed_call`
+    (the SDPA peers do) to leave harness-side work, such as copying into `out`, out of
+    the timed region."""
+    timed = getattr(candidate, "timed_call", None)
+    if timed is not None:
+        calls = [timed(case, inp, out, lse) for inp in input_sets]
+        return lambda i: calls[i]()
+    sets = list(input_sets)
+    return lambda i: candidate.run(case, sets[i], out, lse)
+
+
+def time_case(candidate: Candidate, case: Case, *, mode: str = "cold",
+              n_sets: int | None = None, rule: dict | None = None, secret: int = 0,
+              hold: bool = True) -> Timing:
+    """Time `candidate` on `case` with the timing method (fresh tensors on the GPU)."""
+    import torch
+
+    from harness.core.cases import make_inputs
+    from harness.core.iomodel import ideal_bytes
+    from harness.measure.timing import StopRule, measure, sets_needed
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    l2 = int(getattr(props, "L2_cache_size", 0)) or None
+    n = n_sets or sets_needed(ideal_bytes(case), l2, mode)
+    sets = [make_inputs(case, "cuda", secret=secret, draw=i) for i in range(n)]
+    out, lse = output_buffers(candidate, case)
+    launch = make_launch(candidate, case, sets, out, lse)
+    stop = StopRule(**rule) if rule else None
+    return measure(launch, n_sets=n, mode=mode, rule=stop, hold=hold)
+
+
+def benchmark_device_time(benchmark: Any, candidate: Candidate, case: Case, *,
+                          mode: str = "cold", min_time_s: float = 0.5, min_rounds: int = 10,
+                          max_rounds: int = 2000, secret: int = 0) -> Timing:
+    """Drive pytest-benchmark's `benchmark` fixture with device time.
+
+    The test must be marked `@pytest.mark.benchmark(timer=harness.measure.timing.DEVICE_CLOCK)`:
+    each round takes one sample by the timing method (held stream, L2 flush, CUDA events)
+    and advances that clock by the sample, so pytest-benchmark's statistics (and
+    --benchmark-json) are device time. Throttled samples and samples whose hold expired
+    are retaken, as `measure` drops them. Rounds: enough for `min_time_s` of sampling.
+    Returns the same samples as a Timing; raises if pytest-benchmark's data are not
+    exactly these samples (the test was not given the device clock)."""
+    import math
+    import time
+
+    import torch
+
+    from harness.core.cases import make_inputs
+    from harness.core.iomodel import ideal_bytes
+    from harness.measure.timing import (
+        DEVICE_CLOCK,
+        DeviceTimer,
+        SampleRun,
+        is_throttled,
+        sets_needed,
+        to_timing,
+        warm_up,
+    )
+
+    timer = DeviceTimer.get()
+    n = sets_needed(ideal_bytes(case), timer.l2_bytes, mode)
+    sets = [make_inputs(case, "cuda", secret=secret, draw=i) for i in range(n)]
+    out, lse = output_buffers(candidate, case)
+    launch = make_launch(candidate, case, sets, out, lse)
+    flush = mode == "cold"
+    warm_up(launch, n)
+    t0 = time.perf_counter()
+    for i in range(3):
+        timer.sample(launch, i % n, flush=flush)
+    per_sample = (time.perf_counter() - t0) / 3
+    rounds = max(min_rounds, min(max_rounds, math.ceil(min_time_s / max(per_sample, 1e-6))))
+    run = SampleRun()
+    state = {"i": 0}
+
+    def one_sample() -> None:
+        for _ in range(10):
+            s = timer.sample(launch, state["i"] % n, flush=flush)
+            state["i"] += 1
+            if not s.valid:
+                run.dropped_invalid += 1
+            elif is_throttled(s.sm_clock_mhz, timer.reference_clock_mhz):
+                run.dropped_throttled += 1
+                time.sleep(0.05)
+            else:
+                run.samples_ms.append(s.ms)
+                DEVICE_CLOCK.advance_ms(s.ms)
+                return
+        raise RuntimeError("no valid sample in 10 tries (GPU throttled, or the launch "
+                           "blocks the host)")
+
+    benchmark.pedantic(one_sample, rounds=rounds, iterations=1, warmup_rounds=0)
+    torch.cuda.synchronize()
+    stats = getattr(benchmark, "stats", None)
+    if stats is not None:  # None when pytest-benchmark is disabled (e.g. under xdist)
+        data = list(stats.stats.data)
+        expect = [ms / 1000.0 for ms in run.samples_ms]
+        if len(data) != len(expect) or any(abs(a - b) > 1e-9 + 1e-6 * b
+                                           for a, b in zip(data, expect, strict=True)):
+            raise RuntimeError("pytest-benchmark did not measure device time: mark the test "
+                               "@pytest.mark.benchmark(timer=harness.measure.timing.DEVICE_CLOCK)")
+    run.stop_reason = f"{rounds} pytest-benchmark rounds"
+    timing = to_timing(run, mode=mode, method=timer.method(mode, n, run.stop_reason))
+    benchmark.extra_info.update({
+        "candidate": candidate.name, "kind": candidate.kind, "algorithm": candidate.algorithm,
+        "case": case.id, "timing_method": timing.method,
+        "dropped_throttled": run.dropped_throttled, "median_ms": timing.median_ms,
+    })
+    return timing
+
+
+# ---------------------------------------------------------------- derived numbers
+
+
+def kv_bytes(case: Case) -> int:
+    return 2 * case.batch * case.kv_heads * case.seqlen_k * case.head_dim * \
+        case.torch_dtype.itemsize
+
+
+def is_decode(case: Case) -> bool:
+    return case.seqlen_q <= DECODE_MAX_SEQLEN_Q
+
+
+def ceilings_for(case: Case, calibration: Any | None, gpu_key: str | None = None):
+    """(Ceilings-like spec, label) for the roofline of `case`, or (None, reason)."""
+    from harness.core import iomodel
+
+    if calibration is not None:
+        return calibration.ceilings(case.dtype), "measured"
+    for name, spec in iomodel.GPU_SPECS.items():
+        if gpu_key and name in gpu_key:
+            return spec, "datasheet"
+    return None, "no calibration"
+
+
+def annotate(res: CaseResult, calibration: Any | None = None, gpu_key: str | None = None
+             ) -> None:
+    """Fill TFLOP/s, GB/s and roofline numbers of a timed result (in place)."""
+    from harness.core import iomodel
+
+    t = res.timing
+    if t is None or not t.median_ms:
+        return
+    seconds = t.median_ms * 1e-3
+    if res.flops:
+        res.tflops = res.flops / seconds / 1e12
+    if res.bytes_model:
+        res.extra["model_gbps"] = res.bytes_model / seconds / 1e9
+    if is_decode(res.case):
+        res.extra["kv_gbps"] = kv_bytes(res.case) / seconds / 1e9
+    spec, label = ceilings_for(res.case, calibration, gpu_key)
+    res.extra["ceilings"] = label
+    if spec is not None and res.flops and res.bytes_ideal:
+        ai = iomodel.arithmetic_intensity(res.flops, res.bytes_ideal)
+        roof = iomodel.roofline_tflops(ai, spec)
+        res.extra["roofline_tflops"] = roof
+        if res.tflops is not None and roof > 0:
+            res.extra["roofline_pct"] = 100.0 * res.tflops / roof
+
+
+def check_then_time(candidate: Candidate, case: Case, options: dict[str, Any]) -> CaseResult:
+    """The isolated child's work per perf case: the correctness check, then (only when it
+    passed: timing a wrong answer would be meaningless) the timing method."""
+    from harness.core.check import check_case
+    from harness.core.faults import is_cuda_fatal
+
+    res = check_case(candidate, case, device=options.get("device") or candidate.device,
+                     secret=int(options.get("secret", 0)),
+                     repeats=int(options.get("repeats", 1)))
+    if res.status is not Status.PASSED:
+        return res
+    try:
+        res.timing = time_case(candidate, case, **(options.get("timing") or {}))
+    except Exception as e:
+        res.status = Status.CRASHED if is_cuda_fatal(str(e)) else Status.ERROR
+        res.message = f"timing failed after a passing check: {type(e).__name__}: {e}"
+    return res
+
+
+def add_baseline_ratios(results: Sequence[CaseResult], baseline: str) -> None:
+    base = {r.case: r.timing.median_ms for r in results
+            if r.kernel == baseline and r.timing is not None and r.timing.median_ms}
+    for r in results:
+        b = base.get(r.case)
+        if b and r.timing is not None and r.timing.median_ms:
+            r.extra["vs_baseline"] = b / r.timing.median_ms
+
+
+# ---------------------------------------------------------------- the run
+
+
+def _isolation_options(candidate: Candidate, mode: str, timing: dict[str, Any]) -> dict[str, Any]:
+    from pathlib import Path
+
+    options: dict[str, Any] = {"device": "cuda", "timing": dict(timing, mode=mode),
+                               "case_fn": "harness.measure.perf:check_then_time"}
+    if candidate.meta.get("factory"):
+        options["factory"] = candidate.meta["factory"]
+    manifest = candidate.meta.get("manifest_path")
+    if candidate.kind == "cuda" and manifest:
+        p = Path(manifest)
+        options["variant_path"] = str(p.parent if p.name == "manifest.toml" else p)
+    return options
+
+
+def _saved_calibration(log: Callable[[str], None] | None = None) -> Any | None:
+    """This runner's calibration file when there is one (`fa-harness calibrate`)."""
+    from harness.measure.calibrate import CalibrationError, load_calibration
+
+    try:
+        return load_calibration()
+    except CalibrationError as e:
+        if log is not None:
+            log(f"calibration not used: {e}")
+        return None
+
+
+def _log_line(res: CaseResult) -> str:
+    first = (res.message or "").strip().splitlines()[0] if res.message else ""
+    return f"{res.kernel} {res.case.id}: {res.status.value}" + (f": {first}" if first else "")
+
+
+def run_perf(candidates: Sequence[Candidate], cases: Sequence[Case], *,
+             baseline: str = "sdpa_flash", ncu: bool = False, mode: str = "cold",
+             calibration: Any | None = None, timeout_s: float = DEFAULT_CASE_TIMEOUT_S,
+             timing: dict[str, Any] | None = None,
+             log: Callable[[str], None] | None = None,
+             on_result: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
+    """Time every candidate on every case it supports; results ordered by case, then by
+    candidate. Raises PerfUnavailable without a CUDA GPU."""
+    import torch
+
+    from harness.execution.isolate import run_isolated
+    from harness.measure.gpuinfo import gpu_identity
+
+    if mode not in ("cold", "warm"):
+        raise ValueError(f"timing mode must be 'cold' or 'warm', not {mode!r}")
+    if not torch.cuda.is_available():
+        raise PerfUnavailable("the perf run needs a CUDA GPU (torch.cuda.is_available() is "
+                              "False)")
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    gpu_key = gpu_identity().model_key
+    if calibration is None:
+        calibration = _saved_calibration(log)
+    cases = list(cases)
+    by_candidate: list[list[CaseResult]] = []
+    ncu_broken: str | None = None
+    for cand in candidates:
+        if cand.device != "cuda":
+            rows = [CaseResult(cand.name, c, Status.SKIPPED, "CPU candidate: not timed")
+                    for c in cases]
+            by_candidate.append(rows)
+            continue
+        opts = _isolation_options(cand, mode, timing or {})
+        log(f"timing {cand.name} on {len(cases)} case(s)")
+        rows = run_isolated(cand.name, cases, mode="check", options=opts, timeout_s=timeout_s)
+        for res in rows:
+            if res.status is Status.PASSED and res.timing is not None:
+                if not res.timing.median_ms:
+                    res.status = Status.ERROR
+                    res.message = f"no valid timing sample ({res.timing.method})"
+                annotate(res, calibration, gpu_key)
+            if ncu and res.status is Status.PASSED and ncu_broken is None:
+                from harness.measure import ncu as ncu_mod
+
+                m = ncu_mod.measure_bytes(cand, res.case,
+                                          variant_path=opts.get("variant_path"))
+                if m.ok:
+                    res.bytes_measured_read = m.read_bytes
+                    res.bytes_measured_write = m.write_bytes
+                    res.extra["ncu_kernels"] = m.kernels
+                    res.extra["ncu_time_ns"] = m.time_ns
+                else:
+                    res.extra["ncu_error"] = m.error
+                    if m.error and ("not found" in m.error or "ERR_NVGPUCTRPERM" in m.error
+                                    or "LibraryNotLoaded" in m.error):
+                        ncu_broken = m.error
+                        log(f"ncu: {m.error}; measured bytes left empty for this run")
+            if res.status not in (Status.PASSED, Status.SKIPPED):
+                log(_log_line(res))
+            if on_result is not None:
+                on_result(res)
+        by_candidate.append(rows)
+    results = [by_candidate[j][i] for i in range(len(cases)) for j in range(len(candidates))]
+    add_baseline_ratios(results, baseline)
+    return results
+
+
+# ---------------------------------------------------------------- the table
+
+
+def _mib(n: int | None) -> str:
+    return "" if n is None else f"{n / 2**20:,.1f}"
+
+
+def perf_table(results: Sequence[CaseResult], baseline: str = "sdpa_flash",
+               calibration: Any | None = None):
+    """The perf results as a rich Table."""
+    from rich.table import Table
+
+    from harness.measure.gpuinfo import describe
+
+    if calibration is None and any(r.extra.get("ceilings") == "measured" for r in results):
+        calibration = _saved_calibration()  # run_perf used the saved file: say so
+    decode = any(is_decode(r.case) for r in results)
+    measured = any(r.bytes_measured_read is not None for r in results)
+    if calibration is not None:
+        rates = "/".join(f"{v:.0f}" for v in calibration.matmul_tflops_by_dtype.values())
+        caption = (f"roofline: measured ceilings on {describe(calibration.gpu)}: copy "
+                   f"{calibration.copy_gbps:.0f} GB/s, matmul {rates} TFLOP/s")
+    else:
+        caption = "roofline: no calibration (run `fa-harness calibrate`); datasheet if known"
+    t = Table(title=f"perf (median device time; x = speedup over {baseline})", caption=caption)
+    t.add_column("case", no_wrap=True)
+    t.add_column("candidate", no_wrap=True)
+    t.add_column("status", max_width=48)
+    for col in ("median ms", "noise", "TFLOP/s", f"x {baseline}", "model MiB", "ideal MiB"):
+        t.add_column(col, justify="right")
+    if measured:
+        t.add_column("ncu rd+wr MiB", justify="right")
+    if decode:
+        t.add_column("K+V GB/s", justify="right")
+    t.add_column("% roofline", justify="right")
+    for r in results:
+        tm = r.timing
+        ok = r.status is Status.PASSED and tm is not None and tm.median_ms
+        status = r.status.value
+        if not ok and r.message:
+            status += ": " + r.message.strip().splitlines()[0][:60]
+        row = [
+            r.case.id, r.kernel, status,
+            f"{tm.median_ms:.4f}" if ok else "",
+            f"{tm.rel_noise:.2%}" if ok and tm.rel_noise is not None else "",
+            f"{r.tflops:.1f}" if r.tflops is not None else "",
+            f"{r.extra['vs_baseline']:.2f}" if "vs_baseline" in r.extra else "",
+            _mib(r.bytes_model), _mib(r.bytes_ideal),
+        ]
+        if measured:
+            rw = (None if r.bytes_measured_read is None
+                  else r.bytes_measured_read + (r.bytes_measured_write or 0))
+            row.append(_mib(rw))
+        if decode:
+            row.append(f"{r.extra['kv_gbps']:.0f}" if "kv_gbps" in r.extra else "")
+        row.append(f"{r.extra['roofline_pct']:.0f}%" if "roofline_pct" in r.extra else "")
+        t.add_row(*row)
+    return t
+
+
+def format_table(results: Sequence[CaseResult], baseline: str = "sdpa_flash",
+                 calibration: Any | None = None, width: int = 180) -> str:
+    """`perf_table` rendered to plain text (printable with print())."""
+    from rich.console import Console
+
+    buf = StringIO()
+    Console(file=buf, width=width, force_terminal=False, color_system=None).print(
+        perf_table(results, baseline, calibration))
+    return buf.getvalue()

@@ -1,0 +1,280 @@
+"""Regression detection between a run and its baseline, per (kernel, case, GPU model).
+
+A timing change is a `regression` (or `improvement`) only when three independent rules
+agree, because each one alone is known to cry wolf:
+
+1. practical size: the estimated ratio new / base is beyond 1 +- `threshold` (2%);
+   smaller changes are not worth a red CI even when real. The ratio is
+   1 + (Hodges-Lehmann shift) / (base median): the median of all pairwise differences is
+   as robust to outliers as a median but much less noisy than a ratio of two medians
+   (at 20 samples a side it misses a 3% change far less often);
+2. statistics on the raw samples: a two-sided Mann-Whitney U test gives p < `alpha`, so a
+   ratio produced by noise in a noisy case does not count (asv uses ratio AND p-value);
+3. robust intervals: the distribution-free confidence intervals of the two medians (order
+   statistics, binomial) must not overlap. Medians and order statistics ignore the outlier
+   samples that inflate a mean or a standard deviation, which is how identical builds got
+   flagged by rules built on means and stdevs (nvbench#316, conbench's z-scores).
+
+When the ratio is beyond the threshold but the other rules do not confirm it, the verdict
+is `inconclusive` (shown, never failing). With too few samples for a test (single medians,
+e.g. imported summaries) only a large change (`large_ratio`, 10%) is called.
+
+Correctness is compared too: passed before and not now is `correctness_regression`;
+an error ratio (out_err / base_err, the metric the tolerance rule bounds by 2) that rises
+by `drift_factor` (1.5x) and above `drift_floor` (1.0) is `precision_drift`. Both fail
+the gate like a timing regression.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from harness.records.record import RunRecord
+
+OK_STATUSES = ("passed", "skipped")
+FAILING_VERDICTS = ("regression", "correctness_regression", "precision_drift")
+
+
+class CompareError(ValueError):
+    """The two sides cannot be compared (different GPU models, nothing in common...)."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    threshold: float = 0.02  # practical: |ratio - 1| beyond this
+    alpha: float = 0.01  # Mann-Whitney U two-sided p-value below this
+    interval_conf: float = 0.90  # confidence of each median's interval
+    min_samples: int = 5  # per side, for the statistical rules
+    large_ratio: float = 0.10  # without samples, only a change this large is called
+    drift_factor: float = 1.5  # precision drift: new error ratio >= factor * base ...
+    drift_floor: float = 1.0  # ... and above this (the tolerance rule allows up to 2)
+
+
+DEFAULT_POLICY = Policy()
+
+
+@dataclass
+class Verdict:
+    variant: str
+    case_id: str
+    verdict: str
+    ratio: float | None = None
+    p_value: float | None = None
+    base_median_ms: float | None = None
+    new_median_ms: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fails(self) -> bool:
+        return self.verdict in FAILING_VERDICTS
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def median_interval(samples: Sequence[float], conf: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median: order statistics x_(l), x_(n+1-l)
+    with l the binomial(n, 1/2) quantile of (1-conf)/2 (the sign-test interval)."""
+    xs = sorted(samples)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("no samples")
+    lo = int(stats.binom.ppf((1.0 - conf) / 2.0, n, 0.5))  # 1-based rank of the lower end
+    lo = max(lo, 1)
+    hi = n + 1 - lo
+    return xs[lo - 1], xs[hi - 1]
+
+
+def hodges_lehmann_shift(base: Sequence[float], new: Sequence[float]) -> float:
+    """Median of all pairwise differences new_i - base_j (the shift estimate that goes
+    with the Mann-Whitney U test)."""
+    diffs = np.subtract.outer(np.asarray(new, dtype=float), np.asarray(base, dtype=float))
+    return float(np.median(diffs))
+
+
+def compare_samples(base: Sequence[float], new: Sequence[float],
+                    policy: Policy = DEFAULT_POLICY, *, base_median: float | None = None,
+                    new_median: float | None = None) -> tuple[str, float | None,
+                                                               float | None, dict[str, Any]]:
+    """Timing verdict from raw samples (or medians alone): (verdict, ratio, p, detail)."""
+    bm = statistics.median(base) if base else base_median
+    nm = statistics.median(new) if new else new_median
+    detail: dict[str, Any] = {"n_base": len(base), "n_new": len(new)}
+    if bm is None or nm is None or bm <= 0:
+        return "inconclusive", None, None, {**detail, "reason": "no timing on one side"}
+    ratio = nm / bm
+    detail.update(base_median_ms=bm, new_median_ms=nm, median_ratio=ratio)
+    if len(base) < policy.min_samples or len(new) < policy.min_samples:
+        detail["reason"] = f"fewer than {policy.min_samples} samples on a side: median ratio only"
+        direction = "regression" if ratio > 1.0 else "improvement"
+        if abs(ratio - 1.0) > policy.large_ratio:
+            return direction, ratio, None, detail
+        return ("inconclusive" if abs(ratio - 1.0) > policy.threshold else "same"), ratio, \
+            None, detail
+    ratio = 1.0 + hodges_lehmann_shift(base, new) / bm
+    beyond = abs(ratio - 1.0) > policy.threshold
+    direction = "regression" if ratio > 1.0 else "improvement"
+    p = float(stats.mannwhitneyu(new, base, alternative="two-sided").pvalue)
+    b_lo, b_hi = median_interval(base, policy.interval_conf)
+    n_lo, n_hi = median_interval(new, policy.interval_conf)
+    separated = n_lo > b_hi if ratio > 1.0 else n_hi < b_lo
+    detail.update(base_interval_ms=[b_lo, b_hi], new_interval_ms=[n_lo, n_hi],
+                  rules={"ratio": beyond, "p_value": p < policy.alpha, "intervals": separated})
+    if not beyond:
+        return "same", ratio, p, detail
+    if p < policy.alpha and separated:
+        return direction, ratio, p, detail
+    detail["reason"] = "ratio beyond threshold, not confirmed by " + " and ".join(
+        name for name, ok in (("the U test", p < policy.alpha), ("the intervals", separated))
+        if not ok)
+    return "inconclusive", ratio, p, detail
+
+
+def _num(x: Any) -> float | None:
+    if x is None:
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def compare_entries(base: Sequence[dict[str, Any]], new: dict[str, Any],
+                    policy: Policy = DEFAULT_POLICY) -> Verdict:
+    """Verdict of one new result entry against the base entries of the same kernel and
+    case (newest first; several when the baseline is a window of runs)."""
+    kernel, case_id = new["kernel"], new["case_id"]
+    if not base:
+        return Verdict(kernel, case_id, "new", detail={"reason": "not in the baseline"})
+    latest = base[0]
+    new_ok = new["status"] in OK_STATUSES
+    if latest["status"] == "passed" and not new_ok:
+        return Verdict(kernel, case_id, "correctness_regression",
+                       detail={"base_status": latest["status"], "new_status": new["status"],
+                               "message": new.get("message", "")})
+    if latest["status"] not in OK_STATUSES and new["status"] == "passed":
+        return Verdict(kernel, case_id, "correctness_fixed",
+                       detail={"base_status": latest["status"], "new_status": new["status"]})
+    if new["status"] != "passed":
+        return Verdict(kernel, case_id, "same", detail={
+            "reason": f"status {new['status']} (was {latest['status']})"})
+
+    b_ratio = _num((latest.get("errors") or {}).get("ratio"))
+    n_ratio = _num((new.get("errors") or {}).get("ratio"))
+    if (b_ratio is not None and n_ratio is not None and n_ratio > policy.drift_floor
+            and n_ratio >= policy.drift_factor * b_ratio):
+        return Verdict(kernel, case_id, "precision_drift", ratio=n_ratio / b_ratio if b_ratio
+                       else None, detail={"base_err_ratio": b_ratio, "new_err_ratio": n_ratio})
+
+    passed_base = [e for e in base if e["status"] == "passed"]
+    pooled = [float(x) for e in passed_base for x in (e.get("samples_ms") or [])]
+    base_medians = [m for e in passed_base if (m := _num(e.get("median_ms"))) is not None]
+    base_median = statistics.median(base_medians) if base_medians and not pooled else None
+    verdict, ratio, p, detail = compare_samples(
+        pooled, [float(x) for x in new.get("samples_ms") or []], policy,
+        base_median=base_median, new_median=_num(new.get("median_ms")))
+    detail["base_runs"] = len(passed_base)
+    return Verdict(kernel, case_id, verdict, ratio=ratio, p_value=p,
+                   base_median_ms=detail.get("base_median_ms"),
+                   new_median_ms=detail.get("new_median_ms"), detail=detail)
+
+
+@dataclass
+class Report:
+    """All verdicts of one comparison."""
+
+    base_label: str
+    new_label: str
+    gpu_model_key: str
+    verdicts: list[Verdict]
+    policy: Policy = DEFAULT_POLICY
+
+    @property
+    def failing(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.fails]
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.failing)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for v in self.verdicts:
+            out[v.verdict] = out.get(v.verdict, 0) + 1
+        return dict(sorted(out.items()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"base": self.base_label, "new": self.new_label,
+                "gpu_model_key": self.gpu_model_key, "regressed": self.regressed,
+                "counts": self.counts(), "policy": asdict(self.policy),
+                "verdicts": [v.to_dict() for v in self.verdicts]}
+
+    def markdown(self, *, limit: int = 50) -> str:
+        lines = [f"**Baseline:** {self.base_label}  ", f"**This run:** {self.new_label}  ",
+                 f"**GPU model:** `{self.gpu_model_key}`", ""]
+        c = self.counts()
+        lines.append("Verdicts: " + (", ".join(f"{k} {n}" for k, n in c.items()) or "none"))
+        shown = [v for v in self.verdicts if v.verdict not in ("same", "new")]
+        order = {"correctness_regression": 0, "regression": 1, "precision_drift": 2,
+                 "inconclusive": 3, "improvement": 4, "correctness_fixed": 5, "missing": 6}
+        shown.sort(key=lambda v: (order.get(v.verdict, 9), -(abs((v.ratio or 1.0) - 1.0))))
+        if shown:
+            lines += ["", "| verdict | kernel | case | base ms | new ms | ratio | p |",
+                      "|---|---|---|---|---|---|---|"]
+            for v in shown[:limit]:
+                lines.append(f"| {v.verdict} | `{v.variant}` | `{v.case_id}` | "
+                             f"{_fmt(v.base_median_ms)} | {_fmt(v.new_median_ms)} | "
+                             f"{_fmt(v.ratio, '.3f')} | {_fmt(v.p_value, '.2g')} |")
+            if len(shown) > limit:
+                lines.append(f"\n... and {len(shown) - limit} more")
+        return "\n".join(lines) + "\n"
+
+
+def _fmt(x: float | None, spec: str = ".4g") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _index(entries: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(e["kernel"], e["case_id"]): e for e in entries}
+
+
+def compare_records(base: RunRecord | Sequence[RunRecord], new: RunRecord,
+                    policy: Policy = DEFAULT_POLICY, *, base_label: str | None = None
+                    ) -> Report:
+    """Compare `new` with one baseline record or a window of them (any order; the newest
+    decides the baseline status, all passed ones pool their samples). Raises CompareError
+    when a baseline run is of another GPU model."""
+    bases = [base] if isinstance(base, RunRecord) else list(base)
+    if not bases:
+        raise CompareError("no baseline run to compare with")
+    key = new.gpu_model_key
+    other = sorted({b.gpu_model_key for b in bases if b.gpu_model_key != key})
+    if other:
+        raise CompareError(f"runs are of different GPU models ({', '.join(other)} vs {key}); "
+                           "timings are only compared on the same GPU model")
+    bases.sort(key=lambda r: r.created, reverse=True)
+    indexes = [_index(b.results) for b in bases]
+    verdicts = []
+    new_index = _index(new.results)
+    for k, entry in new_index.items():
+        verdicts.append(compare_entries([ix[k] for ix in indexes if k in ix], entry, policy))
+    for k in sorted({k for ix in indexes for k in ix} - set(new_index)):
+        verdicts.append(Verdict(k[0], k[1], "missing", detail={"reason": "not in this run"}))
+    verdicts.sort(key=lambda v: (v.variant, v.case_id))
+    label = base_label or ", ".join(_label(b) for b in bases[:3]) + (
+        f" (+{len(bases) - 3} more)" if len(bases) > 3 else "")
+    return Report(base_label=label, new_label=_label(new), gpu_model_key=key,
+                  verdicts=verdicts, policy=policy)
+
+
+def _label(r: RunRecord) -> str:
+    commit = (r.commit or "no-commit")[:12]
+    return f"{commit} ({r.branch or '-'}, {r.created_at[:19]}, run {r.uuid[:8]})"

@@ -1,0 +1,254 @@
+"""Store API of the results database: open it, store run records, query history/baselines.
+
+`store_record` is idempotent on the record uuid (storing a record twice returns the same
+run id and adds nothing) and safe with many concurrent writers: variants and cases are
+get-or-created with INSERT ... ON CONFLICT DO NOTHING followed by a SELECT, so two writers
+racing on the same new kernel or case both end up with the one row the unique constraint
+lets through. A record whose uuid is already stored with different content is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Insert, and_, insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from harness.core.cases import Case
+from harness.records.db.database import (
+    Database,
+    DatabaseError,
+    DatabaseUnavailable,
+    RecordConflict,
+    open_db,
+)
+from harness.records.db.models import CaseRow, Comparison, Result, Run, Variant
+from harness.records.db.queries import (
+    baseline_runs,
+    counts,
+    get_run,
+    history,
+    latest_run,
+    load_record,
+    ping,
+    recent_runs,
+)
+from harness.records.record import RunRecord, parse_time
+
+_RESULT_RECORD_ONLY = ("timing_mode", "timing_method", "case_id")
+
+# The store is the database's one public face: opening and reading are re-exported here.
+__all__ = [
+    "Database", "DatabaseError", "DatabaseUnavailable", "RecordConflict", "open_db",
+    "baseline_runs", "counts", "get_run", "history", "latest_run", "load_record", "ping",
+    "recent_runs", "import_spool", "store_comparisons", "store_record",
+]
+
+# --------------------------------------------------------------------------- writing
+
+
+def _insert_ignore(dialect: str, table: Any) -> Insert:
+    """INSERT that skips rows violating a unique constraint (race-free get-or-create)."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table).on_conflict_do_nothing()
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(table).on_conflict_do_nothing()
+    return insert(table)
+
+
+def _get_or_create(s: Session, model: Any, key_cols: Sequence[str],
+                   rows: list[dict[str, Any]]) -> dict[tuple, int]:
+    """Ids of `rows` keyed by their unique-key tuple, inserting the ones that are new."""
+    if not rows:
+        return {}
+    cols = [getattr(model, c) for c in key_cols]
+
+    def lookup(keys: list[tuple]) -> dict[tuple, int]:
+        found: dict[tuple, int] = {}
+        for chunk in range(0, len(keys), 200):
+            part = keys[chunk:chunk + 200]
+            if len(cols) == 1:
+                cond = cols[0].in_([k[0] for k in part])
+            else:
+                from sqlalchemy import tuple_
+
+                cond = tuple_(*cols).in_(part)
+            for row in s.execute(select(model.id, *cols).where(cond)):
+                found[tuple(row[1:])] = row[0]
+        return found
+
+    unique = {tuple(r[c] for c in key_cols): r for r in rows}
+    ids = lookup(list(unique))
+    missing = [r for k, r in unique.items() if k not in ids]
+    if missing:
+        dialect = s.get_bind().dialect.name
+        if dialect in ("postgresql", "sqlite"):
+            s.execute(_insert_ignore(dialect, model.__table__), missing)
+        else:  # other backends: one savepoint per row, a lost race is an IntegrityError
+            for r in missing:
+                try:
+                    with s.begin_nested():
+                        s.execute(insert(model.__table__), [r])
+                except IntegrityError:
+                    pass
+        ids.update(lookup([k for k in unique if k not in ids]))
+    lost = [k for k in unique if k not in ids]
+    if lost:
+        raise DatabaseError(f"{model.__tablename__}: could not create rows {lost[:3]}")
+    return ids
+
+
+_CLOCK_KEYS = ("sm_clock_mhz", "sm_clock_max_mhz", "sm_clock_default_mhz", "mem_clock_mhz",
+               "mem_clock_max_mhz", "clock_event_reasons")
+
+
+def _run_row(record: RunRecord, sha: str) -> dict[str, Any]:
+    gpu = dict(record.gpu or {})
+    env = dict(record.env or {})
+    # The whole gpu object travels in env["_gpu"] (the export gives it back verbatim); the
+    # columns are indexable copies of its main fields.
+    env["_gpu"] = record.gpu
+    clocks = gpu.get("clocks") or ({k: gpu[k] for k in _CLOCK_KEYS if gpu.get(k) is not None}
+                                   or None)
+    return {
+        "uuid": record.uuid, "commit": record.commit, "parent_commit": record.parent,
+        "branch": record.branch, "created_at": parse_time(record.created_at),
+        "source": record.source, "gpu_name": gpu.get("name"), "gpu_uuid": gpu.get("uuid"),
+        "gpu_model_key": record.gpu_model_key, "driver": gpu.get("driver"),
+        "cuda": gpu.get("cuda") or gpu.get("cuda_driver_version") or env.get("torch_cuda"),
+        "torch": env.get("torch"), "cupy": env.get("cupy"),
+        "python": env.get("python"), "hostname": env.get("hostname"),
+        "clocks": clocks, "calibration": record.calibration,
+        "grids": list(record.grids), "schema_version": record.schema_version,
+        "record_sha256": sha, "env": env,
+    }
+
+
+def _result_row(e: dict[str, Any], run_id: int, variant_id: int, case_pk: int
+                ) -> dict[str, Any]:
+    errors = e.get("errors") or {}
+    b = e.get("bytes") or {}
+    extra = dict(e.get("extra") or {})
+    # Fields without a column of their own travel in extra["_record"] for a lossless export.
+    rest = {k: e[k] for k in _RESULT_RECORD_ONLY if e.get(k) is not None and k != "case_id"}
+    err_rest = {k: v for k, v in errors.items()
+                if k not in ("out_err", "base_err", "ratio", "lse_err")}
+    if err_rest:
+        rest["errors"] = err_rest
+    if any(k not in ("model", "ideal", "read", "write") for k in b):
+        rest["bytes"] = {k: v for k, v in b.items() if k not in ("model", "ideal", "read", "write")}
+    if rest:
+        extra["_record"] = rest
+
+    def num(v: Any) -> Any:
+        return float(v) if isinstance(v, str) else v  # "nan"/"inf" kept as JSON strings
+
+    return {
+        "run_id": run_id, "variant_id": variant_id, "case_pk": case_pk,
+        "status": e["status"], "message": e.get("message") or "",
+        "out_err": num(errors.get("out_err")), "base_err": num(errors.get("base_err")),
+        "err_ratio": num(errors.get("ratio")), "lse_err": num(errors.get("lse_err")),
+        "samples_ms": list(e.get("samples_ms") or []), "median_ms": e.get("median_ms"),
+        "min_ms": e.get("min_ms"), "iqr_ms": e.get("iqr_ms"), "rel_noise": e.get("rel_noise"),
+        "dropped_throttled": e.get("dropped_throttled"), "tflops": e.get("tflops"),
+        "flops": e.get("flops"), "bytes_model": b.get("model"), "bytes_ideal": b.get("ideal"),
+        "bytes_read": b.get("read"), "bytes_write": b.get("write"),
+        "registers": e.get("registers"), "spills": e.get("spills"),
+        "shared_bytes": e.get("shared_bytes"), "extra": extra,
+    }
+
+
+def store_record(db: Database, record: RunRecord) -> int:
+    """Store a run record; returns its run id. Idempotent on `record.uuid`."""
+    record.check()
+    sha = record.sha256()
+    with db.session() as s:
+        existing = s.execute(select(Run.id, Run.record_sha256).where(Run.uuid == record.uuid)
+                             ).first()
+        if existing is None:
+            stmt = _insert_ignore(db.dialect, Run.__table__).values(**_run_row(record, sha))
+            run_id = s.execute(stmt.returning(Run.__table__.c.id)).scalar()
+            if run_id is None:  # a concurrent writer stored the same record just now
+                existing = s.execute(select(Run.id, Run.record_sha256)
+                                     .where(Run.uuid == record.uuid)).first()
+        if existing is not None:
+            if existing.record_sha256 != sha:
+                raise RecordConflict(f"run {record.uuid} is already stored with different "
+                                     f"content (run id {existing.id}); not storing it again")
+            return int(existing.id)
+
+        variant_rows = []
+        for name in sorted({e["kernel"] for e in record.results} | set(record.kernels)):
+            info = record.kernels.get(name) or {}
+            variant_rows.append({"name": name, "kind": info.get("kind"),
+                                 "source_hash": info.get("source_hash") or "",
+                                 "manifest": info.get("manifest")})
+        vids = _get_or_create(s, Variant, ("name", "source_hash"), variant_rows)
+        case_rows = []
+        for e in record.results:
+            c = Case.from_dict(e["case"])
+            case_rows.append({"case_id": c.id, **{k: v for k, v in c.to_dict().items()}})
+        cids = _get_or_create(s, CaseRow, ("case_id",), case_rows)
+        rows = []
+        for e in record.results:
+            info = record.kernels.get(e["kernel"]) or {}
+            vid = vids[(e["kernel"], info.get("source_hash") or "")]
+            rows.append(_result_row(e, run_id, vid, cids[(Case.from_dict(e["case"]).id,)]))
+        if rows:
+            s.execute(insert(Result.__table__), rows)
+        return int(run_id)
+
+
+def store_comparisons(db: Database, run_id: int, base_run_id: int | None,
+                      verdicts: Sequence[Any]) -> int:
+    """Store regression verdicts (objects with variant, case_id, verdict, ratio, p_value,
+    detail) of `run_id` against `base_run_id`; earlier verdicts of that pair are replaced."""
+    with db.session() as s:
+        s.execute(Comparison.__table__.delete().where(
+            and_(Comparison.run_id == run_id,
+                 Comparison.base_run_id.is_(None) if base_run_id is None
+                 else Comparison.base_run_id == base_run_id)))
+        rows = [{"run_id": run_id, "base_run_id": base_run_id, "variant": v.variant,
+                 "case_id": v.case_id, "verdict": v.verdict, "ratio": v.ratio,
+                 "p_value": v.p_value, "detail": v.detail,
+                 "created_at": parse_time(_now())} for v in verdicts]
+        if rows:
+            s.execute(insert(Comparison.__table__), rows)
+    return len(rows)
+
+
+def _now() -> str:
+    from harness.records.record import utc_now_iso
+
+    return utc_now_iso()
+
+
+def import_spool(db: Database, directory: str | Path | None = None
+                 ) -> tuple[list[int], list[str]]:
+    """Store every spooled record; stored ones leave the spool. Returns (run ids, problems:
+    one line per record that stayed)."""
+    from harness.records.record import RecordError, spooled
+
+    ids, problems = [], []
+    for path in spooled(directory):
+        try:
+            ids.append(store_record(db, RunRecord.read(path)))
+        except (RecordError, RecordConflict) as exc:
+            problems.append(f"{path}: {exc}")
+            continue
+        path.unlink(missing_ok=True)
+    return ids, problems
+
+
+__all__ = [
+    "Database", "DatabaseError", "DatabaseUnavailable", "RecordConflict", "baseline_runs",
+    "counts", "get_run", "history", "import_spool", "latest_run", "load_record", "open_db",
+    "ping", "recent_runs", "store_comparisons", "store_record",
+]

@@ -1,0 +1,391 @@
+"""Versioned JSON run records: what one harness run measured, as a diffable text file.
+
+Every run writes its record first and stores it in the database second, so a run whose
+database is unreachable loses nothing: the record waits in the spool directory (next to
+the default database) until a later run or `fa-harness import` loads it. The committed
+H200 history under `results/` is made of these files. The format is documented in
+docs/record-format.md; `SCHEMA_VERSION` changes with any incompatible change.
+
+Files are written with indent=1 and sorted keys (stable diffs), atomically (a temporary
+file renamed into place), and only after validation: an invalid record is never written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid as uuidlib
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+from harness.core.cases import Case
+from harness.core.results import CaseResult, Errors, Status, Timing
+from harness.records.paths import spool_dir
+from harness.records.validate import (
+    ERROR_KEYS,
+    SUPPORTED_VERSIONS,
+    parse_time,
+    validate,
+)
+
+SCHEMA_VERSION = 1
+BYTES_KEYS = ("model", "ideal", "read", "write")
+__all__ = ["RecordError", "RunRecord", "gpu_model_key", "iso_utc", "parse_time", "spool",
+           "spooled", "utc_now_iso", "validate", "SCHEMA_VERSION", "SUPPORTED_VERSIONS"]
+
+
+class RecordError(ValueError):
+    """A record that cannot be read, or does not validate. The message names the field."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def utc_now_iso() -> str:
+    return iso_utc(datetime.now(UTC))
+
+
+def iso_utc(dt: datetime) -> str:
+    """The one timestamp spelling of records: UTC, microseconds, 'Z'."""
+    return dt.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+
+def gpu_model_key(name: str | None) -> str:
+    """The key of "same kind of GPU" (harness.measure.gpuinfo's slug of the name); runs are only
+    ever compared within one key. No GPU at all -> "cpu"."""
+    if not name:
+        return "cpu"
+    from harness.measure.gpuinfo import gpu_model_key as slug
+
+    return slug(name)
+
+
+def _json_number(x: Any) -> Any:
+    """JSON has no NaN/inf: keep them as strings so nothing is silently changed."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return x
+
+
+def _from_json_number(x: Any) -> Any:
+    if isinstance(x, str) and x in ("nan", "inf", "-inf"):
+        return float(x)
+    return x
+
+
+
+# --------------------------------------------------------------------------- git / env
+
+
+def _git(args: Sequence[str], cwd: str | Path | None) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                             timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None  # no git binary, or it hung: the record simply has no git metadata
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def git_metadata(cwd: str | Path | None = None) -> dict[str, Any]:
+    """commit, parent, branch, dirty of the run.
+
+    Explicit FA_HARNESS_COMMIT / _PARENT / _BRANCH win, then the CI system's variables
+    (GitHub Actions, GitLab CI; shallow CI checkouts often cannot name the parent), then the
+    working tree. Missing git is tolerated: the fields are then None."""
+    env = os.environ
+    commit = (env.get("FA_HARNESS_COMMIT") or env.get("GITHUB_SHA")
+              or env.get("CI_COMMIT_SHA") or _git(["rev-parse", "HEAD"], cwd))
+    branch = (env.get("FA_HARNESS_BRANCH") or env.get("GITHUB_HEAD_REF")
+              or env.get("GITHUB_REF_NAME") or env.get("CI_MERGE_REQUEST_SOURCE_BRANCH_NAME")
+              or env.get("CI_COMMIT_REF_NAME"))
+    if not branch:
+        b = _git(["rev-parse", "--abbrev-ref", "HEAD"], cwd)
+        branch = None if b in (None, "HEAD") else b
+    parent = env.get("FA_HARNESS_PARENT") or (
+        _git(["rev-parse", f"{commit}^"], cwd) if commit else None)
+    dirty = None
+    if commit and not env.get("FA_HARNESS_COMMIT"):
+        status = _git(["status", "--porcelain", "--untracked-files=no"], cwd)
+        head = _git(["rev-parse", "HEAD"], cwd)
+        dirty = bool(status) if head == commit else None
+    return {"commit": commit, "parent": parent, "branch": branch, "dirty": dirty}
+
+
+def _dist_version(*names: str) -> str | None:
+    # Package metadata, not an import: the CPU path must never import cupy.
+    for name in names:
+        try:
+            return importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def environment() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "torch": _dist_version("torch"),
+        "cupy": _dist_version("cupy-cuda13x", "cupy-cuda12x", "cupy"),
+        "numpy": _dist_version("numpy"),
+        "harness": _dist_version("fa-harness"),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "argv": list(sys.argv[1:]),
+    }
+
+
+# --------------------------------------------------------------------------- entries
+
+
+def entry_from_result(r: CaseResult, kernel_info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One record result entry from a CaseResult (flat timing fields, grouped errors/bytes)."""
+    t = r.timing or Timing()
+    extra = dict(r.extra or {})
+    info = kernel_info or {}
+
+    def res(key: str) -> Any:  # compile resources: per result when given, else per kernel
+        return extra.pop(key, info.get(key))
+
+    return {
+        "kernel": r.kernel,
+        "case": r.case.to_dict(),
+        "case_id": r.case.id,
+        "status": Status(r.status).value,
+        "message": r.message or "",
+        "errors": {k: _json_number(v) for k, v in asdict(r.errors).items()},
+        "samples_ms": [float(s) for s in t.samples_ms],
+        "median_ms": t.median_ms,
+        "min_ms": t.min_ms,
+        "iqr_ms": t.iqr_ms,
+        "rel_noise": t.rel_noise,
+        "dropped_throttled": t.dropped_throttled,
+        "timing_mode": t.mode if r.timing else None,
+        "timing_method": t.method if r.timing else None,
+        "flops": r.flops,
+        "tflops": r.tflops,
+        "bytes": {"model": r.bytes_model, "ideal": r.bytes_ideal,
+                  "read": r.bytes_measured_read, "write": r.bytes_measured_write},
+        "registers": res("registers"),
+        "spills": res("spills"),
+        "shared_bytes": res("shared_bytes"),
+        "extra": extra,
+    }
+
+
+def result_from_entry(e: dict[str, Any]) -> CaseResult:
+    errors = {k: _from_json_number(v) for k, v in (e.get("errors") or {}).items()
+              if k in ERROR_KEYS}
+    timing = None
+    if e.get("samples_ms") or e.get("median_ms") is not None:
+        timing = Timing(samples_ms=list(e.get("samples_ms") or []), median_ms=e.get("median_ms"),
+                        min_ms=e.get("min_ms"), iqr_ms=e.get("iqr_ms"),
+                        rel_noise=e.get("rel_noise"),
+                        dropped_throttled=e.get("dropped_throttled") or 0,
+                        mode=e.get("timing_mode") or "cold", method=e.get("timing_method") or "")
+    b = e.get("bytes") or {}
+    extra = dict(e.get("extra") or {})
+    for k in ("registers", "spills", "shared_bytes"):
+        if e.get(k) is not None:
+            extra[k] = e[k]
+    return CaseResult(kernel=e["kernel"], case=Case.from_dict(e["case"]),
+                      status=Status(e["status"]), message=e.get("message") or "",
+                      errors=Errors(**errors), timing=timing, flops=e.get("flops"),
+                      tflops=e.get("tflops"), bytes_model=b.get("model"),
+                      bytes_ideal=b.get("ideal"), bytes_measured_read=b.get("read"),
+                      bytes_measured_write=b.get("write"), extra=extra)
+
+
+# --------------------------------------------------------------------------- the record
+
+
+@dataclass
+class RunRecord:
+    uuid: str
+    created_at: str
+    commit: str | None
+    gpu: dict[str, Any] | None
+    results: list[dict[str, Any]]
+    parent: str | None = None
+    branch: str | None = None
+    source: str = "cli"
+    env: dict[str, Any] = field(default_factory=dict)
+    calibration: dict[str, Any] | None = None
+    grids: list[str] = field(default_factory=list)
+    # Per kernel: kind, source_hash, manifest, compile resources (registers, spills, ...).
+    kernels: dict[str, dict[str, Any]] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    # ---- construction
+
+    @classmethod
+    def from_results(cls, results: Iterable[CaseResult], meta: dict[str, Any] | None = None,
+                     ) -> RunRecord:
+        """A new record (fresh uuid, now) from results and run metadata. `meta` keys:
+        source, grids, gpu, env, calibration, kernels, commit, parent, branch, created_at,
+        uuid; git metadata and the environment are collected when not given."""
+        meta = dict(meta or {})
+        git = (git_metadata() if any(k not in meta for k in ("commit", "parent", "branch"))
+               else {})
+        env = meta.get("env")
+        if env is None:
+            env = environment()
+            if git.get("dirty") is not None:
+                env["git_dirty"] = git["dirty"]
+        kernels = {k: dict(v) for k, v in (meta.get("kernels") or {}).items()}
+        entries = [entry_from_result(r, kernels.get(r.kernel)) for r in results]
+        for e in entries:
+            kernels.setdefault(e["kernel"], {})
+        gpu = meta.get("gpu")
+        if gpu is not None:
+            gpu = dict(gpu)
+            gpu.setdefault("model_key", gpu_model_key(gpu.get("name")))
+        rec = cls(uuid=str(meta.get("uuid") or uuidlib.uuid4()),
+                  created_at=iso_utc(parse_time(meta["created_at"])) if meta.get("created_at")
+                  else utc_now_iso(),
+                  commit=meta.get("commit", git.get("commit")),
+                  parent=meta.get("parent", git.get("parent")),
+                  branch=meta.get("branch", git.get("branch")),
+                  source=meta.get("source", "cli"), gpu=gpu, env=env,
+                  calibration=meta.get("calibration"), grids=list(meta.get("grids") or []),
+                  kernels=kernels, results=entries)
+        rec.check()
+        return rec
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RunRecord:
+        problems = validate(data)
+        if problems:
+            raise RecordError(_summarise(problems))
+        entries = []
+        for e in data["results"]:
+            e = dict(e)
+            e.setdefault("case_id", Case.from_dict(e["case"]).id)
+            entries.append(e)
+        return cls(uuid=str(data["uuid"]), created_at=iso_utc(parse_time(data["created_at"])),
+                   commit=data["commit"], gpu=data["gpu"], results=entries,
+                   parent=data.get("parent"), branch=data.get("branch"),
+                   source=data.get("source", "cli"), env=dict(data.get("env") or {}),
+                   calibration=data.get("calibration"), grids=list(data.get("grids") or []),
+                   kernels={k: dict(v) for k, v in (data.get("kernels") or {}).items()},
+                   schema_version=int(data["schema_version"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version, "uuid": self.uuid,
+            "created_at": self.created_at, "source": self.source, "commit": self.commit,
+            "parent": self.parent, "branch": self.branch, "gpu": self.gpu, "env": self.env,
+            "calibration": self.calibration, "grids": self.grids, "kernels": self.kernels,
+            "results": self.results,
+        }
+
+    def check(self) -> None:
+        problems = validate(self.to_dict())
+        if problems:
+            raise RecordError(_summarise(problems))
+
+    def with_results(self, entries: list[dict[str, Any]]) -> RunRecord:
+        """This record with `entries` as its results (validated)."""
+        from dataclasses import replace
+
+        rec = replace(self, results=[dict(e) for e in entries])
+        for e in rec.results:
+            rec.kernels.setdefault(e["kernel"], {})
+        rec.check()
+        return rec
+
+    # ---- derived values
+
+    @property
+    def gpu_model_key(self) -> str:
+        gpu = self.gpu or {}
+        return gpu.get("model_key") or gpu_model_key(gpu.get("name"))
+
+    @property
+    def created(self) -> datetime:
+        return parse_time(self.created_at)
+
+    def case_results(self) -> list[CaseResult]:
+        return [result_from_entry(e) for e in self.results]
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+    def sha256(self) -> str:
+        """Content hash of the canonical form (the stored record_sha256)."""
+        canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"),
+                           allow_nan=False)
+        return hashlib.sha256(canon.encode()).hexdigest()
+
+    # ---- files
+
+    def write(self, path: str | Path) -> Path:
+        """Validate, then write atomically; an invalid record writes nothing."""
+        self.check()
+        text = self.dumps()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def read(cls, path: str | Path) -> RunRecord:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise RecordError(f"{path}: no such file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RecordError(f"{path}: cannot read ({exc})") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise RecordError(f"{path}: not JSON ({exc})") from None
+        try:
+            return cls.from_dict(data)
+        except RecordError as exc:
+            raise RecordError(f"{path}: {exc}") from None
+
+
+def _summarise(problems: list[str], limit: int = 5) -> str:
+    head = "; ".join(problems[:limit])
+    more = len(problems) - limit
+    return head + (f"; and {more} more problem(s)" if more > 0 else "")
+
+
+def looks_like_record(data: Any) -> bool:
+    return isinstance(data, dict) and "schema_version" in data and "results" in data
+
+
+# --------------------------------------------------------------------------- spool
+
+
+def spool(record: RunRecord, directory: str | Path | None = None) -> Path:
+    """Keep a record until the database takes it (file name: its uuid)."""
+    d = Path(directory) if directory is not None else spool_dir()
+    return record.write(d / f"{record.uuid}.json")
+
+
+def spooled(directory: str | Path | None = None) -> list[Path]:
+    d = Path(directory) if directory is not None else spool_dir()
+    return sorted(d.glob("*.json")) if d.is_dir() else []

@@ -1,0 +1,216 @@
+"""Scoring a submitted kernel: correctness first, then speed against a baseline, with
+every timed call checked.
+
+Stages (`score_candidate`):
+1. Correctness on the `full` grid through `harness.core.check.check_case` with the worker's
+   secret mixed into every case seed (a submission cannot know its inputs). Any failure:
+   verdict `incorrect`, failing cases listed. A crash (CUDA error) or hang ends the run:
+   `crashed` / `timeout` (the hang is detected by the worker's per-case deadline).
+2. Speed on the `perf` grid. The submission and the baseline (SDPA flash by default) are
+   timed in the same run by the same routine, `timed_calls`. Every timed call:
+   - gets FRESH inputs, drawn before the call (outside the timed region) from the secret
+     seed and a new draw index, so nothing can be cached across calls;
+   - writes into harness-owned buffers poisoned just before it;
+   - is bracketed by its own CUDA events inside `harness.measure.timing`'s sample (stream hold,
+     L2 flush, clock filter), and right after the closing event, still on the same stream
+     and before any synchronisation, a check kernel counts the elements still holding
+     the poison: work left running on another stream is seen as unwritten output;
+   - is then checked: that count, the guard zones, the inputs unchanged (bitwise), every
+     output element finite, and the output of a random secret subset of query rows plus every fully masked row
+     against the float64 oracle with the one tolerance rule (`check_output`).
+   A failed check: verdict `incorrect` naming the case and the check.
+   A time below the runner's physical floor, max(flops / matmul peak, ideal bytes / copy
+   bandwidth) from its measured ceilings (`harness.measure.calibrate`; the datasheet when the
+   runner has none, which only lowers the floor), makes the submission `invalid`.
+3. Score = geometric mean over the perf cases both support of baseline median / submission
+   median. Perf cases the submission does not support are listed in `detail["coverage"]`.
+
+No host code of the submission runs: the candidate is a `CudaVariant` built from CUDA
+source and a declarative manifest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from harness.core.candidate import Candidate
+from harness.core.results import CaseResult, Status
+from harness.submissions.floor import (
+    floor_ms,
+    runner_ceilings,
+)
+from harness.submissions.queue import Outcome
+from harness.submissions.timed import (
+    CallTimer,
+    CheatDetected,
+    ScoringOptions,
+    make_timer,
+    timed_calls,
+)
+
+VERDICTS = ("scored", "incorrect", "invalid", "rejected", "crashed", "timeout")
+Progress = Callable[[str, str], None]  # (stage, case id)
+
+# What scoring reports is exactly what the worker writes back for a job (verdict, message,
+# score, failing cases, detail, status): one dataclass, kept in the torch-free queue module.
+ScoreReport = Outcome
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+def context_usable(device: str) -> bool:
+    """After a CUDA error: is the context still alive (a sticky error such as an illegal
+    address poisons every later call), or must the run end as `crashed`?"""
+    if torch.device(device).type != "cuda":
+        return True
+    try:
+        x = torch.ones(1, device=device)
+        torch.cuda.synchronize()
+        return float(x.add_(1).item()) == 2.0
+    except Exception:  # noqa: BLE001 - any failure here means the context is gone
+        return False
+
+
+def _result_entry(r: CaseResult) -> dict[str, Any]:
+    return {"case": r.case.id, "status": r.status.value, "message": r.message[:2000]}
+
+
+def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: int,
+                    baseline: Candidate | None = None, progress: Progress | None = None,
+                    timer: CallTimer | None = None) -> ScoreReport:
+    """The whole scoring protocol of the module doc. Never raises for the candidate's
+    fault; a CUDA error propagates as an exception only when the context is unusable
+    (the worker's child turns it into `crashed`)."""
+    from harness.core.check import check_case
+    from harness.core.grids import get_grid
+
+    progress = progress or (lambda _s, _c: None)
+    device = options.device
+    detail: dict[str, Any] = {"options": {k: v for k, v in options.to_dict().items()
+                                          if k not in ("correctness_cases", "perf_cases")}}
+
+    # 1. correctness
+    cases = options.correctness_cases or get_grid(options.correctness_grid)
+    failing: list[dict[str, Any]] = []
+    passed = skipped = 0
+    for case in cases:
+        progress("check", case.id)
+        r = check_case(candidate, case, device=device, secret=secret)
+        if r.status is Status.SKIPPED:
+            skipped += 1
+            continue
+        if r.status is Status.PASSED:
+            passed += 1
+            continue
+        failing.append(_result_entry(r))
+        if r.status is Status.ERROR and not context_usable(device):
+            return ScoreReport("crashed", f"{r.case.id}: {r.message} (the CUDA context is "
+                               f"unusable afterwards)", failing_cases=failing, detail=detail)
+        if r.status in (Status.CRASHED, Status.TIMEOUT):
+            return ScoreReport(r.status.value, f"{r.case.id}: {r.message}",
+                               failing_cases=failing, detail=detail)
+        if options.stop_at_first_failure:
+            break
+    detail["correctness"] = {"grid": options.correctness_grid, "passed": passed,
+                             "skipped": skipped, "failed": len(failing)}
+    if failing:
+        return ScoreReport("incorrect", f"{len(failing)} correctness case(s) failed, first "
+                           f"{failing[0]['case']}: {failing[0]['message']}",
+                           failing_cases=failing, detail=detail)
+    if passed == 0:
+        return ScoreReport("incorrect", "the submission ran none of the correctness cases "
+                           "(it supports none of them)", detail=detail)
+
+    # 2. speed
+    if baseline is None:
+        from harness.candidates.registry import get_candidate
+
+        baseline = get_candidate(options.baseline)
+    perf_cases = options.perf_cases or get_grid(options.perf_grid)
+    if options.max_perf_cases is not None:
+        perf_cases = perf_cases[:options.max_perf_cases]
+    timer = timer or make_timer(device)
+    detail["timing_method"] = timer.method()
+    per_case: list[dict[str, Any]] = []
+    unsupported: list[str] = []
+    speedups: list[float] = []
+    for case in perf_cases:
+        reason = candidate.supports(case) or baseline.supports(case)
+        if reason:
+            unsupported.append(f"{case.id}: {reason}")
+            continue
+        ceilings, source = runner_ceilings(options, case.dtype)
+        floor = floor_ms(case, ceilings)
+        progress("perf-baseline", case.id)
+        try:
+            base_t = timed_calls(baseline, case, secret=secret, timer=timer, options=options,
+                                 device=device)
+        except CheatDetected as e:  # the runner's fault, not the submission's
+            return ScoreReport("crashed", f"baseline {baseline.name} failed its own checks: "
+                               f"{e}", detail=detail, status="error")
+        progress("perf", case.id)
+        try:
+            sub_t = timed_calls(candidate, case, secret=secret, timer=timer, options=options,
+                                device=device)
+        except CheatDetected as e:
+            failing.append({"case": case.id, "status": "failed", "message": str(e)[:2000]})
+            return ScoreReport("incorrect", str(e), failing_cases=failing, detail=detail)
+        entry = {"case": case.id, "floor_ms": floor, "ceilings": ceilings,
+                 "ceilings_source": source, "baseline_median_ms": base_t.median_ms,
+                 "median_ms": sub_t.median_ms, "min_ms": sub_t.min_ms,
+                 "rel_noise": sub_t.rel_noise, "samples": len(sub_t.samples_ms),
+                 "checked_calls": sub_t.checked_calls}
+        per_case.append(entry)
+        if not sub_t.samples_ms or not base_t.samples_ms:
+            return ScoreReport("invalid", f"{case.id}: no valid timing sample", detail=detail)
+        limit = floor * (1.0 - options.floor_slack)
+        if sub_t.min_ms is not None and sub_t.min_ms < limit:
+            detail["perf"] = per_case
+            failing.append({"case": case.id, "status": "invalid",
+                            "message": f"{sub_t.min_ms:.4f} ms < floor {floor:.4f} ms"})
+            return ScoreReport(
+                "invalid", f"{case.id}: measured {sub_t.min_ms:.4f} ms, below the physical "
+                f"floor of this runner {floor:.4f} ms (max of FLOPs / {ceilings['matmul_tflops']:.0f}"
+                f" TFLOP/s and ideal bytes / {ceilings['copy_gbps']:.0f} GB/s, {source})",
+                failing_cases=failing, detail=detail)
+        speedup = base_t.median_ms / sub_t.median_ms
+        entry["speedup"] = speedup
+        speedups.append(speedup)
+    detail["perf"] = per_case
+    detail["coverage"] = {"timed": len(speedups), "of": len(perf_cases),
+                          "unsupported": unsupported}
+    if not speedups:
+        return ScoreReport("incorrect", "no perf case could be timed (the submission or the "
+                           f"baseline {baseline.name} supports none)", detail=detail)
+    score = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+    return ScoreReport("scored", f"geometric mean speedup {score:.3f}x over {baseline.name} "
+                       f"on {len(speedups)}/{len(perf_cases)} perf cases", score=score,
+                       detail=detail)
+
+
+def score_files(files: dict[str, str], options: ScoringOptions, *, secret: int,
+                progress: Progress | None = None) -> ScoreReport:
+    """Build the submission from its files (CUDA source + manifest only) and score it."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from harness.submissions.submit import Rejected, load_candidate
+
+    if torch.device(options.device).type == "cuda" and not torch.cuda.is_available():
+        return ScoreReport("crashed", "this worker has no usable CUDA GPU; the submission "
+                           "was not run", status="error")
+    workdir = Path(tempfile.mkdtemp(prefix="fa-score-"))
+    try:
+        try:
+            candidate = load_candidate(files, workdir)
+        except Rejected as e:
+            return ScoreReport("rejected", str(e))
+        return score_candidate(candidate, options, secret=secret, progress=progress)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,346 @@
+"""Kernel submissions: packing, validation before queueing, and storing.
+
+A submission is CUDA source plus a declarative manifest, nothing else: either a variant
+folder in the format of `kernels/` (manifest.toml + .cu files) or a single .cu whose
+manifest is TOML in a leading `/* fa-harness manifest ... */` comment. No host code from a
+submission ever runs; the manifest's sizes are integer expressions parsed by `harness.candidates.expr`
+(never `eval`).
+
+Everything below is checked here, on any machine (nvcc is enough, no GPU needed), before a
+submission may enter the queue. The first problem found rejects it with one message:
+
+1. files: at most `MAX_FILES` plain files, no sub-folders or links, names of letters,
+   digits and `._-`, suffixes .cu/.cuh/.toml/.md/.txt, at most `MAX_FILE_BYTES` each and
+   `MAX_TOTAL_BYTES` in all (sizes are read from the file system before any content is),
+   UTF-8 text without NUL bytes;
+2. sources (comments and string literals blanked first, line continuations joined):
+   `#include` only of "fa_harness.h"; only ordinary preprocessor directives; no digraph or
+   trigraph spellings of `#`; no redefinition of the header's names (FA_*, fa_*, FaParams)
+   and no use of the entry-signature check's internals; no device-side launches or device
+   runtime calls (dynamic parallelism);
+3. the manifest, by the project's variant loader (schema, types, expressions, entries);
+4. compile options from a whitelist (no -rdc, -I, -include, no -D of harness names) and
+   an `arch` from a short list;
+5. launch limits, with every expression evaluated at every case of the full, perf and
+   decode grids the variant supports (the largest decides): blocks per launch at most
+   `MAX_BLOCKS_PER_LAUNCH`, at most 1024 threads per block, dynamic shared memory at most
+   the Hopper opt-in maximum (227 KiB), workspace at most `MAX_WORKSPACE_BYTES`;
+6. an nvcc compile of every entry with the entry-signature check, under a time limit.
+
+A rejected submission is stored as status `done`, verdict `rejected`, with the message
+(and its source, when the source was within the size limits), so the submitter and the
+leaderboard see it; it never enters the queue. Accepted ones are stored `queued`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.core.cases import Case
+from harness.submissions.sources import (
+    _SUB_NAME_OK,
+    COMPILE_TIMEOUT_S,
+    MANIFEST_FILE,
+    MAX_BLOCKS_PER_LAUNCH,
+    MAX_FILE_BYTES,
+    MAX_FILES,
+    MAX_GRID_Y_Z,
+    MAX_NAME_LEN,
+    MAX_SHARED_BYTES,
+    MAX_SPLITS,
+    MAX_THREADS_PER_BLOCK,
+    MAX_TOTAL_BYTES,
+    MAX_WORKSPACE_BYTES,
+    SINGLE_FILE_MARKER,
+    SM_COUNT,
+    SOURCE_SUFFIXES,
+    Rejected,
+    check_compile_options,
+    check_files,
+    check_source,
+    pack_path,
+    pack_upload,
+    source_hash,
+)
+
+# The checks of harness.submissions.sources are part of this module's public face.
+__all__ = [
+    "MAX_FILES", "MAX_FILE_BYTES", "MAX_TOTAL_BYTES", "Rejected", "Validated",
+    "check_compile_options", "check_files", "check_source", "pack_path", "pack_upload",
+    "read_manifest", "submit_files", "store", "validate", "default_submitter",
+]
+
+
+@dataclass
+class Validated:
+    """A submission that passed every check."""
+
+    name: str
+    files: dict[str, str]
+    manifest: dict[str, Any]
+    source_hash: str
+    limits: dict[str, Any] = field(default_factory=dict)
+
+# --------------------------------------------------------------------------- manifest
+
+
+def read_manifest(files: dict[str, str]) -> dict[str, Any]:
+    """The manifest as a dict (folder: manifest.toml; single file: its header comment)."""
+    if MANIFEST_FILE in files:
+        text, where = files[MANIFEST_FILE], MANIFEST_FILE
+    else:
+        (where, src), = ((n, t) for n, t in files.items() if n.endswith(".cu"))
+        m = re.match(r"\s*/\*\s*" + re.escape(SINGLE_FILE_MARKER) + r"(.*?)\*/", src, re.S)
+        if not m:
+            raise Rejected(f"{where}: the '/* {SINGLE_FILE_MARKER} ... */' comment is not closed")
+        text = m.group(1)
+    try:
+        manifest = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise Rejected(f"{where}: manifest is not valid TOML: {e}") from None
+    name = manifest.get("name")
+    if not isinstance(name, str) or not _SUB_NAME_OK.match(name) or "." in name:
+        raise Rejected(f"{where}: field 'name' must be 1..{MAX_NAME_LEN} letters, digits, "
+                       f"'_' or '-' (got {name!r})")
+    return manifest
+
+
+def materialize(files: dict[str, str], workdir: Path) -> Path:
+    """Write the submission under `workdir` the way the variant loader expects it: a folder
+    named after the manifest, or the single .cu. Returns the folder or file path."""
+    manifest = read_manifest(files)
+    if MANIFEST_FILE in files:
+        folder = workdir / "variants" / manifest["name"]
+        folder.mkdir(parents=True, exist_ok=True)
+        for fname, text in files.items():
+            (folder / fname).write_text(text)
+        return folder
+    (fname, text), = files.items()
+    (workdir / "single").mkdir(parents=True, exist_ok=True)
+    target = workdir / "single" / fname
+    target.write_text(text)
+    return target
+
+
+def load_spec(files: dict[str, str], workdir: Path) -> Any:
+    """The submission's `harness.candidates.variants.VariantSpec`, through the project's variant
+    loader (the one schema for shipped kernels and submissions)."""
+    from harness.candidates import variants
+
+    target = materialize(files, workdir)
+    try:
+        return variants.load_variant(target)
+    except variants.VariantError as e:
+        # Messages name the file relative to the submission, not the temporary folder.
+        raise Rejected(f"manifest: {str(e).replace(str(target.parent) + '/', '')}") from None
+
+
+def load_candidate(files: dict[str, str], workdir: Path) -> Any:
+    """The submission as a `harness.candidates.cuda_candidate.CudaVariant` (GPU workers)."""
+    from harness.candidates.cuda_candidate import CudaVariant
+
+    return CudaVariant.from_spec(load_spec(files, workdir))
+
+
+# --------------------------------------------------------------------------- launch limits
+
+
+def limit_cases() -> list[Case]:
+    """Every case of the grids a submission can be run on (full, perf, decode)."""
+    from harness.core.grids import get_grid
+
+    cases: list[Case] = []
+    for grid in ("full", "perf", "decode"):
+        cases += get_grid(grid)
+    return cases
+
+
+def check_launch_limits(spec: Any, cases: Iterable[Case]) -> dict[str, Any]:
+    """Evaluate the spec's launch and workspace expressions at every case it supports (the
+    split count is tried at both extremes when the manifest leaves it to the heuristic).
+    Returns the largest values seen and how many cases were checked."""
+    from harness.candidates.expr import ExprError
+    from harness.candidates.variants import size_env
+
+    support = spec.to_support()
+    splits_options = [spec.num_splits] if spec.num_splits else [1, MAX_SPLITS]
+    worst: dict[str, Any] = {"blocks": 0, "threads": 0, "shared_bytes": 0,
+                             "workspace_bytes": 0, "case": None, "cases_checked": 0}
+    for case in cases:
+        if support.reason_unsupported(case) is not None:
+            continue
+        worst["cases_checked"] += 1
+        for splits in splits_options:
+            env = size_env(case, num_splits=splits, sm_count=SM_COUNT, tiles=spec.tiles)
+            try:
+                for li, launch in enumerate(spec.launches):
+                    where = f"launch[{li}] ({launch.entry})"
+                    grid = [e.evaluate(env) for e in launch.grid]
+                    block = [e.evaluate(env) for e in launch.block]
+                    _check_launch(where, case, grid, block, launch.shared_mem.evaluate(env),
+                                  worst)
+                ws_total = 0
+                for wi, ws in enumerate(spec.workspaces):
+                    n = ws.elements.evaluate(env)
+                    if n < 0:
+                        raise Rejected(f"workspace[{wi}] ({ws.name}): negative size {n} at "
+                                       f"case {case.id}")
+                    ws_total += n * ws.itemsize
+                    if ws_total > MAX_WORKSPACE_BYTES:
+                        raise Rejected(f"workspace[{wi}] ({ws.name}): {ws_total} bytes at "
+                                       f"case {case.id} exceed the limit of "
+                                       f"{MAX_WORKSPACE_BYTES} bytes")
+                worst["workspace_bytes"] = max(worst["workspace_bytes"], ws_total)
+            except ExprError as e:
+                raise Rejected(f"manifest: {e} (case {case.id})") from None
+    return worst
+
+
+def _check_launch(where: str, case: Case, grid: list[int], block: list[int], shared: int,
+                  worst: dict[str, Any]) -> None:
+    if any(g < 1 for g in grid) or any(b < 1 for b in block) or len(grid) > 3 or len(block) > 3:
+        raise Rejected(f"{where}: grid {grid} / block {block} at case {case.id}: every "
+                       f"dimension must be >= 1 and there are at most 3")
+    blocks = 1
+    for g in grid:
+        blocks *= g
+    threads = 1
+    for b in block:
+        threads *= b
+    if blocks > MAX_BLOCKS_PER_LAUNCH:
+        raise Rejected(f"{where}: {blocks} blocks at case {case.id} exceed the limit of "
+                       f"{MAX_BLOCKS_PER_LAUNCH} blocks per launch")
+    if any(g > MAX_GRID_Y_Z for g in grid[1:]):
+        raise Rejected(f"{where}: grid {grid} at case {case.id}: gridDim.y/z above {MAX_GRID_Y_Z}")
+    if threads > MAX_THREADS_PER_BLOCK:
+        raise Rejected(f"{where}: block {block} = {threads} threads at case {case.id} exceeds "
+                       f"{MAX_THREADS_PER_BLOCK} threads per block")
+    if shared < 0 or shared > MAX_SHARED_BYTES:
+        raise Rejected(f"{where}: {shared} bytes of shared memory at case {case.id} exceed the "
+                       f"device maximum of {MAX_SHARED_BYTES} bytes per block")
+    if blocks > worst["blocks"]:
+        worst["blocks"], worst["case"] = blocks, case.id
+    worst["threads"] = max(worst["threads"], threads)
+    worst["shared_bytes"] = max(worst["shared_bytes"], shared)
+
+
+# --------------------------------------------------------------------------- compile
+
+
+def compile_check(spec: Any, timeout_s: float = COMPILE_TIMEOUT_S) -> None:
+    """nvcc-compile the full source (header, sources, one signature check per entry) for
+    sm_90 under a time limit, and require every entry in the cubin; no GPU needed."""
+    from harness.candidates.compile import compile_spec_nvcc
+
+    for report in compile_spec_nvcc(spec, "sm_90", timeout_s):
+        if not report.ok:
+            entry = f" ({report.entry})" if report.entry else ""
+            raise Rejected(f"compile failed{entry}: {report.message.strip()[:3000]}")
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate(files: dict[str, str], *, compile_timeout_s: float = COMPILE_TIMEOUT_S,
+             compile_sources: bool = True, cases: list[Case] | None = None) -> Validated:
+    """Run every check of the module doc; raises `Rejected` on the first problem."""
+    check_files(files)
+    for fname, text in files.items():
+        if fname.endswith(SOURCE_SUFFIXES):
+            check_source(fname, text)
+    manifest = read_manifest(files)
+    check_compile_options(manifest.get("compile_options") or [], str(manifest.get("arch", "")))
+    workdir = Path(tempfile.mkdtemp(prefix="fa-submit-"))
+    try:
+        spec = load_spec(files, workdir)
+        limits = check_launch_limits(spec, cases if cases is not None else limit_cases())
+        if limits["cases_checked"] == 0:
+            raise Rejected("the submission supports none of the scoring grids' cases "
+                           "(check [supports]: dtypes, head_dims, masks)")
+        if compile_sources:
+            compile_check(spec, compile_timeout_s)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return Validated(name=manifest["name"], files=files, manifest=manifest,
+                     source_hash=source_hash(files), limits=limits)
+
+
+# --------------------------------------------------------------------------- storing
+
+
+@dataclass
+class SubmitResult:
+    id: int
+    accepted: bool
+    message: str
+
+
+def store(engine: Any, files: dict[str, str] | None, *, name: str, submitter: str,
+          token_id: int | None, validated: Validated | None,
+          rejection: str | None = None) -> SubmitResult:
+    """Insert the submission: `queued` when validated, else `done`/`rejected`."""
+    from harness.records.db.engine import session_factory
+    from harness.records.db.models import Submission, utcnow
+
+    ok = validated is not None
+    keep = files if files is not None and _within_limits(files) else {}
+    row = Submission(
+        name=name[:255], submitter=submitter[:255], token_id=token_id,
+        source=json.dumps(keep, sort_keys=True),
+        manifest=validated.manifest if ok else None,
+        source_hash=validated.source_hash if ok else source_hash(keep),
+        status="queued" if ok else "done",
+        verdict=None if ok else "rejected",
+        message=("queued" if ok else rejection),
+        detail={"limits": validated.limits} if ok else None,
+        attempts=0,
+    )
+    if not ok:
+        row.finished_at = utcnow()
+    with session_factory(engine)() as s, s.begin():
+        s.add(row)
+        s.flush()
+        sid = row.id
+    return SubmitResult(sid, ok, "queued" if ok else (rejection or "rejected"))
+
+
+def _within_limits(files: dict[str, str]) -> bool:
+    return (len(files) <= MAX_FILES
+            and sum(len(t.encode()) for t in files.values()) <= MAX_TOTAL_BYTES)
+
+
+def submit_files(engine: Any, files: dict[str, str] | None, *, name: str | None,
+                 submitter: str, token_id: int | None, rejection: str | None = None,
+                 **validate_kw: Any) -> SubmitResult:
+    """Validate and store. `rejection` set means packing already failed (files may be None)."""
+    validated = None
+    if rejection is None and files is not None:
+        try:
+            validated = validate(files, **validate_kw)
+        except Rejected as e:
+            rejection = str(e)
+    display = name or (validated.name if validated else _guess_name(files)) or "unnamed"
+    return store(engine, files, name=display, submitter=submitter, token_id=token_id,
+                 validated=validated, rejection=rejection)
+
+
+def _guess_name(files: dict[str, str] | None) -> str | None:
+    if not files:
+        return None
+    try:
+        return read_manifest(files)["name"]
+    except (Rejected, ValueError, KeyError):
+        return None
+
+
+def default_submitter() -> str:
+    return os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"

@@ -1,0 +1,272 @@
+"""Timed calls of a submission, every one of them checked (harness.submissions.scoring, stage 2):
+fresh secret inputs per call, poisoned harness-owned buffers, a same-stream poison count
+right after the closing event, guard zones, unchanged inputs, and a random secret subset of
+rows against the float64 oracle.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from harness.core.buffers import POISON_BITS, InputSnapshot, OutputBuffers
+from harness.core.candidate import Candidate
+from harness.core.cases import Case, Inputs, derive_seed, make_inputs
+
+# Draw indices of timed calls start here, away from the correctness draw (0).
+TIMED_DRAW_BASE = 1000
+SAMPLED_ROWS = 16
+# Seed index of the generator that picks the oracle rows (never an input draw index).
+ROW_PICK_DRAW = 1 << 40
+
+
+
+class CheatDetected(Exception):
+    """A timed call failed one of its checks."""
+
+
+@dataclass
+class ScoringOptions:
+    correctness_grid: str = "full"
+    perf_grid: str = "perf"
+    baseline: str = "sdpa_flash"
+    max_perf_cases: int | None = None
+    stop_at_first_failure: bool = False
+    device: str = "cuda"
+    sampled_rows: int = SAMPLED_ROWS
+    # Timing: the stopping rule of harness.measure.timing; fewer samples make a faster, noisier score.
+    min_samples: int = 10
+    min_time_s: float = 0.5
+    max_time_s: float = 10.0
+    warmup_calls: int = 2
+    # A sample faster than (1 - floor_slack) x the physical floor is invalid. The ceilings
+    # are measured, so a small slack keeps measurement noise of the ceilings themselves
+    # from flagging a kernel that runs right at the roofline.
+    floor_slack: float = 0.05
+    ceilings: dict[str, float] | None = None  # {"copy_gbps": .., "matmul_tflops": ..}
+    # Explicit cases instead of the named grids (tests, demos).
+    correctness_cases: list[Case] | None = None
+    perf_cases: list[Case] | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ScoringOptions:
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        for k in ("correctness_cases", "perf_cases"):
+            if known.get(k) is not None:
+                known[k] = [Case.from_dict(c) for c in known[k]]
+        return cls(**known)
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        d = asdict(self)
+        for k in ("correctness_cases", "perf_cases"):
+            if getattr(self, k) is not None:
+                d[k] = [c.to_dict() for c in getattr(self, k)]
+        return d
+
+
+# ----------------------------------------------------------------------------- timers
+
+
+class CallTimer(Protocol):
+    """Times one call: `sample(run, check)` runs `run()` in the timed region, enqueues
+    `check()` right after it on the same stream, and returns (ms, check's value, valid)."""
+
+    def sample(self, run: Callable[[], None],
+               check: Callable[[], Any]) -> tuple[float, Any, bool, float | None]: ...
+
+    def method(self) -> str: ...
+
+
+class CudaCallTimer:
+    """harness.measure.timing's sample (stream hold, L2 flush, clock reading) with the call
+    bracketed by its own events and the same-stream check queued behind them."""
+
+    def __init__(self) -> None:
+        from harness.measure.timing import DeviceTimer
+
+        self.timer = DeviceTimer.get()
+        self._e0 = torch.cuda.Event(enable_timing=True)
+        self._e1 = torch.cuda.Event(enable_timing=True)
+        self.reference_clock_mhz = self.timer.reference_clock_mhz
+
+    def sample(self, run: Callable[[], None],
+               check: Callable[[], Any]) -> tuple[float, Any, bool, float | None]:
+        holder: dict[str, Any] = {}
+
+        def launch(_i: int) -> None:
+            self._e0.record()
+            run()
+            self._e1.record()
+            # Same stream, before any synchronisation: sees what the stream has written.
+            holder["check"] = check()
+
+        s = self.timer.sample(launch, 0, flush=True)
+        torch.cuda.synchronize()
+        return self._e0.elapsed_time(self._e1), holder["check"], s.valid, s.sm_clock_mhz
+
+    def method(self) -> str:
+        return self.timer.method("cold", 1, "per-call checks") + "; own events per call"
+
+
+class HostCallTimer:
+    """CPU candidates (tests): wall-clock around the call; the check runs right after."""
+
+    reference_clock_mhz: float | None = None
+
+    def sample(self, run: Callable[[], None],
+               check: Callable[[], Any]) -> tuple[float, Any, bool, float | None]:
+        t0 = time.perf_counter()
+        run()
+        ms = (time.perf_counter() - t0) * 1e3
+        return ms, check(), True, None
+
+    def method(self) -> str:
+        return "host perf_counter (CPU)"
+
+
+def make_timer(device: str) -> CallTimer:
+    return CudaCallTimer() if torch.device(device).type == "cuda" else HostCallTimer()
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _poison_value(dtype: torch.dtype) -> int:
+    bits = POISON_BITS[dtype]
+    size = torch.empty((), dtype=dtype).element_size()
+    top = 1 << (8 * size)
+    return bits - top if bits >= top >> 1 else bits
+
+
+_INT = {2: torch.int16, 4: torch.int32}
+
+
+def count_poison(out: torch.Tensor, lse: torch.Tensor | None) -> torch.Tensor:
+    """Elements still holding the poison, as a device tensor (queued, not synchronised)."""
+    n = (out.view(_INT[out.element_size()]) == _poison_value(out.dtype)).sum()
+    if lse is not None:
+        n = n + (lse.view(torch.int32) == _poison_value(torch.float32)).sum()
+    return n
+
+
+def visibility_rows(case: Case, inputs: Inputs, rows: torch.Tensor) -> torch.Tensor:
+    """(B|1, 1, len(rows), Nk) boolean visibility of the given query rows."""
+    device = inputs.q.device
+    j = torch.arange(case.seqlen_k, device=device)[None, :]
+    vis = torch.ones((1, 1, len(rows), case.seqlen_k), dtype=torch.bool, device=device)
+    if case.mask.is_causal:
+        vis = vis & (j <= rows.to(device)[:, None] + case.causal_offset)[None, None]
+    if inputs.mask is not None:
+        m = inputs.mask.to(device)
+        m = m[:, :, rows.to(device), :] if m.shape[2] != 1 else m.expand(-1, -1, len(rows), -1)
+        vis = vis & m
+    return vis
+
+
+def check_rows(case: Case, inputs: Inputs, bufs: OutputBuffers, candidate: Candidate,
+               rows: torch.Tensor) -> str | None:
+    """The oracle and the tolerance rule on a subset of query rows (all batches/heads)."""
+    from harness.core.reference import attention_naive, attention_ref
+    from harness.core.tolerance import check_output
+
+    vis = visibility_rows(case, inputs, rows)
+    idx = rows.to(inputs.q.device)
+    q_rows = inputs.q.index_select(2, idx)
+    ref = attention_ref(q_rows, inputs.k, inputs.v, mask=vis)
+    base = attention_naive(q_rows, inputs.k, inputs.v, mask=vis)
+    out = bufs.out.index_select(2, idx)
+    lse = None if bufs.lse is None else bufs.lse.index_select(2, idx)
+    verdict = check_output(case, out, lse, ref, base,
+                           writes_lse=candidate.support.writes_lse,
+                           masked_lse=candidate.support.masked_lse)
+    return None if verdict.passed else verdict.message
+
+
+def pick_rows(case: Case, inputs: Inputs, gen: torch.Generator, n: int) -> torch.Tensor:
+    """`n` random rows (secret generator) plus every fully masked row of any batch."""
+    perm = torch.randperm(case.seqlen_q, generator=gen)[:n]
+    all_rows = torch.arange(case.seqlen_q)
+    vis = visibility_rows(case, inputs, all_rows.to(inputs.q.device))
+    masked = (~vis.any(dim=-1)).any(dim=0).flatten().nonzero().flatten().cpu()
+    return torch.unique(torch.cat([perm, masked])).sort().values
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+@dataclass
+class TimedCase:
+    samples_ms: list[float]
+    median_ms: float | None
+    min_ms: float | None
+    rel_noise: float | None
+    stop_reason: str
+    checked_calls: int
+
+
+def timed_calls(candidate: Candidate, case: Case, *, secret: int, timer: CallTimer,
+                options: ScoringOptions, device: str) -> TimedCase:
+    """Time `candidate` on `case`, every call with fresh inputs and fully checked
+    (module doc). Raises CheatDetected on the first failed check."""
+    from harness.measure.timing import StopRule, rel_noise, sample_until_stable, to_timing
+
+    bufs = OutputBuffers.allocate(case, device, candidate.support.writes_lse)
+    gen = torch.Generator()
+    # Which rows get the oracle is secret too: derived from the secret, never stored.
+    gen.manual_seed(derive_seed(case, secret, draw=ROW_PICK_DRAW))
+    calls = {"n": 0}
+
+    def one_call(draw: int) -> tuple[float, bool, float | None]:
+        inputs = make_inputs(case, device, secret=secret, draw=TIMED_DRAW_BASE + draw)
+        snapshot = InputSnapshot.take(inputs)
+        bufs.poison()
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()  # inputs and poison in place before the timed region
+        ms, unwritten, valid, clock = timer.sample(
+            lambda: candidate.run(case, inputs, bufs.out, bufs.lse),
+            lambda: count_poison(bufs.out, bufs.lse))
+        calls["n"] += 1
+        n_unwritten = int(unwritten)
+        where = f"timed call {calls['n']} on {case.id}"
+        if n_unwritten:
+            raise CheatDetected(
+                f"{where}: {n_unwritten} output element(s) still poisoned when the check "
+                f"queued right after the kernel on its stream ran (output written late, on "
+                f"another stream, or not at all)")
+        # The whole output (not only the sampled rows) must be finite: cheap, and a NaN
+        # or Inf hidden in a row the sample skips is caught on every call.
+        nonfinite = int((~torch.isfinite(bufs.out)).sum())
+        problems = [p for p in (bufs.check_guards(), snapshot.changed(inputs)) if p]
+        if nonfinite:
+            problems.append(f"{nonfinite} non-finite element(s) in the output")
+        if problems:
+            raise CheatDetected(f"{where}: " + "; ".join(problems))
+        rows = pick_rows(case, inputs, gen, options.sampled_rows)
+        msg = check_rows(case, inputs, bufs, candidate, rows)
+        if msg:
+            raise CheatDetected(f"{where}: output wrong on sampled rows: {msg}")
+        return ms, valid, clock
+
+    for w in range(options.warmup_calls):
+        one_call(-1 - w)  # checked like the rest; the first call may compile
+
+    from harness.measure.timing import Sample
+
+    def take(i: int) -> Sample:
+        ms, valid, clock = one_call(i)
+        return Sample(ms=ms, sm_clock_mhz=clock, valid=valid)
+
+    rule = StopRule(min_samples=options.min_samples, min_time_s=options.min_time_s,
+                    max_time_s=options.max_time_s)
+    run = sample_until_stable(take, rule,
+                              reference_clock_mhz=getattr(timer, "reference_clock_mhz", None))
+    t = to_timing(run, mode="cold", method=timer.method())
+    return TimedCase(samples_ms=t.samples_ms, median_ms=t.median_ms, min_ms=t.min_ms,
+                     rel_noise=rel_noise(t.samples_ms) if len(t.samples_ms) > 1 else None,
+                     stop_reason=run.stop_reason, checked_calls=calls["n"])

@@ -1,0 +1,328 @@
+"""The submission worker: claims queued submissions and scores each in a child process.
+
+One worker per GPU (`fa-harness worker --gpu N`). For each claimed job the worker starts
+a fresh child process (`python -m harness.submissions.worker --child JOB`) with
+`CUDA_VISIBLE_DEVICES=N`, in its own process group, and watches it:
+- a per-case deadline: the child reports each case it starts (a line in a progress file);
+  no progress for `case_timeout_s` (a kernel looping or sleeping forever) -> the whole
+  process group is killed, verdict `timeout` naming the case;
+- a job deadline `job_timeout_s` for the whole scoring;
+- a host memory limit: the child's resident set is read from /proc and the child killed
+  above `memory_limit_mb` (RLIMIT_AS cannot be used: CUDA reserves huge virtual address
+  ranges); the GPU memory is capped inside the child through torch's allocator fraction;
+- a child that dies without a result (segfault, CUDA teardown abort) -> `crashed`, with
+  the case it was on and the tail of its stderr.
+Whatever happens, the worker writes a verdict and takes the next job: it survives every
+bad submission. Jobs abandoned by a dead worker are re-queued after a lease (see
+harness.submissions.queue).
+
+The secret mixed into every case seed is worker configuration: `FA_HARNESS_SECRET` (an
+integer) or, when unset, a random value per worker start. It is handed to the child in
+the job file (mode 0600, in a private temporary folder) and never stored with results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.submissions.queue import Job, Outcome, claim, finish, requeue_stale
+
+DEFAULT_SCORER = "harness.submissions.scoring:score_files"
+STDERR_TAIL = 2000
+
+
+@dataclass
+class WorkerConfig:
+    gpu: int | None = None
+    case_timeout_s: float = 300.0
+    # Before its first progress line the child is importing torch and starting up: a
+    # separate, larger allowance, so a loaded machine is not taken for a hung kernel.
+    startup_timeout_s: float = 120.0
+    job_timeout_s: float = 3600.0
+    memory_limit_mb: int = 32768
+    gpu_memory_fraction: float | None = 0.9
+    lease_s: float | None = None  # default: job_timeout_s + 10 minutes
+    max_attempts: int = 3
+    poll_s: float = 2.0
+    secret: int | None = None
+    scorer: str = DEFAULT_SCORER
+    scoring: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.lease_s is None:
+            self.lease_s = self.job_timeout_s + 600.0
+        if self.secret is None:
+            env = os.environ.get("FA_HARNESS_SECRET")
+            self.secret = int(env) if env else secrets.randbits(63)
+        if self.name is None:
+            gpu = "cpu" if self.gpu is None else f"gpu{self.gpu}"
+            self.name = f"{socket.gethostname()}:{os.getpid()}:{gpu}"
+
+
+# ----------------------------------------------------------------------------- parent
+
+
+def _rss_mb(pid: int) -> float:
+    """Resident memory of a process and its children (MiB), from /proc."""
+    total = 0.0
+    pids = [pid]
+    try:
+        out = subprocess.run(["pgrep", "-g", str(os.getpgid(pid))], capture_output=True,
+                             text=True, timeout=5).stdout.split()
+        pids = [int(p) for p in out] or [pid]
+    except (OSError, subprocess.SubprocessError, ProcessLookupError, ValueError):
+        pass
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def _last_progress(path: Path) -> tuple[str, str, float | None]:
+    """(stage, case, time) of the last progress line, or ("start", "", None)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return "start", "", None
+    for line in reversed(lines):
+        try:
+            d = json.loads(line)
+            return d.get("stage", ""), d.get("case", ""), float(d.get("t", 0.0))
+        except (ValueError, TypeError):
+            continue
+    return "start", "", None
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+
+
+def _tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()[-STDERR_TAIL:]
+    except OSError:
+        return ""
+    return data.decode("utf-8", "replace").strip()
+
+
+def run_job(job: Job, config: WorkerConfig) -> Outcome:
+    """Score one job in a child process under the limits of `config`; never raises."""
+    try:
+        return _run_job(job, config)
+    except Exception as e:  # noqa: BLE001 - the worker must survive anything
+        return Outcome("crashed", f"worker error while running the job: "
+                       f"{type(e).__name__}: {e}", status="error")
+
+
+def _run_job(job: Job, config: WorkerConfig) -> Outcome:
+    with tempfile.TemporaryDirectory(prefix="fa-job-") as tmp:
+        tmpdir = Path(tmp)
+        os.chmod(tmpdir, 0o700)
+        progress_path = tmpdir / "progress.jsonl"
+        result_path = tmpdir / "result.json"
+        job_path = tmpdir / "job.json"
+        stderr_path = tmpdir / "stderr.txt"
+        job_doc = {"id": job.id, "files": job.files, "options": config.scoring,
+                   "secret": config.secret, "progress": str(progress_path),
+                   "result": str(result_path), "scorer": config.scorer,
+                   "gpu_memory_fraction": config.gpu_memory_fraction}
+        fd = os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(job_doc, f)
+        env = dict(os.environ)
+        env.pop("FA_HARNESS_SECRET", None)  # the child gets it from the job file only
+        if config.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(config.gpu)
+        # The child imports this project; keep its root importable when not installed.
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
+                                    else "")
+        started = time.monotonic()
+        last_change = started
+        last_seen: tuple[str, str, float | None] = ("start", "", None)
+        with open(stderr_path, "wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "harness.submissions.worker", "--child", str(job_path)],
+                stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env,
+                start_new_session=True, cwd=tmp)
+            killed: Outcome | None = None
+            while proc.poll() is None:
+                time.sleep(0.2)
+                now = time.monotonic()
+                seen = _last_progress(progress_path)
+                if seen != last_seen:
+                    last_seen, last_change = seen, now
+                stage, case, _ = last_seen
+                at = f"{stage} {case}".strip()
+                starting = last_seen[2] is None
+                allowed = config.startup_timeout_s if starting else config.case_timeout_s
+                if now - last_change > allowed:
+                    _kill_group(proc)
+                    what = "did not start" if starting else "no progress"
+                    killed = Outcome("timeout", f"{case or stage}: {what} for {allowed:g} s "
+                                     f"({at}); the scoring process was stopped",
+                                     failing_cases=[{"case": case, "status": "timeout",
+                                                     "message": at}])
+                    break
+                if now - started > config.job_timeout_s:
+                    _kill_group(proc)
+                    killed = Outcome("timeout", f"scoring exceeded the job limit of "
+                                     f"{config.job_timeout_s:g} s (at {at})")
+                    break
+                rss = _rss_mb(proc.pid)
+                if rss > config.memory_limit_mb:
+                    _kill_group(proc)
+                    killed = Outcome("crashed", f"host memory {rss:.0f} MiB above the limit of "
+                                     f"{config.memory_limit_mb} MiB (at {at})")
+                    break
+            if killed is not None:
+                killed.detail = {"elapsed_s": round(time.monotonic() - started, 2)}
+                return killed
+        # The child is gone; make sure nothing of its group lingers.
+        _kill_group(proc)
+        elapsed = round(time.monotonic() - started, 2)
+        if result_path.is_file():
+            try:
+                doc = json.loads(result_path.read_text())
+                detail = dict(doc.get("detail") or {})
+                detail["elapsed_s"] = elapsed
+                return Outcome(verdict=doc["verdict"], message=doc.get("message", ""),
+                               score=doc.get("score"),
+                               failing_cases=list(doc.get("failing_cases") or []),
+                               detail=detail, status=doc.get("status", "done"))
+            except (ValueError, KeyError, TypeError) as e:
+                return Outcome("crashed", f"the scoring child wrote an unreadable result: {e}")
+        stage, case, _ = last_seen
+        code = proc.returncode
+        how = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
+               else f"exited with code {code}")
+        tail = _tail(stderr_path)
+        msg = f"the scoring process {how} during {stage} {case}".rstrip()
+        if tail:
+            msg += f": {tail.splitlines()[-1][:500]}"
+        return Outcome("crashed", msg,
+                       failing_cases=[{"case": case, "status": "crashed", "message": how}]
+                       if case else [], detail={"elapsed_s": elapsed, "stderr_tail": tail})
+
+
+def work(engine: Any, config: WorkerConfig, *, once: bool = False, drain: bool = False,
+         should_stop: Callable[[], bool] | None = None,
+         log: Callable[[str], None] | None = None) -> int:
+    """Claim and score jobs until stopped. `once`: at most one job. `drain`: stop when the
+    queue is empty. Returns the number of jobs finished."""
+    log = log or (lambda _m: None)
+    should_stop = should_stop or (lambda: False)
+    done = 0
+    while not should_stop():
+        rq = requeue_stale(engine, lease_s=float(config.lease_s or 0),
+                           max_attempts=config.max_attempts)
+        for sid in rq.requeued:
+            log(f"submission {sid}: lease expired, re-queued")
+        for sid in rq.abandoned:
+            log(f"submission {sid}: abandoned after {config.max_attempts} attempts")
+        job = claim(engine, config.name or "worker")
+        if job is None:
+            if once or drain:
+                break
+            time.sleep(config.poll_s)
+            continue
+        log(f"submission {job.id} ({job.name}): scoring, attempt {job.attempts}")
+        outcome = run_job(job, config)
+        stored = finish(engine, job, outcome)
+        score = f" score {outcome.score:.3f}" if outcome.score is not None else ""
+        log(f"submission {job.id} ({job.name}): {outcome.verdict}{score}: "
+            f"{outcome.message[:300]}" + ("" if stored else " (claim lost; not stored)"))
+        done += 1
+        if once:
+            break
+    return done
+
+
+# ----------------------------------------------------------------------------- child
+
+
+def _resolve(path: str) -> Callable[..., Any]:
+    mod, _, attr = path.partition(":")
+    return getattr(importlib.import_module(mod), attr)
+
+
+def child_main(job_path: str) -> int:
+    """Run inside the child: score the job's files, write the result, exit hard."""
+    doc = json.loads(Path(job_path).read_text())
+    Path(job_path).unlink(missing_ok=True)  # the secret does not stay on disk
+    progress_path = Path(doc["progress"])
+    result_path = Path(doc["result"])
+    state = {"stage": "start", "case": ""}
+
+    def progress(stage: str, case: str) -> None:
+        state["stage"], state["case"] = stage, case
+        with open(progress_path, "a") as f:
+            f.write(json.dumps({"stage": stage, "case": case, "t": time.time()}) + "\n")
+
+    progress("load", "")
+    from harness.submissions.scoring import ScoreReport, ScoringOptions
+
+    try:
+        frac = doc.get("gpu_memory_fraction")
+        if frac:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.set_per_process_memory_fraction(float(frac))
+        scorer = _resolve(doc.get("scorer") or DEFAULT_SCORER)
+        options = ScoringOptions.from_dict(doc.get("options") or {})
+        report = scorer(doc["files"], options, secret=int(doc["secret"]), progress=progress)
+        if not isinstance(report, ScoreReport):
+            raise TypeError(f"scorer returned {type(report).__name__}, not ScoreReport")
+        out = report.to_dict()
+    except Exception as e:  # noqa: BLE001 - any error of the scoring run is the verdict
+        where = f"{state['stage']} {state['case']}".strip()
+        text = str(e).strip().splitlines()[0][:1000] if str(e).strip() else ""
+        out = ScoreReport("crashed", f"{type(e).__name__} during {where}: {text}").to_dict()
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, default=str))
+    tmp.replace(result_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter and CUDA teardown: after a kernel fault it can hang or abort.
+    os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.submissions.worker")
+    p.add_argument("--child", metavar="JOB", required=True)
+    args = p.parse_args(argv)
+    return child_main(args.child)
+
+
+def config_dict(config: WorkerConfig) -> dict[str, Any]:
+    d = asdict(config)
+    d.pop("secret", None)
+    return d
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The correctness and perf suites, run through the fa-harness pytest plugin."""
