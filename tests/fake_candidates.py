@@ -14,7 +14,7 @@ from harness.core.reference import attention_naive, case_flags
 
 BUGS = ("none", "perturb", "nan", "skip_row", "masked_nonzero", "lse_off", "lse_plus_inf",
         "modify_input", "write_after", "write_before", "raise", "nondeterministic",
-        "skip_lse_row")
+        "skip_lse_row", "hang")
 
 
 @dataclass
@@ -24,6 +24,10 @@ class FakeCandidate(Candidate):
 
     def run(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None) -> None:
         self.calls += 1
+        if self.bug == "hang":  # a kernel that never returns (isolated tests only)
+            import time
+
+            time.sleep(3600)
         if self.bug == "raise":
             raise RuntimeError("kernel launch failed: too many resources requested")
         o, lse_val = attention_naive(inputs.q.float(), inputs.k.float(), inputs.v.float(),

@@ -105,12 +105,21 @@ def test_precision_drift_needs_both_factor_and_floor():
     assert not compare_records(base, new).regressed
 
 
-def test_missing_and_new_entries_do_not_fail():
+def test_missing_entries_fail_new_ones_do_not():
     base = make_record(specs_for(kernels=("fa2", "naive")), seed=1)
     new = make_record(specs_for(kernels=("fa2", "fa1")), seed=2, minutes=1)
-    c = compare_records(base, new).counts()
+    report = compare_records(base, new)
+    c = report.counts()
     assert c.get("missing") == 3 and c.get("new") == 3
-    assert not compare_records(base, new).regressed
+    # naive dropped out of the run: that fails, a new kernel (fa1) does not
+    assert report.regressed
+    assert {v.variant for v in report.failing} == {"naive"}
+    for v in report.verdicts:
+        if v.verdict == "missing":
+            v.detail["excused"] = "not selected"
+    assert not report.regressed
+    only_new = make_record(specs_for(kernels=("fa2", "naive", "fa1")), seed=3, minutes=2)
+    assert not compare_records(base, only_new).regressed
 
 
 def test_window_baseline_pools_samples():

@@ -144,10 +144,93 @@ def test_gate_times_on_a_gpu(tmp_path):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    opts = _opts(tmp_path, grids=["perf"], kernels=["sdpa_flash"])
-    results, meta, _ = gate.execute(opts, log=_quiet)
-    assert meta["gpu"] and meta["gpu"]["model_key"] != "cpu"
-    timed = [r for r in results if r.status == "passed"]
+    # a small budget: the plan times the cheapest cases and lists the rest as left out
+    opts = _opts(tmp_path, grids=["perf"], kernels=["sdpa_flash"], budget_min=0.3)
+    ex = gate.execute(opts, log=_quiet)
+    assert ex.meta["gpu"] and ex.meta["gpu"]["model_key"] != "cpu"
+    timed = [r for r in ex.results if r.status == "passed"]
     assert timed and all(r.timing and len(r.timing.samples_ms) >= 10 for r in timed)
-    out = finish(RunRecord.from_results(results, meta), opts, log=_quiet)
+    assert ex.plan.left_out and "budget" in ex.plan.left_out[0].reason
+    out = finish(RunRecord.from_results(ex.results, ex.meta), opts, log=_quiet,
+                 plan=ex.plan)
     assert out.run_id is not None
+    assert out.record.env["ci_plan"]["left_out"]
+
+
+def test_a_peer_divergence_is_named_and_recorded_not_a_failure(tmp_path):
+    specs = specs_for(kernels=("fa2", "sdpa_cudnn"))
+    for s in specs[3:]:
+        s.status = "failed"
+    rec = make_record(specs, seed=1)
+    rec.kernels["sdpa_cudnn"]["kind"] = "peer"
+    out = finish(rec, _opts(tmp_path), log=_quiet)
+    assert out.exit_code == 0 and out.failures == []
+    [line] = out.peer_divergences
+    assert line.startswith("peer divergence: sdpa_cudnn returns mean(V) on fully masked rows, "
+                           "3 case(s)")
+    assert "fa-harness CI: passed" in out.summary and line in out.summary
+    # the same failure of a team candidate is red
+    rec2 = make_record(specs, seed=2, minutes=1)
+    assert finish(rec2, _opts(tmp_path), log=_quiet).exit_code == 1
+
+
+def test_a_load_error_fails_the_gate_and_is_named(tmp_path):
+    out = finish(make_record(specs_for(), seed=1), _opts(tmp_path), log=_quiet,
+                 load_errors=["kernels/broken/manifest.toml: name: must be letters"])
+    assert out.exit_code == 1
+    assert "1 candidate(s) failed to load" in out.summary
+    assert "kernels/broken/manifest.toml" in out.summary
+
+
+def test_a_kernel_missing_from_the_baseline_fails_unless_left_out_on_purpose(tmp_path):
+    from harness.records.plan import LeftOut, Plan
+
+    opts = _opts(tmp_path)
+    first = finish(make_record(specs_for(), seed=1, commit="a" * 40), opts, log=_quiet)
+    assert first.exit_code == 0
+    gone = make_record(specs_for(kernels=("fa2",)), seed=2, commit="b" * 40, parent="a" * 40,
+                       minutes=1)
+    out = finish(gone, opts, log=_quiet)
+    assert out.exit_code == 1 and "missing 3" in out.summary
+    # the plan chose not to time naive: the same run is green, and says why
+    plan = Plan(budget_s=300, min_time_s=0.2,
+                left_out=[LeftOut("naive", "timing = smoke",
+                                  [e["case_id"] for e in first.record.results
+                                   if e["kernel"] == "naive"])])
+    again = make_record(specs_for(kernels=("fa2",)), seed=3, commit="b" * 40,
+                        parent="a" * 40, minutes=2)
+    ok = finish(again, opts, log=_quiet, plan=plan)
+    assert ok.exit_code == 0, ok.summary
+    assert "3 baseline entries not in this run: left out by the plan" in ok.summary
+    # --kernels fa2: naive was not asked for
+    opts.kernels = ["fa2"]
+    again = make_record(specs_for(kernels=("fa2",)), seed=4, commit="b" * 40,
+                        parent="a" * 40, minutes=3)
+    assert finish(again, opts, log=_quiet).exit_code == 0
+
+
+def test_cli_compare_exits_1_when_the_new_run_misses_kernels(tmp_path, capsys):
+    base = make_record(specs_for(), seed=1).write(tmp_path / "base.json")
+    new = make_record(specs_for(kernels=("fa2",)), seed=2, minutes=1).write(tmp_path / "n.json")
+    assert cli_main(["compare", str(base), str(new)]) == 1
+    assert "missing 3" in capsys.readouterr().out
+
+
+def test_cli_ci_prints_lines_as_it_goes_and_records_the_plan(tmp_path, monkeypatch, capsys):
+    from harness.core import grids
+
+    monkeypatch.setitem(grids.GRIDS, "tiny", lambda: list(TINY))
+    monkeypatch.setenv("FA_HARNESS_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    monkeypatch.setattr(gate, "gpu_present", lambda: False)
+    args = ["ci", "--grid", "tiny", "--kernels", "fa2_model,naive_model", "--db",
+            str(tmp_path / "ci.sqlite"), "--record", str(tmp_path / "run.json"),
+            "--budget", "2"]
+    assert cli_main(args) == 0
+    out = capsys.readouterr().out
+    assert "plan: budget 2 min" in out
+    assert "ok   fa2_model: passed 2" in out and "ok   naive_model: passed 2" in out
+    rec = RunRecord.read(tmp_path / "run.json")
+    assert rec.env["ci_plan"]["budget_s"] == 120
+    assert cli_main(args[:-2] + ["--budget", "0"]) == 2
+    assert "--budget must be > 0" in capsys.readouterr().err

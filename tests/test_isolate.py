@@ -1,5 +1,6 @@
 """Isolation: a hang, an exception, a hard death or a memory blow-up in one case becomes
-that case's verdict, and the remaining cases still run in a fresh child."""
+that case's verdict; after an exception or a death the remaining cases still run in a
+fresh child, after a hang (or a lost CUDA context) they are reported as not run."""
 
 from __future__ import annotations
 
@@ -68,21 +69,49 @@ def run(cases, timeout_s=20.0, **extra):
 
 def test_every_fault_becomes_a_verdict_and_the_next_case_still_runs():
     t0 = time.monotonic()
-    res = run([case(OK, 1), case(OK, 2), case(RAISE), case(HANG), case(EXIT), case(SEGV),
-               case(OK, 3)], timeout_s=2.0)
+    res = run([case(OK, 1), case(OK, 2), case(RAISE), case(EXIT), case(SEGV), case(OK, 3),
+               case(HANG), case(OK, 4)], timeout_s=2.0)
     assert [r.status for r in res] == [Status.PASSED, Status.PASSED, Status.ERROR,
-                                       Status.TIMEOUT, Status.CRASHED, Status.CRASHED,
-                                       Status.PASSED], [r.message for r in res]
+                                       Status.CRASHED, Status.CRASHED, Status.PASSED,
+                                       Status.TIMEOUT, Status.SKIPPED], [r.message for r in res]
     # no restart without a reason: the first cases and the exception share one child
     assert res[0].message == res[1].message
     assert "planned failure" in res[2].message
-    assert "2 s" in res[3].message and "SIGKILL" in res[3].message
-    assert "exited with code 7" in res[4].message
-    assert "SIGSEGV" in res[5].message
+    assert "exited with code 7" in res[3].message
+    assert "SIGSEGV" in res[4].message
     # faulthandler writes the Python traceback to the redirected stderr: the tail has it
-    assert "Fatal Python error" in res[5].message or "Segmentation fault" in res[5].message
-    assert res[6].message != res[0].message  # a fresh child ran the last case
+    assert "Fatal Python error" in res[4].message or "Segmentation fault" in res[4].message
+    assert res[5].message != res[0].message  # a fresh child ran the case after the crashes
+    assert "2 s" in res[6].message and "SIGKILL" in res[6].message
+    assert res[7].message == f"not run: {case(HANG).id} hung for 2 s"
     assert time.monotonic() - t0 < 90
+
+
+def test_a_hanging_candidate_costs_one_timeout_not_one_per_case():
+    cases = [case(OK)] + [case(HANG, seed) for seed in range(5)]
+    t0 = time.monotonic()
+    res = run(cases, timeout_s=1.5)
+    took = time.monotonic() - t0
+    assert [r.status for r in res] == [Status.PASSED, Status.TIMEOUT] + [Status.SKIPPED] * 4
+    assert all(r.message == f"not run: {cases[1].id} hung for 1.5 s" for r in res[2:])
+    # one 1.5 s deadline plus child start-up, not five deadlines
+    assert took < 1.5 * 3 + 15, took
+
+
+def test_a_hanging_isolated_candidate_in_the_runner_is_one_timeout():
+    """The same through the correctness runner, with the shared fake candidate."""
+    from fake_candidates import isolated
+
+    from harness.core.grids import get_grid
+    from harness.execution.runner import run_correctness
+
+    cases = get_grid("smoke")[:4]
+    t0 = time.monotonic()
+    res = run_correctness([isolated("hang")], cases, timeout_s=2.0)
+    assert [r.status for r in res] == [Status.TIMEOUT] + [Status.SKIPPED] * 3, \
+        [r.message for r in res]
+    assert res[1].message == f"not run: {cases[0].id} hung for 2 s"
+    assert time.monotonic() - t0 < 2.0 + 30
 
 
 def test_memory_watchdog_kills_a_hog():

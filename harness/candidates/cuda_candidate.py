@@ -79,6 +79,8 @@ class CudaVariant(Candidate):
                 "manifest_path": str(spec.manifest_path),
                 "entries": spec.entry_names(),
                 "resources": {},
+                "timing": spec.timing,
+                "timing_max_seqlen": spec.timing_max_seqlen,
             },
             spec=spec,
         )

@@ -27,6 +27,7 @@ from harness.candidates.variant_spec import (
     MAX_WORKSPACES,
     SUPPORTS_OPTIONAL,
     SUPPORTS_REQUIRED,
+    TIMING_MODES,
     TOP_OPTIONAL,
     TOP_REQUIRED,
     WORKSPACE_DTYPES,
@@ -167,6 +168,13 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
             raise ctx.fail("num_splits", "only split-KV variants (algorithm = \"splitkv\") "
                            "may set num_splits")
 
+    timing = _str(ctx, data.get("timing", "full"), "timing")
+    if timing not in TIMING_MODES:
+        raise ctx.fail("timing", f"{timing!r} must be one of {', '.join(TIMING_MODES)}")
+    timing_max_seqlen = None
+    if "timing_max_seqlen" in data:
+        timing_max_seqlen = _int(ctx, data["timing_max_seqlen"], "timing_max_seqlen", 1)
+
     supports = _supports(ctx, data["supports"])
 
     tiles: dict[str, int] = {}
@@ -256,7 +264,8 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
         min_compute_capability=min_cc, arch=arch, compile_options=options,
         deterministic=deterministic, num_splits=num_splits, supports=supports, tiles=tiles,
         workspaces=tuple(workspaces), launches=tuple(launches), manifest_path=path,
-        source_texts=tuple(texts), raw=data,
+        source_texts=tuple(texts), raw=data, timing=timing,
+        timing_max_seqlen=timing_max_seqlen,
     )
 
 

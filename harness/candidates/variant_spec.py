@@ -28,7 +28,11 @@ MAX_HEAD_DIM = 256
 
 TOP_REQUIRED = ("name", "description", "algorithm", "sources", "min_compute_capability",
                 "supports", "launch")
-TOP_OPTIONAL = ("arch", "compile_options", "deterministic", "num_splits", "tiles", "workspace")
+TOP_OPTIONAL = ("arch", "compile_options", "deterministic", "num_splits", "tiles", "workspace",
+                "timing", "timing_max_seqlen")
+# How the CI gate times a variant (harness.records.plan): "full" every timing case it
+# supports (as the budget allows), "smoke" its two cheapest, "none" correctness only.
+TIMING_MODES = ("full", "smoke", "none")
 SUPPORTS_REQUIRED = ("dtypes", "head_dims", "masks", "gqa", "writes_lse")
 SUPPORTS_OPTIONAL = ("masked_lse", "max_seqlen_q", "max_seqlen_k", "decode_only", "max_head_dim")
 WORKSPACE_KEYS = ("name", "dtype", "elements")
@@ -131,6 +135,8 @@ class VariantSpec:
     manifest_path: Path
     source_texts: tuple[tuple[str, str], ...] = field(repr=False)  # (label, text)
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    timing: str = "full"
+    timing_max_seqlen: int | None = None  # timed only on cases with seqlen_q, seqlen_k <= this
 
     # --- entry points -------------------------------------------------------------------
     def expansions(self) -> list[tuple[str, int | None]]:

@@ -1,8 +1,11 @@
-"""`fa-harness ci`: run the grids, record, store, compare with the baseline, summarise.
+"""`fa-harness ci`: plan to the budget, run the grids, record, store, compare with the
+baseline, summarise.
 
-Exit 0: everything passed and nothing regressed; 1: a failure or a regression; 2: bad
-input (unknown grid or kernel). An unreachable database does not lose the run: the record
-stays in the spool and the summary says so."""
+Exit 0: nothing of the team failed or regressed (peers' divergences are reported, not
+failed); 1: a team candidate failed a case or did not load, a regression against the
+baseline, or a baseline candidate/case missing without the plan or --kernels leaving it
+out; 2: bad input (unknown grid or kernel, bad option). An unreachable database does not
+lose the run: the record stays in the spool and the summary says so."""
 
 from __future__ import annotations
 
@@ -15,8 +18,17 @@ from harness.cli._dbopt import add_db_option
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ci", help="the CI gate: run, record, store, compare, summarise")
-    p.add_argument("--grid", default="smoke,perf",
-                   help="comma-separated grids (default smoke,perf; timing grids need a GPU)")
+    p.add_argument("--grid", default="smoke,perf,decode",
+                   help="comma-separated grids (default smoke,perf,decode; timing grids "
+                        "need a GPU)")
+    p.add_argument("--budget", type=float, default=5.0, metavar="MINUTES",
+                   help="plan the run to fit this many minutes (default 5): every candidate "
+                        "is checked, timing follows each manifest's `timing` and the budget")
+    p.add_argument("--min-time", type=float, default=0.2, metavar="S",
+                   help="sampling time per timed case (default 0.2 s, >= 20 samples)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="per-case deadline; a candidate that hangs is stopped there "
+                        "(default 60 s)")
     p.add_argument("--kernels", default=None,
                    help="comma-separated candidate names (default: all runnable here)")
     p.add_argument("--baseline-branch", default="main",
@@ -48,11 +60,21 @@ def cmd_ci(args: argparse.Namespace) -> int:
         raise UsageError("--grid needs at least one grid name")
     if args.window < 1:
         raise UsageError("--window must be >= 1")
+    if not args.budget > 0:
+        raise UsageError(f"--budget must be > 0 minutes, got {args.budget:g}")
+    if not args.min_time > 0:
+        raise UsageError(f"--min-time must be > 0 s, got {args.min_time:g}")
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be > 0 s, got {args.timeout:g}")
+    if args.secret < 0:
+        raise UsageError(f"--secret must be >= 0, got {args.secret}")
     opts = GateOptions(grids=grids, kernels=_split(args.kernels), db_url=args.db,
                        baseline_branch=args.baseline_branch, window=args.window,
-                       summary=args.summary, record_path=args.record, secret=args.secret)
+                       summary=args.summary, record_path=args.record, secret=args.secret,
+                       budget_min=args.budget, min_time_s=args.min_time,
+                       timeout_s=args.timeout)
     try:
-        out = run_gate(opts)
+        out = run_gate(opts, log=lambda line: print(line, flush=True))
     except GateUsageError as exc:
         raise UsageError(str(exc)) from None
     print(out.summary)

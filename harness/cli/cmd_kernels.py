@@ -100,12 +100,10 @@ def _compile(archs: list[str]) -> tuple[list, int]:
 
 
 def wide_console():
-    """A console that does not squeeze tables to 80 columns when output is piped (CI logs)."""
-    import sys
+    """The terminal's width, or in a pipe `COLUMNS` / 100 columns (harness.cli.console)."""
+    from harness.cli.console import console
 
-    from rich.console import Console
-
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    return console()
 
 
 def _print_table(rows: list[dict], errors: list[str], notes: list[str]) -> None:

@@ -17,7 +17,11 @@ What the parent turns into results:
   measured RSS (RLIMIT_AS does not suit CUDA processes, which reserve huge virtual
   ranges, so a watchdog samples /proc/<pid>/status instead; device memory is not covered:
   CUDA reports its own out-of-memory error, which the child turns into a result).
-After any of these a fresh child continues with the remaining cases.
+After a crash, an exception or the memory watchdog a fresh child continues with the
+remaining cases. After a hang or a lost CUDA context it does not: the candidate's remaining
+cases are reported `skipped` with `not run: <case> hung for N s` (or `... lost its CUDA
+context`), so a hanging kernel costs one timeout per candidate, not one per case, and a
+broken kernel is not re-tried case by case into the same failure.
 
 Options (all optional):
   factory        "module:function" called as function(name) -> Candidate
@@ -245,9 +249,14 @@ def run_isolated(candidate_name: str, cases: Sequence[Case], *, mode: str = "che
     def make(idx: int, status: Status, message: str) -> CaseResult:
         return CaseResult(kernel=candidate_name, case=cases[idx], status=status, message=message)
 
+    def give_up(why: str) -> None:
+        for i in list(pending):
+            settle(i, make(i, Status.SKIPPED, f"not run: {why}"))
+
     while pending:
         child = _Child(candidate_name, [(i, cases[i]) for i in pending], mode, options)
         current: int | None = None
+        lost: str | None = None  # why the rest of this candidate's cases are not run
         deadline = time.monotonic() + startup_timeout
         progressed = False
         eof = False  # the child's end of the pipe is closed: it has exited or is exiting
@@ -268,8 +277,11 @@ def run_isolated(candidate_name: str, cases: Sequence[Case], *, mode: str = "che
                             current = msg[1]
                             deadline = time.monotonic() + timeout_s
                         elif kind == "result":
-                            settle(msg[1], CaseResult.from_dict(msg[2]))
+                            res = CaseResult.from_dict(msg[2])
+                            settle(msg[1], res)
                             current, progressed = None, True
+                            if res.status is Status.CRASHED and is_cuda_fatal(res.message):
+                                lost = f"{res.case.id} lost its CUDA context"
                             deadline = time.monotonic() + startup_timeout
                         elif kind == "build_error":
                             for i in list(pending):
@@ -306,6 +318,7 @@ def run_isolated(candidate_name: str, cases: Sequence[Case], *, mode: str = "che
                                              f"no result within {timeout_s:g} s; child killed "
                                              "(SIGKILL)"))
                         progressed = True
+                        lost = f"{cases[current].id} hung for {timeout_s:g} s"
                     else:
                         for i in list(pending):
                             settle(i, make(i, Status.ERROR,
@@ -313,6 +326,8 @@ def run_isolated(candidate_name: str, cases: Sequence[Case], *, mode: str = "che
                     break
         finally:
             child.close()
+        if lost is not None:
+            give_up(lost)
         if progressed:
             no_progress = 0
         else:

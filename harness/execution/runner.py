@@ -90,10 +90,10 @@ def _run_isolated(ci: int, cand: Candidate, cases: list[Case], secret: int, repe
     # submission, {"factory": "module:function"}); the caller's options come last.
     own = dict((cand.meta or {}).get("isolate_options") or {})
     options = {"secret": secret, "repeats": repeats, "device": cand.device, **own, **extra}
-    got = run_isolated(cand.name, [cases[ki] for ki in todo], mode="check", options=options,
-                       timeout_s=timeout_s)
-    for ki, res in zip(todo, got, strict=True):
-        settle(ci, ki, res)
+    # Each result is settled as the child sends it, so a CI log sees it while the run goes on.
+    by_id = {cases[ki].id: ki for ki in todo}
+    run_isolated(cand.name, [cases[ki] for ki in todo], mode="check", options=options,
+                 timeout_s=timeout_s, on_result=lambda res: settle(ci, by_id[res.case.id], res))
 
 
 @dataclass
@@ -130,17 +130,21 @@ def exit_code(results: Sequence[CaseResult]) -> int:
 
 
 def summary_table(rows: Sequence[SummaryRow], title: str = "correctness"):
+    """Per candidate counts. Only the statuses that occur get a column (passed always), so
+    the table fits 80 columns with whole candidate names; the worst case id folds."""
     from rich.table import Table
 
+    shown = [s for s in Status
+             if s is Status.PASSED or any(row.counts.get(s.value) for row in rows)]
     table = Table(title=title)
-    table.add_column("candidate")
-    for s in Status:
-        table.add_column(s.value, justify="right")
+    table.add_column("candidate", no_wrap=True)
+    for s in shown:
+        table.add_column(s.value, justify="right", no_wrap=True)
     table.add_column("worst ratio", justify="right")
-    table.add_column("worst case")
+    table.add_column("worst case", overflow="fold")
     for row in rows:
         cells = []
-        for s in Status:
+        for s in shown:
             n = row.counts.get(s.value, 0)
             cell = str(n) if n else "."
             cells.append(f"[red]{cell}[/red]" if n and s in FAILING else cell)

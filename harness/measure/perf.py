@@ -366,7 +366,7 @@ def perf_table(results: Sequence[CaseResult], baseline: str = "sdpa_flash",
     else:
         caption = "roofline: no calibration (run `fa-harness calibrate`); datasheet if known"
     t = Table(title=f"perf (median device time; x = speedup over {baseline})", caption=caption)
-    t.add_column("case", no_wrap=True)
+    t.add_column("case", overflow="fold")  # long ids fold; candidate names stay whole
     t.add_column("candidate", no_wrap=True)
     t.add_column("status", max_width=48)
     for col in ("median ms", "noise", "TFLOP/s", f"x {baseline}", "model MiB", "ideal MiB"):

@@ -73,6 +73,11 @@ class Verdict:
 
     @property
     def fails(self) -> bool:
+        # A candidate or case of the baseline that is gone from this run fails too (a
+        # kernel that silently drops out must not pass), unless the caller knows why it
+        # was left out (the gate's plan, --kernels) and says so in detail["excused"].
+        if self.verdict == "missing":
+            return not self.detail.get("excused")
         return self.verdict in FAILING_VERDICTS
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,21 +1,30 @@
-"""`fa-harness ci`: the one command a GPU CI job runs.
+"""`fa-harness ci`: the one command a GPU CI job runs on every commit.
 
-Flow: load anything left in the spool -> run the grids (correctness through
-harness.execution.runner; timing through harness.measure.perf when a GPU is present) -> write the run record
-(spool first, so nothing is lost) -> store it (it stays in the spool when the database is
-unreachable) -> find the baseline (latest run of the parent commit on the same GPU model,
-else a window of recent runs on the baseline branch) -> compare -> store the verdicts ->
-write a markdown summary (to --summary, else $GITHUB_STEP_SUMMARY when set) -> exit code:
-0 all passed and nothing regressed, 1 a failure or a regression, 2 usage/input error.
+Flow: load anything left in the spool -> plan the run to fit the time budget
+(harness.records.plan: correctness for every candidate, timing as each asked for) -> run
+it (correctness through harness.execution.runner, timing through harness.measure.perf when
+a GPU is present), printing one line per failing case and per finished candidate -> write
+the run record (spool first, so nothing is lost) -> store it (it stays in the spool when the
+database is unreachable) -> find the baseline (latest run of the parent commit on the same
+GPU model, else a window of recent runs on the baseline branch) -> compare -> store the
+verdicts -> write a markdown summary (to --summary, else $GITHUB_STEP_SUMMARY when set).
 
-Everything after "run the grids" works on a RunRecord, so the whole flow is testable on a
-CPU with synthetic records (`finish`) or with the CPU algorithm models (`execute`).
+Exit code (the README's table): 0 nothing of the team failed or regressed; 1 a team
+candidate failed a case, could not be loaded or compiled, regressed (correctness,
+precision or time) against the baseline, or a candidate or case of the baseline is
+missing from this run without the plan or --kernels leaving it out; 2 usage/input error.
+Peers (kind "peer": the SDPA backends) are yardsticks: where they diverge from the oracle
+the summary names them (`peer divergence: ...`), and the gate stays green.
+
+Everything after "run" works on a RunRecord, so the whole flow is testable on a CPU with
+synthetic records (`finish`) or with the CPU algorithm models (`execute`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +32,21 @@ from typing import Any
 
 from harness.core.results import CaseResult
 from harness.records.compare import DEFAULT_POLICY, CompareError, Policy, Report, compare_records
-from harness.records.record import RunRecord, gpu_model_key, spool
+from harness.records.gate_summary import summary_markdown
+from harness.records.plan import DEFAULT_BUDGET_MIN, DEFAULT_MIN_TIME_S, LeftOut, Plan, make_plan
+from harness.records.record import RunRecord, environment, gpu_model_key, spool
 
 # Grids whose purpose is timing; without a GPU they are reported as not run.
 TIMING_GRIDS = frozenset({"perf", "decode"})
+DEFAULT_GRIDS = ("smoke", "perf", "decode")
 OK_STATUSES = ("passed", "skipped")
+# A case that hangs costs its candidate this much once (harness.execution.isolate stops
+# the candidate there), not the budget.
+DEFAULT_CASE_TIMEOUT_S = 60.0
+# What is known of each peer's divergence from the oracle (docs/h200-runs.md, run 2).
+PEER_KNOWN = {"sdpa_cudnn": "returns mean(V) on fully masked rows",
+              "sdpa_efficient": "rows with no visible key (bottom-right causal, Nq > Nk) "
+                                "are not 0"}
 
 
 class GateUsageError(ValueError):
@@ -36,7 +55,7 @@ class GateUsageError(ValueError):
 
 @dataclass
 class GateOptions:
-    grids: list[str] = field(default_factory=lambda: ["smoke", "perf"])
+    grids: list[str] = field(default_factory=lambda: list(DEFAULT_GRIDS))
     kernels: list[str] | None = None
     db_url: str | None = None
     baseline_branch: str = "main"
@@ -47,6 +66,9 @@ class GateOptions:
     secret: int = 0
     source: str = "ci"
     policy: Policy = DEFAULT_POLICY
+    budget_min: float = DEFAULT_BUDGET_MIN
+    min_time_s: float = DEFAULT_MIN_TIME_S
+    timeout_s: float = DEFAULT_CASE_TIMEOUT_S
 
 
 @dataclass
@@ -60,14 +82,37 @@ class GateOutcome:
     report: Report | None = None
     notes: list[str] = field(default_factory=list)
     summary: str = ""
+    load_errors: list[str] = field(default_factory=list)
+    plan: Plan | None = None
+
+    def _kind(self, kernel: str) -> str | None:
+        return (self.record.kernels.get(kernel) or {}).get("kind")
 
     @property
     def failures(self) -> list[dict[str, Any]]:
-        return [e for e in self.record.results if e["status"] not in OK_STATUSES]
+        """Failing results of the team's candidates (peers are yardsticks)."""
+        return [e for e in self.record.results
+                if e["status"] not in OK_STATUSES and self._kind(e["kernel"]) != "peer"]
+
+    @property
+    def peer_divergences(self) -> list[str]:
+        by_peer: dict[str, list[dict[str, Any]]] = {}
+        for e in self.record.results:
+            if e["status"] not in OK_STATUSES and self._kind(e["kernel"]) == "peer":
+                by_peer.setdefault(e["kernel"], []).append(e)
+        lines = []
+        for name, bad in sorted(by_peer.items()):
+            known = PEER_KNOWN.get(name)
+            first = (bad[0].get("message") or "").strip().splitlines()
+            lines.append(f"peer divergence: {name}" + (f" {known}" if known else "")
+                         + f", {len(bad)} case(s); first {bad[0]['case_id']}: "
+                         + (first[0][:120] if first else bad[0]["status"]))
+        return lines
 
     @property
     def exit_code(self) -> int:
-        if self.failures or (self.report is not None and self.report.regressed):
+        if self.failures or self.load_errors or (self.report is not None
+                                                 and self.report.regressed):
             return 1
         return 0
 
@@ -95,13 +140,25 @@ def select_candidates(candidates: Sequence[Any], names: Sequence[str] | None) ->
     return [known[n] for n in names]
 
 
-def execute(opts: GateOptions, *, log: Callable[[str], None] = print
-            ) -> tuple[list[CaseResult], dict[str, Any], list[str]]:
-    """Run the chosen grids; returns (results, record metadata, notes for the summary)."""
-    from harness.candidates.registry import discover
+@dataclass
+class Execution:
+    results: list[CaseResult]
+    meta: dict[str, Any]
+    notes: list[str]
+    plan: Plan | None
+    load_errors: list[str]
+    case_ids: set[str]  # every case of the grids this run covered
+    not_here: set[str]  # candidates selected but not runnable on this machine
+
+
+def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Execution:
+    """Plan and run the chosen grids."""
+    from harness.candidates.registry import discover, load_errors
     from harness.core.grids import get_grid
+    from harness.execution.report import LineReport
     from harness.execution.runner import run_correctness
 
+    t0 = time.monotonic()
     gpu = gpu_present()
     notes: list[str] = []
     cases_by_grid = {}
@@ -110,36 +167,78 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print
             cases_by_grid[g] = get_grid(g)
         except ValueError as exc:
             raise GateUsageError(str(exc)) from None
-    candidates = select_candidates(discover(), opts.kernels)
+    pool = discover()
+    broken = load_errors()
+    # A variant that failed to load is a failure of the gate, named; also when it was
+    # asked for by --kernels (then it is not an unknown name).
+    broken_names = {getattr(e, "variant", "") for e in broken}
+    errors = [str(e) for e in broken if not opts.kernels
+              or getattr(e, "variant", "") in opts.kernels or not getattr(e, "variant", "")]
+    wanted = None if not opts.kernels else [n for n in opts.kernels if n not in broken_names]
+    candidates = [] if opts.kernels and not wanted else select_candidates(pool, wanted)
+    not_here: set[str] = set()
     if not gpu:
-        gpu_only = [c.name for c in candidates if c.device != "cpu"]
+        not_here = {c.name for c in candidates if c.device != "cpu"}
         candidates = [c for c in candidates if c.device == "cpu"]
-        if gpu_only:
-            notes.append(f"no GPU: {len(gpu_only)} GPU candidate(s) not run "
-                         f"({', '.join(sorted(gpu_only))})")
-    if not candidates:
+        if not_here:
+            notes.append(f"no GPU: {len(not_here)} GPU candidate(s) not run "
+                         f"({', '.join(sorted(not_here))})")
+    if not candidates and not errors:
         raise GateUsageError("no candidate to run on this machine")
+    check_cases = [c for g, cs in cases_by_grid.items() if g not in TIMING_GRIDS for c in cs]
+    timing_cases = [c for g, cs in cases_by_grid.items() if g in TIMING_GRIDS for c in cs]
+    if timing_cases and not gpu:
+        notes.append(f"grid {', '.join(g for g in opts.grids if g in TIMING_GRIDS)}: "
+                     "timing needs a GPU; not run")
+    plan = make_plan(candidates, check_cases, timing_cases, budget_min=opts.budget_min,
+                     min_time_s=opts.min_time_s, gpu=gpu)
+    for line in plan.lines():
+        log(line)
+    for err in errors:
+        log(f"FAIL load error: {err}")
     results: list[CaseResult] = []
-    calibration = calibration_object(notes) if gpu else None
-    for g, cases in cases_by_grid.items():
-        if g in TIMING_GRIDS:
-            if not gpu:
-                notes.append(f"grid {g}: timing needs a GPU; not run")
-                continue
-            from harness.measure.perf import run_perf
+    if check_cases:
+        log(f"correctness: {len(check_cases)} case(s) x {len(candidates)} candidate(s)")
+        report = LineReport({c.name: len(check_cases) for c in candidates}, stream=sys.stdout)
+        results += run_correctness(candidates, check_cases, secret=opts.secret,
+                                   timeout_s=opts.timeout_s, on_result=report)
+    calibration = calibration_object(notes) if gpu and plan.timed else None
+    timed_results: list[CaseResult] = []
+    for cand in candidates:
+        cases = plan.timed.get(cand.name) or []
+        if not cases:
+            continue
+        spent = time.monotonic() - t0
+        if spent > plan.budget_s:
+            plan.left_out.append(LeftOut(cand.name, f"budget spent ({spent:.0f} s) before "
+                                         "its turn", [c.id for c in cases]))
+            plan.timed[cand.name] = []
+            log(f"left out: {plan.left_out[-1].line()}")
+            continue
+        from harness.measure.perf import run_perf
 
-            timed = [c for c in candidates if c.device == "cuda"]
-            log(f"timing grid {g}: {len(cases)} case(s) x {len(timed)} candidate(s)")
-            results += run_perf(timed, cases, calibration=calibration, log=log)
-        else:
-            log(f"correctness grid {g}: {len(cases)} case(s) x {len(candidates)} candidate(s)")
-            results += run_correctness(candidates, cases, secret=opts.secret)
-    results = _dedupe(results)
+        report = LineReport({cand.name: len(cases)}, stream=sys.stdout, label=" (timed)")
+        timed_results += run_perf([cand], cases, calibration=calibration,
+                                  timeout_s=opts.timeout_s,
+                                  timing={"rule": {"min_time_s": opts.min_time_s}},
+                                  log=log, on_result=report)
+    if timed_results:
+        from harness.measure.perf import add_baseline_ratios
+
+        add_baseline_ratios(timed_results, "sdpa_flash")
+    results = _dedupe(results + timed_results)
+    kernels = {c.name: kernel_info(c) for c in candidates}
+    env = environment()
+    env["ci_plan"] = plan.to_dict()
+    env["ci_plan"]["wall_s"] = round(time.monotonic() - t0, 1)
+    if errors:
+        env["ci_load_errors"] = errors
     meta: dict[str, Any] = {"source": opts.source, "grids": list(opts.grids),
-                            "kernels": {c.name: kernel_info(c) for c in candidates}}
+                            "kernels": kernels, "env": env}
     meta["gpu"] = gpu_meta() if gpu else None
     meta["calibration"] = _as_dict(calibration)
-    return results, meta, notes
+    ids = {c.id for c in check_cases} | ({c.id for c in timing_cases} if gpu else set())
+    return Execution(results, meta, notes, plan, errors, ids, not_here)
 
 
 def _dedupe(results: list[CaseResult]) -> list[CaseResult]:
@@ -203,7 +302,9 @@ def _as_dict(obj: Any) -> dict[str, Any] | None:
 
 
 def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),
-           log: Callable[[str], None] = print) -> GateOutcome:
+           log: Callable[[str], None] = print, plan: Plan | None = None,
+           load_errors: Sequence[str] = (), case_ids: set[str] | None = None,
+           not_here: Sequence[str] = ()) -> GateOutcome:
     """Write, store, compare, summarise one run record."""
     from harness.records.db.store import (
         Database,
@@ -217,7 +318,8 @@ def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),
         store_record,
     )
 
-    out = GateOutcome(record=record, notes=list(notes))
+    out = GateOutcome(record=record, notes=list(notes), load_errors=list(load_errors))
+    out.plan = plan
     # The record is on disk before the database is touched: a crash from here on loses
     # nothing (the spool copy is removed only once the database has it).
     out.spooled = spool(record, opts.spool_dir)
@@ -245,6 +347,8 @@ def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),
             if base_runs:
                 bases = [load_record(db, r.id) for r in base_runs]
                 out.report = compare_records(bases, record, opts.policy, base_label=how)
+                excuse_missing(out.report, opts, plan, case_ids, not_here,
+                               broken=load_errors)
                 store_comparisons(db, out.run_id, base_runs[0].id, out.report.verdicts)
         except (DatabaseError, CompareError) as exc:
             out.notes.append(f"comparison not done: {exc}")
@@ -260,43 +364,35 @@ def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),
     return out
 
 
+def excuse_missing(report: Report, opts: GateOptions, plan: Plan | None,
+                   case_ids: set[str] | None, not_here: Sequence[str],
+                   broken: Sequence[str] = ()) -> None:
+    """Mark the baseline's (candidate, case) pairs this run left out on purpose; every
+    other missing one fails the gate (a kernel must not silently drop out)."""
+    planned = plan.excused() if plan is not None else set()
+    for v in report.verdicts:
+        if v.verdict != "missing":
+            continue
+        why = None
+        if (v.variant, v.case_id) in planned:
+            why = "left out by the plan"
+        elif opts.kernels and v.variant not in opts.kernels:
+            why = "not selected by --kernels"
+        elif v.variant in not_here:
+            why = "needs a GPU"
+        elif case_ids is not None and v.case_id not in case_ids:
+            why = "case not in this run's grids"
+        elif any(v.variant in e for e in broken):
+            why = "failed to load (reported as a load error)"
+        if why:
+            v.detail["excused"] = why
+
+
 def run_gate(opts: GateOptions, *, log: Callable[[str], None] = print) -> GateOutcome:
-    results, meta, notes = execute(opts, log=log)
-    record = RunRecord.from_results(results, meta)
-    return finish(record, opts, notes=notes, log=log)
-
-
-# --------------------------------------------------------------------------- summary
-
-
-def summary_markdown(out: GateOutcome) -> str:
-    rec = out.record
-    status_counts: dict[str, int] = {}
-    for e in rec.results:
-        status_counts[e["status"]] = status_counts.get(e["status"], 0) + 1
-    verdict = "FAILED" if out.exit_code else "passed"
-    lines = [f"## fa-harness CI: {verdict}", "",
-             f"- commit `{(rec.commit or '-')[:12]}` on `{rec.branch or '-'}`, "
-             f"GPU `{rec.gpu_model_key}`, grids {', '.join(rec.grids) or '-'}",
-             "- results: " + (", ".join(f"{k} {n}" for k, n in sorted(status_counts.items()))
-                               or "none"),
-             f"- run record `{rec.uuid}`" + (f", stored as run {out.run_id}" if out.run_id
-                                              else ", not stored (spooled)"),
-             f"- baseline: {out.baseline}"]
-    for n in out.notes:
-        lines.append(f"- note: {n}")
-    fails = out.failures
-    if fails:
-        lines += ["", f"### Failing results ({len(fails)})", "",
-                  "| kernel | case | status | message |", "|---|---|---|---|"]
-        for e in fails[:50]:
-            msg = (e.get("message") or "").replace("|", "\\|").replace("\n", " ")[:160]
-            lines.append(f"| `{e['kernel']}` | `{e['case_id']}` | {e['status']} | {msg} |")
-        if len(fails) > 50:
-            lines.append(f"\n... and {len(fails) - 50} more")
-    if out.report is not None:
-        lines += ["", "### Against the baseline", "", out.report.markdown()]
-    return "\n".join(lines) + "\n"
+    ex = execute(opts, log=log)
+    record = RunRecord.from_results(ex.results, ex.meta)
+    return finish(record, opts, notes=ex.notes, log=log, plan=ex.plan,
+                  load_errors=ex.load_errors, case_ids=ex.case_ids, not_here=sorted(ex.not_here))
 
 
 def print_outcome(out: GateOutcome, stream: Any = None) -> None:

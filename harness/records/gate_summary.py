@@ -1,0 +1,77 @@
+"""The gate's markdown summary (a CI job's step summary, and what `fa-harness ci` prints):
+verdict and why, the plan and what it left out, load errors, the team's failing cases,
+peer divergences, and the comparison with the baseline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_ROWS = 50
+
+
+def _cell(text: str, n: int = 160) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:n]
+
+
+def summary_markdown(out: Any) -> str:
+    """`out`: a harness.records.gate.GateOutcome."""
+    rec = out.record
+    status_counts: dict[str, int] = {}
+    for e in rec.results:
+        status_counts[e["status"]] = status_counts.get(e["status"], 0) + 1
+    verdict = "FAILED" if out.exit_code else "passed"
+    reasons = []
+    if out.failures:
+        reasons.append(f"{len(out.failures)} failing case(s) of the team's candidates")
+    if out.load_errors:
+        reasons.append(f"{len(out.load_errors)} candidate(s) failed to load")
+    if out.report is not None and out.report.regressed:
+        c: dict[str, int] = {}
+        for v in out.report.failing:
+            c[v.verdict] = c.get(v.verdict, 0) + 1
+        reasons.append("against the baseline: " + ", ".join(f"{k} {n}" for k, n in
+                                                             sorted(c.items())))
+    lines = [f"## fa-harness CI: {verdict}" + (f" ({'; '.join(reasons)})" if reasons else ""),
+             "",
+             f"- commit `{(rec.commit or '-')[:12]}` on `{rec.branch or '-'}`, "
+             f"GPU `{rec.gpu_model_key}`, grids {', '.join(rec.grids) or '-'}",
+             "- results: " + (", ".join(f"{k} {n}" for k, n in sorted(status_counts.items()))
+                               or "none"),
+             f"- run record `{rec.uuid}`" + (f", stored as run {out.run_id}" if out.run_id
+                                              else ", not stored (spooled)"),
+             f"- baseline: {out.baseline}"]
+    plan = (rec.env or {}).get("ci_plan")
+    if plan:
+        timed = sum(len(v) for v in plan.get("timed", {}).values())
+        lines.append(f"- plan: budget {plan['budget_s'] / 60:g} min, estimate "
+                     f"{plan['estimate_s']:.0f} s, took {plan.get('wall_s', 0):.0f} s; "
+                     f"{timed} timed case(s)")
+        for lo in plan.get("left_out", []):
+            lines.append(f"- left out: {lo['kernel']}: {len(lo['cases'])} timing case(s) "
+                         f"not timed ({lo['reason']})")
+    for n in out.notes:
+        lines.append(f"- note: {n}")
+    for p in out.peer_divergences:
+        lines.append(f"- {p} (a yardstick: not a failure)")
+    if out.load_errors:
+        lines += ["", f"### Load errors ({len(out.load_errors)})", ""]
+        lines += [f"- `{_cell(e, 300)}`" for e in out.load_errors]
+    fails = out.failures
+    if fails:
+        lines += ["", f"### Failing results ({len(fails)})", "",
+                  "| kernel | case | status | message |", "|---|---|---|---|"]
+        for e in fails[:MAX_ROWS]:
+            lines.append(f"| `{e['kernel']}` | `{e['case_id']}` | {e['status']} | "
+                         f"{_cell(e.get('message') or '')} |")
+        if len(fails) > MAX_ROWS:
+            lines.append(f"\n... and {len(fails) - MAX_ROWS} more")
+    if out.report is not None:
+        excused: dict[str, int] = {}
+        for v in out.report.verdicts:
+            if v.verdict == "missing" and v.detail.get("excused"):
+                excused[v.detail["excused"]] = excused.get(v.detail["excused"], 0) + 1
+        lines += ["", "### Against the baseline", "", out.report.markdown()]
+        for why, n in sorted(excused.items()):
+            lines.append(f"- {n} baseline entr{'y' if n == 1 else 'ies'} not in this run: "
+                         f"{why} (not a failure)")
+    return "\n".join(lines) + "\n"
