@@ -12,6 +12,15 @@ from fake_candidates import make_fake
 PG_ENV = "FA_HARNESS_TEST_PG"
 
 
+@pytest.fixture(autouse=True)
+def scratch_home(tmp_path_factory, monkeypatch) -> None:
+    """Every test records into its own scratch home: `fa-harness run` stores each run in
+    the default database, which must never be a developer's own."""
+    monkeypatch.setenv("FA_HARNESS_HOME", str(tmp_path_factory.mktemp("home")))
+    monkeypatch.delenv("FA_HARNESS_DB", raising=False)
+    monkeypatch.delenv("FA_HARNESS_SPOOL", raising=False)
+
+
 @pytest.fixture
 def fake():
     """make_fake(bug="none", **fields) -> FakeCandidate (see tests/fake_candidates.py)."""

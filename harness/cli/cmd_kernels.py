@@ -113,8 +113,9 @@ def _print_table(rows: list[dict], errors: list[str], notes: list[str]) -> None:
     t = Table(title="candidates")
     cols = ("name", "kind", "device", "algorithm", "dtypes", "head_dims", "masks", "gqa",
             "lse", "available")
-    for col in cols:
-        t.add_column(col.replace("_", " "))
+    for col in cols:  # names stay whole; the long lists fold
+        t.add_column(col.replace("_", " "), no_wrap=col in ("name", "kind", "device"),
+                     overflow="fold")
     for r in rows:
         cells = {**r, "available": "yes" if r["available"] == "yes" else "no (needs CUDA)"}
         t.add_row(*(("yes" if cells[c] else "no") if isinstance(cells[c], bool)

@@ -1,9 +1,14 @@
 """`fa-harness run`: the correctness suite over every candidate this machine can run,
 then (perf/decode grids, on a GPU) the timing run.
 
+Every run is stored in the results database (--db, else $FA_HARNESS_DB, else the default
+SQLite file; --no-store to skip). Without a terminal (a CI log) it prints one line per
+failing case and one per finished candidate as they land; the progress bar is for
+terminals only.
+
 Exit codes: 0 every case passed or was skipped; 1 a case failed, crashed, timed out,
-errored or was invalid, or a CUDA variant failed to load; 2 bad arguments, or --db given
-and the database unreachable (the run record then waits in the spool)."""
+errored or was invalid, or a CUDA variant failed to load; 2 bad arguments, or the database
+named by --db / $FA_HARNESS_DB unreachable (the run record then waits in the spool)."""
 
 from __future__ import annotations
 
@@ -48,7 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--record", metavar="FILE", default=None,
                    help="write a versioned run record (harness.records.record) to FILE")
     p.add_argument("--db", metavar="URL", default=None,
-                   help="store the run record in this database (SQLAlchemy URL or SQLite path)")
+                   help="store the run record in this database (SQLAlchemy URL or SQLite "
+                        "path); default $FA_HARNESS_DB, else $FA_HARNESS_HOME/results.sqlite")
+    p.add_argument("--no-store", action="store_true",
+                   help="do not store the run in the results database")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -85,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     from harness.candidates import registry
     from harness.core.grids import get_grid
+    from harness.execution.report import LineReport
     from harness.execution.runner import exit_code, run_correctness, summarize, summary_table
 
     try:
@@ -100,6 +109,12 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--cases {args.cases!r} matches no case of grid {args.grid}")
     if args.repeats < 1:
         raise UsageError("--repeats must be >= 1")
+    if args.secret < 0:
+        raise UsageError(f"--secret must be >= 0, got {args.secret}")
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    if args.min_time is not None and not args.min_time > 0:
+        raise UsageError(f"--min-time must be > 0 seconds, got {args.min_time:g}")
     cuda = torch.cuda.is_available()
     if args.device == "cuda" and not cuda:
         raise UsageError("--device cuda: no CUDA device is available on this machine")
@@ -130,10 +145,12 @@ def run(args: argparse.Namespace) -> int:
         _print_failures(console, perf_results)
         code = max(code, exit_code(perf_results))
     else:
+        tty = sys.stdout.isatty()
+        lines = None if tty else LineReport({c.name: len(cases) for c in candidates})
         results = run_correctness(candidates, cases, secret=args.secret,
                                   repeats=args.repeats,
-                                  progress=not args.no_progress and sys.stderr.isatty(),
-                                  timeout_s=args.timeout)
+                                  progress=not args.no_progress and tty and sys.stderr.isatty(),
+                                  timeout_s=args.timeout, on_result=lines)
         console.print(summary_table(summarize(results),
                                     title=f"correctness: grid {args.grid}, {len(cases)} cases"))
         _print_failures(console, results)
@@ -141,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     all_results = results + perf_results
     if args.json_path:
         _write_json(Path(args.json_path), args, all_results)
-    if (args.record or args.db) and not _record(args, candidates, perf_results or results):
+    if not _record(args, candidates, perf_results or results):
         return EXIT_USAGE  # the database was unreachable (the record is kept in the spool)
     return code
 
@@ -228,17 +245,24 @@ def _record(args: argparse.Namespace, candidates: list, results: list) -> bool:
             print(f"record written to {rec.write(args.record)}")
     except (RecordError, OSError) as e:
         raise UsageError(f"cannot write the run record: {e}") from None
-    if args.db:
-        from harness.records.db.store import DatabaseError, open_db, store_record
+    if args.no_store:
+        return True
+    import os
 
-        kept = spool(rec)
-        try:
-            with open_db(args.db) as db:
-                run_id = store_record(db, rec)
-        except DatabaseError as e:
-            print(f"fa-harness run: error: database not updated, record kept in {kept}: {e}",
-                  file=sys.stderr)
-            return False
-        kept.unlink(missing_ok=True)
-        print(f"stored as run {run_id}")
+    from harness.records.db.store import DatabaseError, open_db, store_record
+
+    # Named by the user (--db, $FA_HARNESS_DB): a database that cannot take the run is an
+    # error. The default file: a warning, the record waits in the spool either way.
+    named = bool(args.db or os.environ.get("FA_HARNESS_DB"))
+    kept = spool(rec)
+    try:
+        with open_db(args.db) as db:
+            run_id = store_record(db, rec)
+    except DatabaseError as e:
+        level = "error" if named else "warning"
+        print(f"fa-harness run: {level}: database not updated, record kept in {kept}: {e}",
+              file=sys.stderr)
+        return not named
+    kept.unlink(missing_ok=True)
+    print(f"stored as run {run_id}")
     return True

@@ -28,4 +28,5 @@ def width() -> int | None:
 def console():
     from rich.console import Console
 
-    return Console(highlight=False, width=width())
+    # soft_wrap: a message line is never broken (a CI log wraps it); tables keep the width
+    return Console(highlight=False, width=width(), soft_wrap=True)

@@ -1,8 +1,7 @@
 """Run candidates over cases and summarise: the correctness job behind `fa-harness run`.
 
 Trusted in-process candidates (the CPU models, the SDPA peers) are checked case by case
-in this process, case-major so that the oracle of a case is computed once for all of them
-(harness.core.check keeps the last one). Candidates with `isolate=True` (CUDA variants,
+in this process, one candidate after the other. Candidates with `isolate=True` (CUDA variants,
 submissions) go through harness.execution.isolate.run_isolated: one child process per candidate, a
 crash or hang becomes that case's verdict and the child restarts for the rest.
 """
@@ -64,9 +63,11 @@ def run_correctness(candidates: Sequence[Candidate], cases: Sequence[Case], *, s
                               isolate_options or {}, settle)
             else:
                 in_process.append(ci)
-        for ki, case in enumerate(cases):
-            for ci in in_process:
-                cand = candidates[ci]
+        # Candidate-major, so each candidate finishes (and its line reaches a CI log) in
+        # turn; the oracle is recomputed per candidate, which costs little next to them.
+        for ci in in_process:
+            cand = candidates[ci]
+            for ki, case in enumerate(cases):
                 settle(ci, ki, check_case(cand, case, device=cand.device, secret=secret,
                                           repeats=repeats))
     return [results[(ci, ki)] for ci in range(len(candidates)) for ki in range(len(cases))]
