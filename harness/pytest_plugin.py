@@ -54,6 +54,10 @@ def pytest_configure(config: pytest.Config) -> None:
     grid = config.getoption("--fa-grid")
     if grid not in GRIDS:
         raise pytest.UsageError(f"--fa-grid: unknown grid {grid!r}; known: {', '.join(GRIDS)}")
+    if config.getoption("--fa-repeats") < 1:
+        raise pytest.UsageError(f"--fa-repeats must be >= 1, got {config.getoption('--fa-repeats')}")
+    if config.getoption("--fa-secret") < 0:
+        raise pytest.UsageError(f"--fa-secret must be >= 0, got {config.getoption('--fa-secret')}")
     if config.getoption("--fa-kernels"):
         selected_candidates(config)
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")

@@ -166,6 +166,8 @@ def test_suite_parametrization_ids_and_options():
     assert bad.returncode == 4 and "no candidate matches 'nope*'" in bad.stderr
     bad = _pytest_suites("--collect-only", "--fa-grid", "huge")
     assert bad.returncode == 4 and "unknown grid 'huge'" in bad.stderr
+    bad = _pytest_suites("--collect-only", "--fa-repeats", "0")
+    assert bad.returncode == 4 and "--fa-repeats must be >= 1" in bad.stderr
 
 
 def test_suite_runs_a_candidate_end_to_end():

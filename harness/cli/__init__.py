@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -63,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`fa-harness db current | head -2`): stop quietly. Python
+        # would report the broken pipe again when it flushes stdout at exit, so point
+        # stdout at /dev/null first (the recipe of the `signal` module's documentation).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAIL
 
 
 if __name__ == "__main__":

@@ -31,6 +31,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.output == "-":
         print(record.dumps(), end="")
     else:
-        path = record.write(Path(args.output))
+        try:
+            path = record.write(Path(args.output))
+        except OSError as exc:
+            raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from None
         print(f"run {args.run} ({record.uuid}, {len(record.results)} results) -> {path}")
     return 0

@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--db", help="database URL or SQLite path")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--all", action="store_true", help="include unscored submissions")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=int, default=50, help="rows shown (default 50)")
     p.set_defaults(func=_leaderboard)
 
 
@@ -24,8 +24,11 @@ def _leaderboard(args: argparse.Namespace) -> int:
     from harness.records.db import DatabaseError, open_db
     from harness.submissions.ranking import leaderboard_rows
 
+    if args.limit < 1:
+        raise UsageError(f"--limit must be >= 1, got {args.limit}")
     try:
-        db = open_db(args.db)
+        # reading only: a database that does not exist is not created here
+        db = open_db(args.db, create=False)
     except DatabaseError as e:
         raise UsageError(str(e)) from None
     try:
@@ -35,7 +38,6 @@ def _leaderboard(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return EXIT_OK
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="fa-harness leaderboard")
@@ -46,7 +48,9 @@ def _leaderboard(args: argparse.Namespace) -> int:
         table.add_row(str(r["rank"] or "-"), str(r["id"]), r["name"], r["submitter"],
                       r["verdict"] or r["status"], score, r["coverage"] or "-",
                       (r["message"] or "")[:120])
-    Console().print(table)
+    from harness.cli.console import console
+
+    console().print(table)
     if not rows:
         print("no submissions yet")
     return EXIT_OK

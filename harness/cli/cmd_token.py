@@ -11,7 +11,8 @@ def _open(url: str | None):  # noqa: ANN202 - harness.records.db.Database
     from harness.records.db import DatabaseError, open_db
 
     try:
-        return open_db(url)
+        # only commands that write a run create a database (`fa-harness db upgrade` does)
+        return open_db(url, create=False)
     except DatabaseError as e:
         raise UsageError(str(e)) from None
 

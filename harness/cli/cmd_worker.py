@@ -45,8 +45,11 @@ def _worker(args: argparse.Namespace) -> int:
     for name in ("case_timeout", "job_timeout"):
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0")
+    if args.gpu is not None:
+        _check_gpu(args.gpu)
     try:
-        db = open_db(args.db)
+        # the queue lives in an existing database: a typo must not start an empty one
+        db = open_db(args.db, create=False)
     except DatabaseError as e:
         raise UsageError(str(e)) from None
     scoring = {"baseline": args.baseline, "perf_grid": args.perf_grid,
@@ -74,3 +77,22 @@ def _worker(args: argparse.Namespace) -> int:
         db.close()
     print(f"worker {config.name}: {n} job(s) finished", file=sys.stderr)
     return EXIT_OK
+
+
+def _check_gpu(index: int) -> None:
+    """--gpu must name a GPU of this machine. The children get CUDA_VISIBLE_DEVICES=N, a
+    physical index: NVML counts those; without NVML, torch (CUDA's own count)."""
+    if index < 0:
+        raise UsageError(f"--gpu must be >= 0, got {index}")
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = int(pynvml.nvmlDeviceGetCount())
+    except Exception:  # noqa: BLE001 - no NVML library or driver: ask CUDA
+        import torch
+
+        count = torch.cuda.device_count()
+    if index >= count:
+        raise UsageError(f"--gpu {index}: this machine has {count} GPU(s)"
+                         + (f" (0..{count - 1})" if count else ""))

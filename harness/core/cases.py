@@ -11,11 +11,22 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-DTYPES: dict[str, torch.dtype] = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+# torch is imported on first use, not with this module: records, the database and the
+# dashboard describe cases without it (`fa-harness db current` must not pay torch's start).
+DTYPE_NAMES = ("float16", "bfloat16")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DTYPES":  # {"float16": torch.float16, ...}, built when asked for
+        import torch
+
+        return {"float16": torch.float16, "bfloat16": torch.bfloat16}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 DTYPE_SHORT = {"float16": "fp16", "bfloat16": "bf16"}
 
 
@@ -50,8 +61,8 @@ class Case:
                 problems.append(f"{name} must be >= 1")
         if self.kv_heads >= 1 and self.heads % self.kv_heads:
             problems.append(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
-        if self.dtype not in DTYPES:
-            problems.append(f"dtype {self.dtype!r} is not one of {sorted(DTYPES)}")
+        if self.dtype not in DTYPE_NAMES:
+            problems.append(f"dtype {self.dtype!r} is not one of {sorted(DTYPE_NAMES)}")
         if problems:
             raise ValueError("invalid case: " + "; ".join(problems))
         object.__setattr__(self, "mask", MaskKind(self.mask))
@@ -69,7 +80,9 @@ class Case:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        import torch
+
+        return getattr(torch, self.dtype)
 
     @property
     def causal_offset(self) -> int:
@@ -147,6 +160,8 @@ def derive_seed(case: Case, secret: int = 0, draw: int = 0) -> int:
 def key_lengths_for(case: Case, gen: torch.Generator) -> list[int]:
     """Valid key count per batch entry for KEY_PADDING: the last entry has zero keys (so a
     fully masked batch exists whenever batch > 1), the first keeps all, the rest random."""
+    import torch
+
     lengths = []
     for b in range(case.batch):
         if b == 0:
@@ -163,6 +178,8 @@ def key_lengths_for(case: Case, gen: torch.Generator) -> list[int]:
 def random_mask(case: Case, gen: torch.Generator) -> torch.Tensor:
     """(B, 1, Nq, Nk) boolean mask, about 70% visible, with every 7th query row fully masked
     (row 3, 10, ...) so that every grid exercises the fully-masked-row convention."""
+    import torch
+
     m = torch.rand((case.batch, 1, case.seqlen_q, case.seqlen_k), generator=gen) < 0.7
     m[:, :, 3::7, :] = False
     return m
@@ -175,6 +192,8 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", *, secret: int =
     The draw happens on the CPU so that the same case gives the same tensors on any device,
     then moves to `device`. Large perf cases are drawn directly on the device instead,
     where a CPU draw would cost seconds (still seeded, so reproducible on that device)."""
+    import torch
+
     seed = derive_seed(case, secret, draw)
     dt = case.torch_dtype
     shape_q = (case.batch, case.heads, case.seqlen_q, case.head_dim)
@@ -202,6 +221,8 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", *, secret: int =
 def visible(case: Case, inputs: Inputs, rows: slice | None = None) -> torch.Tensor | None:
     """Boolean (B|1, 1, rows, Nk) visibility of the case, or None when every pair is
     visible. `rows` restricts to a block of query rows (the oracle works in row blocks)."""
+    import torch
+
     rows = rows or slice(0, case.seqlen_q)
     r0, r1 = rows.start, min(rows.stop, case.seqlen_q)
     device = inputs.q.device
