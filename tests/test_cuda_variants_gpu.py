@@ -127,3 +127,52 @@ def test_splitkv_decode_bandwidth():
     gbps = kv_bytes / (ms * 1e-3) / 1e9
     print(f"splitkv decode: {ms * 1e3:.1f} us, {gbps:.0f} GB/s, splits={cand.meta['num_splits']}")
     assert gbps > 1000, f"decode at {gbps:.0f} GB/s"
+
+
+def test_cached_launches_match_uncached_and_follow_new_inputs():
+    """The launch cache (harness.candidates.cuda_candidate.run): the same bits as the
+    uncached path, also when a new input set of the same case lands at the addresses of a
+    freed one, and when the mask changes in place."""
+    case = Case(2, 4, 2, 113, 203, 64, "float16", MaskKind.RANDOM)
+    cached, plain = _variant("fa2_simt"), _variant("fa2_simt")
+    plain.cache_launches = False
+    lse = torch.empty(2, 4, 113, dtype=torch.float32, device="cuda")
+    for draw in range(3):  # each set freed before the next: the allocator reuses addresses
+        inputs = make_inputs(case, "cuda", draw=draw)
+        a = torch.empty(2, 4, 113, 64, dtype=torch.float16, device="cuda")
+        b = torch.empty_like(a)
+        cached.run(case, inputs, a, lse)
+        plain.run(case, inputs, b, lse)
+        torch.cuda.synchronize()
+        assert torch.equal(a, b), draw
+        inputs.mask.logical_not_()  # in place: the version counter moves
+        cached.run(case, inputs, a, lse)
+        plain.run(case, inputs, b, lse)
+        torch.cuda.synchronize()
+        assert torch.equal(a, b), draw
+        del inputs, a, b
+    # and the check, twice with different secrets, on the cached candidate
+    for secret in (0, 7):
+        res = check_case(cached, case, device="cuda", secret=secret)
+        assert res.status is Status.PASSED, res.message
+
+
+def test_cached_launch_host_cost_is_small():
+    import time
+
+    case = Case(1, 16, 16, 512, 512, 128, "float16", MaskKind.NONE)
+    cand = _variant("fa2_mma")
+    inputs = make_inputs(case, "cuda")
+    out = torch.empty(1, 16, 512, 128, dtype=torch.float16, device="cuda")
+    lse = torch.empty(1, 16, 512, dtype=torch.float32, device="cuda")
+    for _ in range(10):
+        cand.run(case, inputs, out, lse)
+    torch.cuda.synchronize()
+    n = 200
+    t0 = time.perf_counter()
+    for _ in range(n):
+        cand.run(case, inputs, out, lse)
+    host_us = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    print(f"fa2_mma cached launch: {host_us:.1f} us host per call")
+    assert host_us < 100, host_us  # bench/launch_overhead.py measures the 30 us target

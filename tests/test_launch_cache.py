@@ -1,0 +1,41 @@
+"""The launch cache's keys, on the CPU: what makes a cached parameter block reusable (the
+GPU half, bitwise against the uncached path, is in tests/test_cuda_variants_gpu.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.candidates.cuda_candidate import CudaVariant, _Prepared, _tensor_key
+from harness.core.cases import Case, MaskKind, make_inputs
+
+
+def test_key_changes_with_any_address_or_stride_and_with_the_mask_object():
+    case = Case(1, 2, 2, 8, 16, 16, "float16", MaskKind.RANDOM)
+    a = make_inputs(case)
+    out = torch.empty(1, 2, 8, 16, dtype=torch.float16)
+    k1 = _tensor_key(a, out, None)
+    assert _tensor_key(a, out, None) == k1
+    assert _tensor_key(a, torch.empty_like(out), None) != k1
+    b = make_inputs(case, draw=1)
+    assert _tensor_key(b, out, None) != k1
+    t = out.transpose(2, 3).contiguous().transpose(2, 3)  # other strides
+    assert _tensor_key(a, t, None) != k1
+
+
+def test_a_prepared_block_is_stale_when_the_mask_changes():
+    case = Case(1, 2, 2, 8, 16, 16, "float16", MaskKind.RANDOM)
+    a = make_inputs(case)
+    p = _Prepared(params=None, copies=[], sources=(a.mask,), versions=(a.mask._version,),
+                  cacheable=True)
+    assert p.fresh(a)
+    a.mask.logical_not_()  # in place
+    assert not p.fresh(a)
+    b = make_inputs(case)
+    assert not p.fresh(b)  # another tensor, even with equal contents
+
+
+def test_cache_is_on_by_default():
+    from harness.candidates.registry import discover
+
+    variants = [c for c in discover() if isinstance(c, CudaVariant)]
+    assert variants and all(v.cache_launches for v in variants)
