@@ -10,6 +10,25 @@ import pytest
 from fake_candidates import make_fake
 
 PG_ENV = "FA_HARNESS_TEST_PG"
+# The server .ci/run starts (trust auth, database `test`). When FA_HARNESS_TEST_PG is not
+# set and this one answers, the PostgreSQL tests use it, so `make test` on a developer's
+# machine runs what CI runs; FA_HARNESS_TEST_PG= (empty) turns them off.
+LOCAL_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def _local_pg_answers() -> bool:
+    try:
+        import psycopg
+
+        psycopg.connect(LOCAL_PG.replace("+psycopg", ""), connect_timeout=2).close()
+    except Exception:  # noqa: BLE001 - no driver, no server, no database: no PG tests
+        return False
+    return True
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if PG_ENV not in os.environ and _local_pg_answers():
+        os.environ[PG_ENV] = LOCAL_PG
 
 
 @pytest.fixture(autouse=True)

@@ -234,3 +234,19 @@ def test_cli_ci_prints_lines_as_it_goes_and_records_the_plan(tmp_path, monkeypat
     assert rec.env["ci_plan"]["budget_s"] == 120
     assert cli_main(args[:-2] + ["--budget", "0"]) == 2
     assert "--budget must be > 0" in capsys.readouterr().err
+
+
+def test_explicit_baseline_run_compares_two_runs_of_the_same_commit(tmp_path):
+    opts = _opts(tmp_path)
+    first = finish(make_record(specs_for(), seed=1, commit="a" * 40), opts, log=_quiet)
+    slow = specs_for()
+    slow[1].median_ms *= 1.10
+    # same commit: the parent rule finds nothing, --baseline names the first run
+    opts.baseline_run = first.record.uuid
+    gate.check_baseline_run(opts)
+    out = finish(make_record(slow, seed=2, commit="a" * 40, minutes=1), opts, log=_quiet)
+    assert out.baseline.startswith(f"run {first.run_id} (--baseline")
+    assert out.exit_code == 1 and [v.variant for v in out.report.failing] == [slow[1].kernel]
+    opts.baseline_run = "no-such-run"
+    with pytest.raises(gate.GateUsageError, match="no-such-run"):
+        gate.check_baseline_run(opts)

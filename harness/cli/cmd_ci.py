@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline-branch", default="main",
                    help="branch whose recent runs are the baseline when the parent commit "
                         "has no run (default main)")
+    p.add_argument("--baseline", default=None, metavar="RUN",
+                   help="compare with this stored run (id or uuid) instead of the parent "
+                        "commit's / the baseline branch's runs")
     p.add_argument("--window", type=int, default=5,
                    help="runs of the baseline branch pooled as baseline (default 5)")
     p.add_argument("--summary", type=Path, default=None,
@@ -72,7 +75,7 @@ def cmd_ci(args: argparse.Namespace) -> int:
                        baseline_branch=args.baseline_branch, window=args.window,
                        summary=args.summary, record_path=args.record, secret=args.secret,
                        budget_min=args.budget, min_time_s=args.min_time,
-                       timeout_s=args.timeout)
+                       timeout_s=args.timeout, baseline_run=args.baseline)
     try:
         out = run_gate(opts, log=lambda line: print(line, flush=True))
     except GateUsageError as exc:

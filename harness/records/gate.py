@@ -69,6 +69,8 @@ class GateOptions:
     budget_min: float = DEFAULT_BUDGET_MIN
     min_time_s: float = DEFAULT_MIN_TIME_S
     timeout_s: float = DEFAULT_CASE_TIMEOUT_S
+    # A stored run (id, uuid, "latest") to compare with instead of the parent/branch rule.
+    baseline_run: str | None = None
 
 
 @dataclass
@@ -341,8 +343,12 @@ def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),
     if db is not None and out.run_id is not None:
         try:
             run = get_run(db, out.run_id)
-            how, base_runs = baseline_runs(db, run, branch=opts.baseline_branch,
-                                           window=opts.window)
+            if opts.baseline_run is not None:
+                base_runs = [get_run(db, opts.baseline_run)]
+                how = f"run {base_runs[0].id} (--baseline {opts.baseline_run})"
+            else:
+                how, base_runs = baseline_runs(db, run, branch=opts.baseline_branch,
+                                               window=opts.window)
             out.baseline = how
             if base_runs:
                 bases = [load_record(db, r.id) for r in base_runs]
@@ -388,7 +394,23 @@ def excuse_missing(report: Report, opts: GateOptions, plan: Plan | None,
             v.detail["excused"] = why
 
 
+def check_baseline_run(opts: GateOptions) -> None:
+    """A --baseline that names no stored run is a usage error, found before running."""
+    if opts.baseline_run is None:
+        return
+    from harness.records.db.store import DatabaseError, get_run, open_db
+
+    if opts.baseline_run == "latest":
+        raise GateUsageError("--baseline takes a run id or uuid ('latest' would be this run)")
+    try:
+        with open_db(opts.db_url, create=False) as db:
+            get_run(db, opts.baseline_run)
+    except DatabaseError as exc:
+        raise GateUsageError(f"--baseline {opts.baseline_run}: {exc}") from None
+
+
 def run_gate(opts: GateOptions, *, log: Callable[[str], None] = print) -> GateOutcome:
+    check_baseline_run(opts)
     ex = execute(opts, log=log)
     record = RunRecord.from_results(ex.results, ex.meta)
     return finish(record, opts, notes=ex.notes, log=log, plan=ex.plan,
