@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The per-commit gate on the H200, proven end to end. From the project root on the GPU
+# machine (after `source .whl/prelude.sh`), with the commit being measured:
+#     FA_HARNESS_COMMIT=<sha> bash bench/gpu_issue12.sh [gate] [compare] [launch] [gputests]
+# Default: gate compare launch (about 7-8 minutes; one call, since compare needs the gate's
+# database). Stages:
+#   gate      (a) `fa-harness ci` with no options, timed: its summary, record, wall time
+#   compare   (b) a second ci on the same commit against (a), --kernels fa2_mma
+#                 --grid perf,decode --budget 0.75: must be green (exit 0);
+#             (c) the same with fa2_mma slowed by 10% (bench/plant_slowdown.py: a copy of
+#                 the package, the shipped kernels untouched): must be red (exit 1) naming
+#                 fa2_mma
+#   launch    (d) bench/launch_overhead.py, uncached (before) then cached (after)
+#   gputests  the GPU test suite, serially, with the 25 slowest tests (not in the default)
+# Everything lands in $WORK (default /tmp/gpu-issue12); $OUT gets at most 8 files:
+# gate-summary.md, gate-record.json, same-commit-summary.md, slowed-summary.md,
+# launch.json, times.txt, logs.tgz.
+set -uo pipefail
+WORK=${WORK:-/tmp/gpu-issue12}
+OUT=${OUT:-$WORK/out}
+mkdir -p "$WORK" "$OUT"
+if [ -f .whl/prelude.sh ] && [ -z "${FA_PRELUDE_DONE:-}" ]; then source .whl/prelude.sh; fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FA_HARNESS_HOME=${FA_HARNESS_HOME:-$WORK/home}
+export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$WORK/cupy-cache}
+export FA_HARNESS_BRANCH=${FA_HARNESS_BRANCH:-main}
+export FA_HARNESS_DB="sqlite:///$WORK/gate.sqlite"
+mkdir -p "$FA_HARNESS_HOME"
+FA="python3 -m harness"
+TIMES=$OUT/times.txt
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(gate compare launch)
+
+step() {  # step NAME TIMEOUT_S CMD...: run, log to $WORK/NAME.log, record rc and wall time
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >"$WORK/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc wall_s=$((SECONDS - t0)) limit_s=$limit" | tee -a "$TIMES"
+  tail -n "${TAIL:-15}" "$WORK/$name.log"
+  return $rc
+}
+
+uuid_of() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['uuid'])" "$1"; }
+
+for stage in "${stages[@]}"; do
+  case $stage in
+    gate)
+      # (a) defaults: smoke correctness for every candidate, timing per each manifest's
+      # `timing`, planned to the 5 minute budget.
+      rm -f "$WORK/gate.sqlite"
+      step gate 400 $FA ci --summary "$WORK/gate-summary.md" --record "$WORK/gate-record.json"
+      echo "gate exit code $? (0: green)" | tee -a "$TIMES"
+      cp "$WORK/gate-summary.md" "$WORK/gate-record.json" "$OUT/" 2>/dev/null
+      ;;
+    compare)
+      [ -f "$WORK/gate-record.json" ] || { echo "compare: run the gate stage first"; continue; }
+      base=$(uuid_of "$WORK/gate-record.json")
+      # (b) same commit, same code: green.
+      step same_commit 150 $FA ci --kernels fa2_mma --grid perf,decode --budget 0.75 \
+        --baseline "$base" --summary "$WORK/same-commit-summary.md"
+      rc=$?
+      echo "same-commit exit code $rc (expected 0)" | tee -a "$TIMES"
+      # (c) fa2_mma 10% slower, in a copy of the package: red, naming fa2_mma.
+      slow=$WORK/slow
+      python3 bench/plant_slowdown.py "$slow" --variant fa2_mma --percent 10 | tee -a "$TIMES"
+      # From inside the copy: Python puts the working directory first on sys.path, so run
+      # from the project root would import the unslowed package.
+      env -C "$slow" PYTHONPATH="$slow:$PYTHONPATH" python3 -c \
+        "import harness; print('slowed copy:', harness.__file__)" | tee -a "$TIMES"
+      step slowed 150 env -C "$slow" PYTHONPATH="$slow:$PYTHONPATH" $FA ci --kernels fa2_mma \
+        --grid perf,decode --budget 0.75 --baseline "$base" --summary "$WORK/slowed-summary.md"
+      rc=$?
+      named=$(grep -c '| regression | `fa2_mma`' "$WORK/slowed-summary.md" 2>/dev/null)
+      echo "slowed exit code $rc (expected 1), fa2_mma regression rows: ${named:-0}" | tee -a "$TIMES"
+      cp "$WORK/same-commit-summary.md" "$WORK/slowed-summary.md" "$OUT/" 2>/dev/null
+      ;;
+    launch)
+      # (d) host cost per call: the old per-call work (cache off), then the cached path.
+      step launch_before 90 python3 bench/launch_overhead.py --uncached --json "$WORK/launch-before.json"
+      step launch_after 90 python3 bench/launch_overhead.py --json "$WORK/launch-after.json"
+      python3 - "$WORK" "$OUT/launch.json" <<'EOF'
+import json, sys
+from pathlib import Path
+w = Path(sys.argv[1])
+rows = []
+for p in ("launch-before.json", "launch-after.json"):
+    if (w / p).exists():
+        rows += json.loads((w / p).read_text())["rows"]
+Path(sys.argv[2]).write_text(json.dumps({"target_us": 30, "rows": rows}, indent=1) + "\n")
+EOF
+      ;;
+    gputests)
+      step gpu_tests 290 python3 -m pytest -m gpu tests -q -p no:cacheprovider --timeout 120 \
+        -rfE --durations=25
+      ;;
+    *) echo "unknown stage $stage (gate compare launch gputests)"; exit 2 ;;
+  esac
+done
+tar -czf "$OUT/logs.tgz" -C "$WORK" --exclude=cupy-cache --exclude=slow --exclude=home \
+  --exclude=out . 2>/dev/null
+echo "== times"; cat "$TIMES"
