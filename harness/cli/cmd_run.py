@@ -153,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
                                   timeout_s=args.timeout, on_result=lines)
         console.print(summary_table(summarize(results),
                                     title=f"correctness: grid {args.grid}, {len(cases)} cases"))
-        _print_failures(console, results)
+        if tty:  # in a pipe each failing case was printed as it happened
+            _print_failures(console, results)
         code = max(code, exit_code(results))
     all_results = results + perf_results
     if args.json_path:
@@ -189,7 +190,13 @@ def _perf(args: argparse.Namespace, candidates: list, cases: list, console: Any)
         partial.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text("")
 
+    from harness.execution.report import LineReport
+
+    lines = None if sys.stdout.isatty() else LineReport({c.name: len(cases) for c in timed})
+
     def keep(res: Any) -> None:
+        if lines is not None:
+            lines.on_result(res)
         # Each result as it lands, so a run cut short by its caller still leaves data.
         if partial is not None:
             with partial.open("a") as f:
