@@ -250,3 +250,25 @@ def test_explicit_baseline_run_compares_two_runs_of_the_same_commit(tmp_path):
     opts.baseline_run = "no-such-run"
     with pytest.raises(gate.GateUsageError, match="no-such-run"):
         gate.check_baseline_run(opts)
+
+
+def test_cli_ci_fails_on_a_variant_that_does_not_load(tmp_path, monkeypatch, capsys):
+    """`run` exited 1 on a load error while `ci` passed: now both fail, naming it."""
+    from harness.candidates import registry
+    from harness.candidates.variant_spec import LoadError
+    from harness.core import grids
+
+    err = LoadError("kernels/broken/manifest.toml", "launch[0].grid[1]", "unknown name 'x'",
+                    "broken")
+    monkeypatch.setattr(registry, "load_errors", lambda: [err])
+    monkeypatch.setitem(grids.GRIDS, "tiny", lambda: list(TINY))
+    monkeypatch.setattr(gate, "gpu_present", lambda: False)
+    db = str(tmp_path / "ci.sqlite")
+    assert cli_main(["ci", "--grid", "tiny", "--kernels", "fa2_model", "--db", db]) == 0
+    capsys.readouterr()
+    # without --kernels every load error counts; with --kernels naming it, too
+    assert cli_main(["ci", "--grid", "tiny", "--kernels", "fa2_model,broken", "--db", db]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL load error: kernels/broken/manifest.toml" in out
+    assert "1 candidate(s) failed to load" in out
+    assert cli_main(["ci", "--grid", "tiny", "--kernels", "broken", "--db", db]) == 1
