@@ -297,6 +297,8 @@ def run_isolated(candidate_name: str, cases: Sequence[Case], *, mode: str = "che
                     if current is not None:
                         settle(current, make(current, Status.CRASHED, why))
                         progressed = True
+                        if is_cuda_fatal(why):  # died of a CUDA error: do not re-try it
+                            lost = f"{cases[current].id} lost its CUDA context"
                     elif not progressed:
                         # died before running anything: building it kills it, every time
                         for i in list(pending):

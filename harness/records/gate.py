@@ -33,7 +33,16 @@ from typing import Any
 from harness.core.results import CaseResult
 from harness.records.compare import DEFAULT_POLICY, CompareError, Policy, Report, compare_records
 from harness.records.gate_summary import summary_markdown
-from harness.records.plan import DEFAULT_BUDGET_MIN, DEFAULT_MIN_TIME_S, LeftOut, Plan, make_plan
+from harness.records.plan import (
+    CHILD_START_S,
+    DEFAULT_BUDGET_MIN,
+    DEFAULT_MIN_TIME_S,
+    LeftOut,
+    Plan,
+    excuse_missing,
+    make_plan,
+    timed_case_cost_s,
+)
 from harness.records.record import RunRecord, environment, gpu_model_key, spool
 
 # Grids whose purpose is timing; without a GPU they are reported as not run.
@@ -210,10 +219,14 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
         cases = plan.timed.get(cand.name) or []
         if not cases:
             continue
+        # The estimate was made before anything ran: if the run so far took longer, a
+        # candidate whose timing would pass the budget is left out (and said so).
         spent = time.monotonic() - t0
-        if spent > plan.budget_s:
-            plan.left_out.append(LeftOut(cand.name, f"budget spent ({spent:.0f} s) before "
-                                         "its turn", [c.id for c in cases]))
+        cost = CHILD_START_S + sum(timed_case_cost_s(cand.name, c, opts.min_time_s)
+                                   for c in cases)
+        if spent + cost > plan.budget_s:
+            plan.left_out.append(LeftOut(cand.name, f"{spent:.0f} s spent, its ~{cost:.0f} s "
+                                         "would pass the budget", [c.id for c in cases]))
             plan.timed[cand.name] = []
             log(f"left out: {plan.left_out[-1].line()}")
             continue
@@ -353,8 +366,8 @@ def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),
             if base_runs:
                 bases = [load_record(db, r.id) for r in base_runs]
                 out.report = compare_records(bases, record, opts.policy, base_label=how)
-                excuse_missing(out.report, opts, plan, case_ids, not_here,
-                               broken=load_errors)
+                excuse_missing(out.report, plan, selected=opts.kernels, case_ids=case_ids,
+                               not_here=not_here, broken=load_errors)
                 store_comparisons(db, out.run_id, base_runs[0].id, out.report.verdicts)
         except (DatabaseError, CompareError) as exc:
             out.notes.append(f"comparison not done: {exc}")
@@ -368,30 +381,6 @@ def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),
         with open(target, "a", encoding="utf-8") as f:  # GitHub appends step summaries
             f.write(out.summary)
     return out
-
-
-def excuse_missing(report: Report, opts: GateOptions, plan: Plan | None,
-                   case_ids: set[str] | None, not_here: Sequence[str],
-                   broken: Sequence[str] = ()) -> None:
-    """Mark the baseline's (candidate, case) pairs this run left out on purpose; every
-    other missing one fails the gate (a kernel must not silently drop out)."""
-    planned = plan.excused() if plan is not None else set()
-    for v in report.verdicts:
-        if v.verdict != "missing":
-            continue
-        why = None
-        if (v.variant, v.case_id) in planned:
-            why = "left out by the plan"
-        elif opts.kernels and v.variant not in opts.kernels:
-            why = "not selected by --kernels"
-        elif v.variant in not_here:
-            why = "needs a GPU"
-        elif case_ids is not None and v.case_id not in case_ids:
-            why = "case not in this run's grids"
-        elif any(v.variant in e for e in broken):
-            why = "failed to load (reported as a load error)"
-        if why:
-            v.detail["excused"] = why
 
 
 def check_baseline_run(opts: GateOptions) -> None:
@@ -415,8 +404,3 @@ def run_gate(opts: GateOptions, *, log: Callable[[str], None] = print) -> GateOu
     record = RunRecord.from_results(ex.results, ex.meta)
     return finish(record, opts, notes=ex.notes, log=log, plan=ex.plan,
                   load_errors=ex.load_errors, case_ids=ex.case_ids, not_here=sorted(ex.not_here))
-
-
-def print_outcome(out: GateOutcome, stream: Any = None) -> None:
-    stream = stream or sys.stdout
-    print(out.summary, file=stream)

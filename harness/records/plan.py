@@ -196,3 +196,29 @@ def make_plan(candidates: Sequence[Any], check_cases: Sequence[Case],
     for name, ids in budget_cut.items():
         plan.left_out.append(LeftOut(name, f"over the {budget_min:g} min budget", ids))
     return plan
+
+
+def excuse_missing(report: Any, plan: Plan | None, *, selected: Sequence[str] | None,
+                   case_ids: set[str] | None, not_here: Sequence[str],
+                   broken: Sequence[str] = ()) -> None:
+    """Mark the baseline's (candidate, case) pairs that a run left out on purpose (its
+    plan, --kernels, no GPU here, a grid not run, a load error already reported) in
+    `detail["excused"]` of each "missing" verdict of `report` (harness.records.compare.
+    Report); every other missing one fails: a kernel must not silently drop out."""
+    planned = plan.excused() if plan is not None else set()
+    for v in report.verdicts:
+        if v.verdict != "missing":
+            continue
+        why = None
+        if (v.variant, v.case_id) in planned:
+            why = "left out by the plan"
+        elif selected and v.variant not in selected:
+            why = "not selected by --kernels"
+        elif v.variant in not_here:
+            why = "needs a GPU"
+        elif case_ids is not None and v.case_id not in case_ids:
+            why = "case not in this run's grids"
+        elif any(v.variant in e for e in broken):
+            why = "failed to load (reported as a load error)"
+        if why:
+            v.detail["excused"] = why
