@@ -87,15 +87,22 @@ def test_every_fault_becomes_a_verdict_and_the_next_case_still_runs():
     assert time.monotonic() - t0 < 90
 
 
-def test_a_hanging_candidate_costs_one_timeout_not_one_per_case():
+def test_a_hanging_candidate_costs_one_timeout_not_one_per_case(tmp_path, monkeypatch):
+    """Five hanging cases: one deadline and one child, not five of each (counted by the
+    factory, which every child calls once; wall time is too noisy on a shared runner)."""
+    starts = tmp_path / "starts"
+    monkeypatch.setenv("FA_TEST_START_LOG", str(starts))
     cases = [case(OK)] + [case(HANG, seed) for seed in range(5)]
-    t0 = time.monotonic()
-    res = run(cases, timeout_s=1.5)
-    took = time.monotonic() - t0
+    res = run(cases, timeout_s=1.5, factory=f"{__name__}:make_logged_fake")
     assert [r.status for r in res] == [Status.PASSED, Status.TIMEOUT] + [Status.SKIPPED] * 4
     assert all(r.message == f"not run: {cases[1].id} hung for 1.5 s" for r in res[2:])
-    # one 1.5 s deadline plus child start-up, not five deadlines
-    assert took < 1.5 * 3 + 15, took
+    assert starts.read_text().count("start\n") == 1
+
+
+def make_logged_fake(name: str) -> Candidate:
+    with open(os.environ["FA_TEST_START_LOG"], "a") as f:
+        f.write("start\n")
+    return make_fake(name)
 
 
 def test_a_hanging_isolated_candidate_in_the_runner_is_one_timeout():
@@ -106,12 +113,10 @@ def test_a_hanging_isolated_candidate_in_the_runner_is_one_timeout():
     from harness.execution.runner import run_correctness
 
     cases = get_grid("smoke")[:4]
-    t0 = time.monotonic()
     res = run_correctness([isolated("hang")], cases, timeout_s=2.0)
     assert [r.status for r in res] == [Status.TIMEOUT] + [Status.SKIPPED] * 3, \
         [r.message for r in res]
     assert res[1].message == f"not run: {cases[0].id} hung for 2 s"
-    assert time.monotonic() - t0 < 2.0 + 30
 
 
 def test_memory_watchdog_kills_a_hog():
