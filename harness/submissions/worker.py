@@ -282,8 +282,13 @@ def child_main(job_path: str) -> int:
         with open(progress_path, "a") as f:
             f.write(json.dumps({"stage": stage, "case": case, "t": time.time()}) + "\n")
 
-    progress("load", "")
+    # torch and the scorer are imported before the first progress line: until then the
+    # watchdog allows the (larger) start-up time, after it only a case's.
+    import torch  # noqa: F401
+
     from harness.submissions.scoring import ScoreReport, ScoringOptions
+
+    progress("load", "")
 
     try:
         frac = doc.get("gpu_memory_fraction")
