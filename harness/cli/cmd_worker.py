@@ -6,7 +6,7 @@ import argparse
 import signal
 import sys
 
-from harness.cli import EXIT_OK, UsageError
+from harness.cli import EXIT_FAIL, EXIT_OK, UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +15,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Claims queued submissions and scores each in an isolated child process "
                     "(CUDA_VISIBLE_DEVICES=N) with time and memory limits. The secret case "
                     "seed comes from FA_HARNESS_SECRET (else random per worker start).")
-    p.add_argument("--gpu", type=int, default=None, help="GPU index for the children")
+    p.add_argument("--gpu", default=None, metavar="N|UUID|all",
+                   help="GPU to lock and score on: an index among the visible GPUs, a "
+                        "GPU-... UUID, or `all` for one worker process per visible GPU")
+    p.add_argument("--wait-for-gpu", action="store_true",
+                   help="wait for the GPU when another worker holds it (default: refuse)")
+    p.add_argument("--on-shared", choices=("requeue", "mark"), default="requeue",
+                   help="a job scored while another process used the GPU: re-queue it "
+                        "(default; marked once attempts run out) or store it marked")
+    p.add_argument("--events", metavar="FILE", help="append claims and finishes as JSON lines")
     p.add_argument("--once", action="store_true", help="score at most one job, then exit")
     p.add_argument("--drain", action="store_true", help="exit when the queue is empty")
     p.add_argument("--db", help="database URL or SQLite path")
@@ -35,16 +43,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop-at-first-failure", action="store_true")
     p.add_argument("--quick", action="store_true",
                    help="fewer timing samples (demos): 5 samples, at most 2 s per case")
-    p.set_defaults(func=_worker)
+    p.set_defaults(func=_worker, _parser=p)
 
 
 def _worker(args: argparse.Namespace) -> int:
     from harness.records.db import DatabaseError, open_db
+    from harness.submissions.gpulock import GpuBusy
     from harness.submissions.worker import WorkerConfig, work
 
     for name in ("case_timeout", "job_timeout"):
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0")
+    if args.gpu == "all":
+        return _all_gpus(args)
     try:
         db = open_db(args.db)
     except DatabaseError as e:
@@ -58,7 +69,9 @@ def _worker(args: argparse.Namespace) -> int:
     config = WorkerConfig(gpu=args.gpu, case_timeout_s=args.case_timeout,
                           startup_timeout_s=args.startup_timeout,
                           job_timeout_s=args.job_timeout, memory_limit_mb=args.memory_limit_mb,
-                          max_attempts=args.max_attempts, lease_s=args.lease, scoring=scoring)
+                          max_attempts=args.max_attempts, lease_s=args.lease, scoring=scoring,
+                          wait_for_gpu=args.wait_for_gpu, on_shared=args.on_shared,
+                          events=args.events)
     stop = {"flag": False}
 
     def on_signal(_sig: int, _frame: object) -> None:
@@ -70,7 +83,39 @@ def _worker(args: argparse.Namespace) -> int:
         n = work(db.engine, config, once=args.once, drain=args.drain,
                  should_stop=lambda: stop["flag"],
                  log=lambda m: print(m, file=sys.stderr, flush=True))
+    except GpuBusy as e:
+        print(f"fa-harness worker: error: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    except ValueError as e:  # a GPU that is not there
+        raise UsageError(str(e)) from None
     finally:
         db.close()
     print(f"worker {config.name}: {n} job(s) finished", file=sys.stderr)
     return EXIT_OK
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    """The options of this `worker` command line, rebuilt from the parsed arguments."""
+    out = ["worker"]
+    for a in args._parser._actions:
+        if not a.option_strings or a.dest in ("help", "gpu"):
+            continue
+        v = getattr(args, a.dest, None)
+        if isinstance(a, argparse._StoreTrueAction):
+            out += [a.option_strings[0]] if v else []
+        elif v is not None and v != a.default:
+            out += [a.option_strings[0], str(v)]
+    return out
+
+
+def _all_gpus(args: argparse.Namespace) -> int:
+    from harness.measure.gpuinfo import visible_gpus
+    from harness.submissions.fleet import launch
+
+    try:
+        gpus = visible_gpus()
+    except RuntimeError as e:
+        raise UsageError(f"--gpu all: {e}") from None
+    if not gpus:
+        raise UsageError("--gpu all: no GPU visible")
+    return launch(_argv(args), gpus, log=lambda m: print(m, file=sys.stderr, flush=True))
