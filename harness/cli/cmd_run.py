@@ -229,9 +229,10 @@ def _record(args: argparse.Namespace, candidates: list, results: list) -> bool:
     except (RecordError, OSError) as e:
         raise UsageError(f"cannot write the run record: {e}") from None
     if args.db:
+        from harness.records.db.engine import target_of
         from harness.records.db.store import DatabaseError, open_db, store_record
 
-        kept = spool(rec)
+        kept = spool(rec, target=target_of(args.db))
         try:
             with open_db(args.db) as db:
                 run_id = store_record(db, rec)
