@@ -71,6 +71,9 @@ def loads(text: str) -> Any:
         raise JsonInputError(f"not JSON ({e.msg} at line {e.lineno} column {e.colno})"
                              ) from None
     except ValueError as e:
+        if "integer string conversion" in str(e):  # CPython's limit on digits
+            raise JsonInputError("not JSON this harness reads: an integer literal with "
+                                 "thousands of digits") from None
         raise JsonInputError(str(e)) from None
     except RecursionError:
         raise JsonInputError("not JSON this harness reads: nested too deeply") from None
@@ -100,7 +103,7 @@ def value_problems(data: Any, max_depth: int = MAX_DEPTH, limit: int = 5) -> lis
     while stack and len(problems) < limit:
         value, path = stack.pop()
         if len(path) > max_depth:
-            problems.append(f"{_where(path[:max_depth])}: nested more than {max_depth} levels")
+            problems.append(f"{_where(path[:3])}...: nested more than {max_depth} levels")
             continue
         if isinstance(value, dict):
             for k, v in value.items():

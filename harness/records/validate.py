@@ -64,6 +64,10 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+_JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
+               float: "number", type(None): "null"}
+
+
 def _message(err: Any) -> str:
     """One line per schema error, in the words of the record format, never a long echo."""
     where = _where(err.absolute_path)
@@ -74,7 +78,8 @@ def _message(err: Any) -> str:
     where = where or "record"
     if kind == "type":
         kinds = arg if isinstance(arg, list) else [arg]
-        return f"{where}: must be {' or '.join(kinds)}, not {type(err.instance).__name__}"
+        got = _JSON_TYPES.get(type(err.instance), type(err.instance).__name__)
+        return f"{where}: must be {' or '.join(kinds)}, not {got}"
     if kind == "maxLength":
         return f"{where}: longer than {arg} characters"
     if kind == "minLength":
