@@ -193,7 +193,7 @@ def test_dev_zero_fifo_and_oversized_files_are_refused_at_once(tmp_path, capsys)
                       (big, "more than the limit")):
         t0 = time.monotonic()
         done: list = []
-        th = threading.Thread(target=lambda p=path: done.append(
+        th = threading.Thread(target=lambda p=path, done=done: done.append(
             _import(url, p, capsys=capsys)), daemon=True)
         th.start()
         th.join(20)
