@@ -23,6 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--on-shared", choices=("requeue", "mark"), default="requeue",
                    help="a job scored while another process used the GPU: re-queue it "
                         "(default; marked once attempts run out) or store it marked")
+    p.add_argument("--busy-wait", type=float, default=300.0, metavar="S",
+                   help="claim nothing for up to S seconds while other processes use the "
+                        "GPU (default 300)")
     p.add_argument("--events", metavar="FILE", help="append claims and finishes as JSON lines")
     p.add_argument("--once", action="store_true", help="score at most one job, then exit")
     p.add_argument("--drain", action="store_true", help="exit when the queue is empty")
@@ -71,7 +74,7 @@ def _worker(args: argparse.Namespace) -> int:
                           job_timeout_s=args.job_timeout, memory_limit_mb=args.memory_limit_mb,
                           max_attempts=args.max_attempts, lease_s=args.lease, scoring=scoring,
                           wait_for_gpu=args.wait_for_gpu, on_shared=args.on_shared,
-                          events=args.events)
+                          busy_wait_s=args.busy_wait, events=args.events)
     stop = {"flag": False}
 
     def on_signal(_sig: int, _frame: object) -> None:
