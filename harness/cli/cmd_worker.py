@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _worker(args: argparse.Namespace) -> int:
     from harness.records.db import DatabaseError, open_db
-    from harness.submissions.gpulock import GpuBusy
+    from harness.submissions.gpulock import GpuBusy, GpuMissing
     from harness.submissions.worker import WorkerConfig, work
 
     for name in ("case_timeout", "job_timeout"):
@@ -89,7 +89,7 @@ def _worker(args: argparse.Namespace) -> int:
     except GpuBusy as e:
         print(f"fa-harness worker: error: {e}", file=sys.stderr)
         return EXIT_FAIL
-    except ValueError as e:  # a GPU that is not there
+    except GpuMissing as e:
         raise UsageError(str(e)) from None
     finally:
         db.close()

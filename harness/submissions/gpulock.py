@@ -35,6 +35,10 @@ class GpuBusy(RuntimeError):
     """The GPU is locked by another worker."""
 
 
+class GpuMissing(ValueError):
+    """The GPU asked for is not visible here."""
+
+
 def lock_dir() -> Path:
     env = os.environ.get("FA_HARNESS_LOCK_DIR")
     if env:
@@ -235,10 +239,12 @@ class GpuWatch:
 def lock_gpu(engine: Any, gpu: int | str, *, owner: str, wait: bool = False) -> GpuLock:
     """Resolve the worker's `gpu` (a visible-GPU position or a GPU-... UUID) and lock it.
     Without NVML the lock is keyed by host and index, and `note` says so. Raises GpuBusy,
-    or ValueError for a GPU that is not there."""
+    or GpuMissing for a GPU that is not there."""
     try:
         uuid: str | None = gpuinfo.resolve_gpu(gpu).uuid
         note = None
+    except ValueError as e:
+        raise GpuMissing(str(e)) from None
     except RuntimeError as e:
         uuid = None
         note = (f"{e}: GPU {gpu} locked by its index on this host; other processes on it "

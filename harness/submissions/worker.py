@@ -53,6 +53,7 @@ from harness.submissions.queue import (
     claim,
     finish,
     hold_liveness,
+    queue_depth,
     release,
     requeue_dead,
     requeue_stale,
@@ -280,7 +281,8 @@ def work(engine: Any, config: WorkerConfig, *, once: bool = False, drain: bool =
          log: Callable[[str], None] | None = None) -> int:
     """Lock the GPU, then claim and score jobs until stopped. `once`: at most one job.
     `drain`: stop when the queue is empty. Returns the number of jobs finished. Raises
-    gpulock.GpuBusy when another worker holds the GPU."""
+    gpulock.GpuBusy when another worker holds the GPU, gpulock.GpuMissing for a GPU that
+    is not there."""
     log = log or (lambda _m: None)
     should_stop = should_stop or (lambda: False)
     name = config.name or "worker"
@@ -316,7 +318,7 @@ def _loop(engine: Any, config: WorkerConfig, watch: Any, *, once: bool, drain: b
             _event(config, event="requeued", id=sid)
         for sid in rq.abandoned + dead.abandoned:
             log(f"submission {sid}: abandoned after {config.max_attempts} attempts")
-        if watch is not None:
+        if watch is not None and queue_depth(engine).get("queued", 0):
             hold_back(watch, config.busy_wait_s, config.poll_s, log, should_stop)
         job = claim(engine, name)
         if job is None:
