@@ -9,7 +9,7 @@
 #                           namespace noted), the worker's watch calls the GPU shared, and
 #                           the process is gone from the list after it is killed
 #   shared.log              a real worker with a foreign CUDA process on its GPU: holds
-#                           back, then scores and marks the job (detail.gpu.shared)
+#                           back, then scores and marks the job (detail.gpu_sharing.shared)
 #   bench/                  bench/multi_gpu_workers.py with N=1 on a real PostgreSQL
 #                           server: jobs/hour of 1 worker, duplicate claims, shared
 #                           timings, the SIGKILL re-queue, the score spread
@@ -53,7 +53,7 @@ with e.connect() as c:
         d = json.loads(r.detail) if isinstance(r.detail, str) else r.detail
         print(json.dumps({"id": r.id, "status": r.status, "verdict": r.verdict,
                           "score": r.score, "message": (r.message or "")[:160],
-                          "gpu": (d or {}).get("gpu")}))
+                          "gpu_sharing": (d or {}).get("gpu_sharing")}))
 PY
 }
 step shared 75 shared

@@ -202,7 +202,7 @@ def spread(engine: Any) -> list[dict]:
     names: dict[str, str] = {}
     with session_factory(engine)() as s:
         for r in s.scalars(select(Submission).where(Submission.score.is_not(None))):
-            gpu = ((r.detail or {}).get("gpu") or {}).get("uuid") or "?"
+            gpu = ((r.detail or {}).get("gpu_sharing") or {}).get("uuid") or "?"
             by[r.source_hash][gpu].append(float(r.score))
             names[r.source_hash] = r.name.split(" #")[0]
     rows = []

@@ -160,9 +160,9 @@ def test_job_timed_on_a_shared_gpu_is_requeued_then_scored_clean(db, tmp_path, m
         foreign.kill()
     row = _row(db, sid)
     assert (row.status, row.verdict, row.attempts) == ("done", "scored", 2)
-    assert row.detail["gpu"] == {"uuid": UUID_A, "others_before": 0, "others_during": 0,
+    assert row.detail["gpu_sharing"] == {"uuid": UUID_A, "others_before": 0, "others_during": 0,
                                  "others_after": 0, "shared": False, "nvml_error": None}
-    assert row.detail["gpu"] and str(foreign.pid) not in json.dumps(row.detail)
+    assert row.detail["gpu_sharing"] and str(foreign.pid) not in json.dumps(row.detail)
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["claim", "release", "claim", "finish"]
     assert all(e["gpu"] == UUID_A for e in events)
@@ -180,7 +180,7 @@ def test_shared_score_is_marked_when_not_requeued(db, tmp_path, monkeypatch, how
         foreign.kill()
     row = _row(db, sid)
     assert row.status == "done" and row.attempts == (1 if how == "mark" else 2)
-    assert row.detail["gpu"]["shared"] is True and row.detail["gpu"]["others_after"] == 1
+    assert row.detail["gpu_sharing"]["shared"] is True and row.detail["gpu_sharing"]["others_after"] == 1
     assert row.message.startswith("GPU shared with another process while scored")
 
 
@@ -201,7 +201,7 @@ def test_worker_waits_for_a_busy_gpu_before_claiming(db, tmp_path, monkeypatch):
         foreign.kill()
     assert any("1 other compute process(es)" in m for m in logs)
     row = _row(db, sid)
-    assert row.attempts == 1 and row.detail["gpu"]["shared"] is False
+    assert row.attempts == 1 and row.detail["gpu_sharing"]["shared"] is False
 
 
 def test_process_seen_while_the_child_runs(db, tmp_path, monkeypatch):
@@ -224,7 +224,7 @@ def test_process_seen_while_the_child_runs(db, tmp_path, monkeypatch):
         work(db.engine, _config(tmp_path, on_shared="mark"), once=True, log=log)
     finally:
         foreign.kill()
-    g = _row(db, sid).detail["gpu"]
+    g = _row(db, sid).detail["gpu_sharing"]
     assert g["others_during"] == 1 and g["shared"] is True
 
 

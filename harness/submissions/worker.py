@@ -5,7 +5,7 @@ One worker per GPU (`fa-harness worker --gpu N`): the worker locks the GPU by it
 `wait_for_gpu`), and around every job asks NVML which other compute processes use the GPU:
 it claims nothing while another process is there (up to `busy_wait_s`), and a job during
 or after which one was seen is re-queued (`on_shared="requeue"`, while attempts remain)
-or stored marked `detail.gpu.shared` with a message saying the score is not comparable.
+or stored marked `detail.gpu_sharing.shared` with a message saying the score is not comparable.
 For each claimed job the worker starts a fresh child process
 (`python -m harness.submissions.worker --child JOB`) with `CUDA_VISIBLE_DEVICES=<GPU UUID>`,
 in its own process group, killed with the worker if the worker dies, and watches it:
@@ -333,7 +333,7 @@ def _loop(engine: Any, config: WorkerConfig, watch: Any, *, once: bool, drain: b
         outcome = run_job(job, config, watch.sample if watch is not None else None)
         gpu = watch.finish() if watch is not None else None
         if gpu is not None:
-            outcome.detail["gpu"] = gpu
+            outcome.detail["gpu_sharing"] = gpu
         if gpu is not None and gpu["shared"]:
             if config.on_shared == "requeue" and job.attempts < config.max_attempts:
                 ok = release(engine, job, "re-queued: another process used the GPU while "
