@@ -91,15 +91,20 @@ def test_second_worker_on_a_gpu_is_refused_until_the_holder_dies():
 
 @pytest.mark.postgres
 def test_advisory_lock_covers_workers_that_share_no_lock_directory(pg_url, tmp_path):
+    import uuid
+
     from harness.records.db import make_engine
 
+    # Advisory locks are per database, not per schema: a GPU of this test only, since
+    # other test runs share the server.
+    gpu = f"GPU-{uuid.uuid4()}"
     e1, e2 = make_engine(pg_url), make_engine(pg_url)
     try:
-        first = gpulock.acquire(UUID_A, engine=e1, directory=tmp_path / "container1")
+        first = gpulock.acquire(gpu, engine=e1, directory=tmp_path / "container1")
         with pytest.raises(gpulock.GpuBusy, match="PostgreSQL advisory lock"):
-            gpulock.acquire(UUID_A, engine=e2, directory=tmp_path / "container2")
+            gpulock.acquire(gpu, engine=e2, directory=tmp_path / "container2")
         first.release()
-        gpulock.acquire(UUID_A, engine=e2, directory=tmp_path / "container2").release()
+        gpulock.acquire(gpu, engine=e2, directory=tmp_path / "container2").release()
     finally:
         e1.dispose()
         e2.dispose()
