@@ -224,3 +224,19 @@ def test_schema_status_enum_is_the_status_list():
 
     enum = schema()["$defs"]["result"]["properties"]["status"]["enum"]
     assert enum == [s.value for s in Status]
+
+
+def test_cli_spool_import_reports_waiting_and_set_aside_records(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FA_HARNESS_HOME", str(tmp_path))
+    monkeypatch.delenv("FA_HARNESS_DB", raising=False)
+    monkeypatch.delenv("FA_HARNESS_SPOOL", raising=False)
+    sp = tmp_path / "spool"
+    spool(make_record(specs_for(), seed=1), target="postgresql+psycopg://elsewhere/db")
+    spool(make_record(specs_for(), seed=2, minutes=2))
+    assert cli_main(["import"]) == 0  # a record waiting for its own database is no error
+    out = capsys.readouterr().out
+    assert "left in the spool" in out and "imported 1 spooled record(s)" in out
+    _spool_raw(sp, "bad", dict(_good(3), branch="b" * 300))
+    assert cli_main(["import"]) == 2
+    out = capsys.readouterr().out
+    assert "not imported:" in out and "set aside" in out and len(spooled(sp)) == 1

@@ -108,12 +108,15 @@ def _import_spool(url: str | None) -> int:
     from harness.records.db.store import DatabaseError, import_spool
 
     db = open_or_fail(url)
+    waiting: list[str] = []
     try:
-        ids, problems = import_spool(db)
+        ids, problems = import_spool(db, waiting=waiting)
     except DatabaseError as exc:
         raise UsageError(str(exc)) from None
     finally:
         db.close()
+    for p in waiting:
+        print(f"left in the spool: {p}")
     for p in problems:
         print(f"not imported: {p}")
     print(f"imported {len(ids)} spooled record(s)")

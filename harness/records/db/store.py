@@ -271,20 +271,23 @@ def _now() -> str:
     return utc_now_iso()
 
 
-def import_spool(db: Database, directory: str | Path | None = None
-                 ) -> tuple[list[int], list[str]]:
+def import_spool(db: Database, directory: str | Path | None = None, *,
+                 waiting: list[str] | None = None) -> tuple[list[int], list[str]]:
     """Store every spooled record meant for this database; stored ones leave the spool.
     A record that cannot be stored (invalid, conflicting, refused by the database) is set
     aside in `<spool>/rejected/` with its reason, and the others go on; a record spooled
     for another database waits for it. Returns (run ids, one line per record not stored).
-    Raises DatabaseUnavailable when the database goes away (nothing more is moved)."""
+    Records waiting for another database are listed in `waiting` when given (else among the
+    problems). Raises DatabaseUnavailable when the database goes away (nothing more is
+    moved)."""
     from harness.records.record import RecordError, set_aside, spool_target, spooled
 
     ids, problems = [], []
     for path in spooled(directory):
         target = spool_target(path)
         if target is not None and target != db.display_url:
-            problems.append(f"{path}: waiting for its database {target}")
+            (problems if waiting is None else waiting).append(
+                f"{path}: waiting for its database {target}")
             continue
         try:
             ids.append(store_record(db, RunRecord.read(path)))
