@@ -378,7 +378,6 @@ def child_main(job_path: str) -> int:
         with open(progress_path, "a") as f:
             f.write(json.dumps({"stage": stage, "case": case, "t": time.time()}) + "\n")
 
-    progress("load", "")
     from harness.submissions.scoring import ScoreReport, ScoringOptions
 
     try:
@@ -390,6 +389,9 @@ def child_main(job_path: str) -> int:
                 torch.cuda.set_per_process_memory_fraction(float(frac))
         scorer = _resolve(doc.get("scorer") or DEFAULT_SCORER)
         options = ScoringOptions.from_dict(doc.get("options") or {})
+        # The first progress line ends the startup allowance: importing torch and opening
+        # the CUDA context above are start-up, however long a loaded machine takes.
+        progress("load", "")
         report = scorer(doc["files"], options, secret=int(doc["secret"]), progress=progress)
         if not isinstance(report, ScoreReport):
             raise TypeError(f"scorer returned {type(report).__name__}, not ScoreReport")
