@@ -12,9 +12,10 @@ from harness.cli import EXIT_FAIL, EXIT_OK, UsageError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "worker", help="score queued submissions on one GPU",
-        description="Claims queued submissions and scores each in an isolated child process "
-                    "(CUDA_VISIBLE_DEVICES=N) with time and memory limits. The secret case "
-                    "seed comes from FA_HARNESS_SECRET (else random per worker start).")
+        description="Locks its GPU (one worker per GPU), claims queued submissions and "
+                    "scores each in an isolated child process pinned to that GPU, with time "
+                    "and memory limits. Exit 1 when another worker holds the GPU. The secret "
+                    "case seed comes from FA_HARNESS_SECRET (else random per worker start).")
     p.add_argument("--gpu", default=None, metavar="N|UUID|all",
                    help="GPU to lock and score on: an index among the visible GPUs, a "
                         "GPU-... UUID, or `all` for one worker process per visible GPU")
