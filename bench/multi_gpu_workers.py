@@ -238,6 +238,9 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
+    # An outside limit (timeout) sends SIGTERM: leave through `finally`, which stops the
+    # PostgreSQL server, instead of leaving it running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     out = Path(args.out or tempfile.mkdtemp(prefix="fa-multi-gpu-"))
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="fa-bench-"))
