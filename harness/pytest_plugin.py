@@ -183,7 +183,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     rec = RunRecord.from_results(results, {
         "source": "ci", "grids": [grid],
         "gpu": gpu_meta() if torch.cuda.is_available() else None})
-    kept = spool(rec)
+    from harness.records.db.engine import target_of
+
+    kept = spool(rec, target=target_of(url))
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     try:
         with open_db(url) as db:

@@ -40,6 +40,13 @@ def scratch_home(tmp_path_factory, monkeypatch) -> None:
     monkeypatch.delenv("FA_HARNESS_SPOOL", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _private_gpu_locks(tmp_path_factory, monkeypatch) -> None:
+    """Each test its own GPU lock directory: tests of several checkouts share this host,
+    and a worker test would otherwise find another test's worker on "its" GPU."""
+    monkeypatch.setenv("FA_HARNESS_LOCK_DIR", str(tmp_path_factory.mktemp("gpu-locks")))
+
+
 @pytest.fixture
 def fake():
     """make_fake(bug="none", **fields) -> FakeCandidate (see tests/fake_candidates.py)."""

@@ -65,7 +65,9 @@ def test_failing_result_fails_the_gate_without_baseline(tmp_path):
 
 def test_unreachable_database_spools_and_a_later_run_loads_it(tmp_path, monkeypatch):
     opts = _opts(tmp_path)
-    opts.db_url = "postgresql+psycopg://postgres@127.0.0.1:1/none"
+    # The database's directory cannot be created while a file stands in its place.
+    (tmp_path / "dbdir").write_text("not a directory")
+    opts.db_url = str(tmp_path / "dbdir" / "db.sqlite")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "gh.md"))
     opts.summary = None
     rec = make_record(specs_for(), seed=1, commit="a" * 40)
@@ -75,13 +77,27 @@ def test_unreachable_database_spools_and_a_later_run_loads_it(tmp_path, monkeypa
     [kept] = spooled(opts.spool_dir)
     assert RunRecord.read(kept).to_dict() == rec.to_dict()
     # Next run, database back: the spooled record is stored first and becomes the baseline.
-    opts.db_url = str(tmp_path / "db.sqlite")
+    (tmp_path / "dbdir").unlink()
     nxt = finish(make_record(specs_for(), seed=2, commit="b" * 40, parent="a" * 40,
                              minutes=5), opts, log=_quiet)
     assert nxt.baseline.startswith("parent commit") and nxt.exit_code == 0
-    assert not spooled(opts.spool_dir)
+    assert not spooled(opts.spool_dir) and not list(opts.spool_dir.glob("*.target"))
     with open_db(opts.db_url) as db:
         assert counts(db)["runs"] == 2
+
+
+def test_spooled_record_waits_for_its_own_database(tmp_path):
+    """A record spooled for one database is not stored into another one."""
+    opts = _opts(tmp_path)
+    opts.db_url = "postgresql+psycopg://postgres:secret@127.0.0.1:1/none"
+    finish(make_record(specs_for(), seed=1, commit="a" * 40), opts, log=_quiet)
+    [kept] = spooled(opts.spool_dir)
+    assert "secret" not in kept.with_suffix(".target").read_text()
+    other = _opts(tmp_path)  # the default: another database, same spool
+    out = finish(make_record(specs_for(), seed=2, commit="b" * 40), other, log=_quiet)
+    assert out.run_id is not None and spooled(opts.spool_dir) == [kept]
+    assert any("waiting for its database postgresql+psycopg://postgres:***@127.0.0.1:1"
+               in n for n in out.notes)
 
 
 def test_cli_import_without_arguments_loads_the_spool(tmp_path, monkeypatch, capsys):

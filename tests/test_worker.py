@@ -34,6 +34,11 @@ def fake_scorer(files, options, *, secret, progress) -> ScoreReport:
                            detail={"secret_seen": secret, "env_clean": env_ok,
                                    "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
                                    "options": options.to_dict()["baseline"]})
+    if mode == "slow":  # an honest job that takes a while (files["sleep.txt"] seconds)
+        progress("perf", "case-slow")
+        time.sleep(float(files.get("sleep.txt", "2.5")))
+        return ScoreReport("scored", "fine", score=1.0,
+                           detail={"gpu": os.environ.get("CUDA_VISIBLE_DEVICES")})
     if mode == "hang":  # a kernel looping forever: no progress ever again
         progress("perf", "case-hang")
         time.sleep(3600)

@@ -1,15 +1,16 @@
 """`fa-harness import [FILE_OR_DIR ...]`: store run records (or pytest-benchmark JSON files)
 in the database; with no argument, the records waiting in the spool.
 
-Every file is read and validated before anything is stored: one bad file means exit 2 and
-nothing stored. Importing a record that is already stored does nothing (same uuid).
+Every file is read and validated before anything is stored, and all are stored in one
+transaction: one bad file, or one record the database refuses (a conflict), means exit 2
+and nothing stored. Importing a record that is already stored does nothing (same uuid).
+Only regular files are read, each of bounded size (harness.records.jsonio).
 In a directory, files that are not records (a README, logs, archives, JSON of another
 kind) are skipped with a note; a file named on the command line must be a record."""
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,15 +32,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _read_json(path: Path) -> tuple[str, object]:
+    from harness.records.jsonio import JsonInputError, read_json
     from harness.records.record import RecordError
 
     try:
-        text = path.read_text(encoding="utf-8")
-        return text, json.loads(text)
-    except FileNotFoundError:
-        raise RecordError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RecordError(f"{path}: cannot read JSON ({exc})") from None
+        return read_json(path)
+    except JsonInputError as exc:
+        raise RecordError(str(exc)) from None
 
 
 def _parse(path: Path, text: str, data: object) -> RunRecord:
@@ -105,20 +104,31 @@ def load_all(paths: list[str]) -> tuple[list[tuple[Path, RunRecord]], list[str]]
     return records, notes
 
 
+def _import_spool(url: str | None) -> int:
+    from harness.records.db.store import DatabaseError, import_spool
+
+    db = open_or_fail(url)
+    waiting: list[str] = []
+    try:
+        ids, problems = import_spool(db, waiting=waiting)
+    except DatabaseError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        db.close()
+    for p in waiting:
+        print(f"left in the spool: {p}")
+    for p in problems:
+        print(f"not imported: {p}")
+    print(f"imported {len(ids)} spooled record(s)")
+    return 2 if problems else 0
+
+
 def cmd_import(args: argparse.Namespace) -> int:
-    from harness.records.db.store import DatabaseError, import_spool, store_record
+    from harness.records.db.store import DatabaseError, store_records
     from harness.records.record import RecordError
 
     if not args.paths:
-        db = open_or_fail(args.db)
-        try:
-            ids, problems = import_spool(db)
-        finally:
-            db.close()
-        for p in problems:
-            print(f"kept in spool: {p}")
-        print(f"imported {len(ids)} spooled record(s)")
-        return 2 if problems else 0
+        return _import_spool(args.db)
     try:
         records, notes = load_all(args.paths)
     except RecordError as exc:
@@ -126,21 +136,14 @@ def cmd_import(args: argparse.Namespace) -> int:
     for note in notes:
         print(note)
     db = open_or_fail(args.db)
-    new = 0
     try:
-        from sqlalchemy import select
-
-        from harness.records.db.models import Run
-
-        for f, rec in records:
-            with db.session() as s:
-                known = s.execute(select(Run.id).where(Run.uuid == rec.uuid)).scalar()
-            run_id = store_record(db, rec)
-            new += known is None
-            print(f"{f}: run {run_id}" + (" (already stored)" if known is not None else ""))
+        stored = store_records(db, [rec for _, rec in records])
     except DatabaseError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"{exc}; nothing stored") from None
     finally:
         db.close()
+    for (f, _), (run_id, new) in zip(records, stored, strict=True):
+        print(f"{f}: run {run_id}" + ("" if new else " (already stored)"))
+    new = sum(n for _, n in stored)
     print(f"{new} new run(s), {len(records) - new} already stored")
     return 0

@@ -256,12 +256,13 @@ def _record(args: argparse.Namespace, candidates: list, results: list) -> bool:
         return True
     import os
 
+    from harness.records.db.engine import target_of
     from harness.records.db.store import DatabaseError, open_db, store_record
 
     # Named by the user (--db, $FA_HARNESS_DB): a database that cannot take the run is an
     # error. The default file: a warning, the record waits in the spool either way.
     named = bool(args.db or os.environ.get("FA_HARNESS_DB"))
-    kept = spool(rec)
+    kept = spool(rec, target=target_of(args.db))
     try:
         with open_db(args.db) as db:
             run_id = store_record(db, rec)

@@ -6,16 +6,28 @@ import argparse
 import signal
 import sys
 
-from harness.cli import EXIT_OK, UsageError
+from harness.cli import EXIT_FAIL, EXIT_OK, UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "worker", help="score queued submissions on one GPU",
-        description="Claims queued submissions and scores each in an isolated child process "
-                    "(CUDA_VISIBLE_DEVICES=N) with time and memory limits. The secret case "
-                    "seed comes from FA_HARNESS_SECRET (else random per worker start).")
-    p.add_argument("--gpu", type=int, default=None, help="GPU index for the children")
+        description="Locks its GPU (one worker per GPU), claims queued submissions and "
+                    "scores each in an isolated child process pinned to that GPU, with time "
+                    "and memory limits. Exit 1 when another worker holds the GPU. The secret "
+                    "case seed comes from FA_HARNESS_SECRET (else random per worker start).")
+    p.add_argument("--gpu", default=None, metavar="N|UUID|all",
+                   help="GPU to lock and score on: an index among the visible GPUs, a "
+                        "GPU-... UUID, or `all` for one worker process per visible GPU")
+    p.add_argument("--wait-for-gpu", action="store_true",
+                   help="wait for the GPU when another worker holds it (default: refuse)")
+    p.add_argument("--on-shared", choices=("requeue", "mark"), default="requeue",
+                   help="a job scored while another process used the GPU: re-queue it "
+                        "(default; marked once attempts run out) or store it marked")
+    p.add_argument("--busy-wait", type=float, default=300.0, metavar="S",
+                   help="claim nothing for up to S seconds while other processes use the "
+                        "GPU (default 300)")
+    p.add_argument("--events", metavar="FILE", help="append claims and finishes as JSON lines")
     p.add_argument("--once", action="store_true", help="score at most one job, then exit")
     p.add_argument("--drain", action="store_true", help="exit when the queue is empty")
     p.add_argument("--db", help="database URL or SQLite path")
@@ -35,18 +47,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop-at-first-failure", action="store_true")
     p.add_argument("--quick", action="store_true",
                    help="fewer timing samples (demos): 5 samples, at most 2 s per case")
-    p.set_defaults(func=_worker)
+    p.set_defaults(func=_worker, _parser=p)
 
 
 def _worker(args: argparse.Namespace) -> int:
     from harness.records.db import DatabaseError, open_db
+    from harness.submissions.gpulock import GpuBusy, GpuMissing
     from harness.submissions.worker import WorkerConfig, work
 
     for name in ("case_timeout", "job_timeout"):
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0")
-    if args.gpu is not None:
-        _check_gpu(args.gpu)
+    if args.gpu == "all":
+        return _all_gpus(args)
     try:
         # the queue lives in an existing database: a typo must not start an empty one
         db = open_db(args.db, create=False)
@@ -61,7 +74,9 @@ def _worker(args: argparse.Namespace) -> int:
     config = WorkerConfig(gpu=args.gpu, case_timeout_s=args.case_timeout,
                           startup_timeout_s=args.startup_timeout,
                           job_timeout_s=args.job_timeout, memory_limit_mb=args.memory_limit_mb,
-                          max_attempts=args.max_attempts, lease_s=args.lease, scoring=scoring)
+                          max_attempts=args.max_attempts, lease_s=args.lease, scoring=scoring,
+                          wait_for_gpu=args.wait_for_gpu, on_shared=args.on_shared,
+                          busy_wait_s=args.busy_wait, events=args.events)
     stop = {"flag": False}
 
     def on_signal(_sig: int, _frame: object) -> None:
@@ -73,26 +88,39 @@ def _worker(args: argparse.Namespace) -> int:
         n = work(db.engine, config, once=args.once, drain=args.drain,
                  should_stop=lambda: stop["flag"],
                  log=lambda m: print(m, file=sys.stderr, flush=True))
+    except GpuBusy as e:
+        print(f"fa-harness worker: error: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    except GpuMissing as e:
+        raise UsageError(str(e)) from None
     finally:
         db.close()
     print(f"worker {config.name}: {n} job(s) finished", file=sys.stderr)
     return EXIT_OK
 
 
-def _check_gpu(index: int) -> None:
-    """--gpu must name a GPU of this machine. The children get CUDA_VISIBLE_DEVICES=N, a
-    physical index: NVML counts those; without NVML, torch (CUDA's own count)."""
-    if index < 0:
-        raise UsageError(f"--gpu must be >= 0, got {index}")
+def _argv(args: argparse.Namespace) -> list[str]:
+    """The options of this `worker` command line, rebuilt from the parsed arguments."""
+    out = ["worker"]
+    for a in args._parser._actions:
+        if not a.option_strings or a.dest in ("help", "gpu"):
+            continue
+        v = getattr(args, a.dest, None)
+        if isinstance(a, argparse._StoreTrueAction):
+            out += [a.option_strings[0]] if v else []
+        elif v is not None and v != a.default:
+            out += [a.option_strings[0], str(v)]
+    return out
+
+
+def _all_gpus(args: argparse.Namespace) -> int:
+    from harness.measure.gpuinfo import visible_gpus
+    from harness.submissions.fleet import launch
+
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        count = int(pynvml.nvmlDeviceGetCount())
-    except Exception:  # noqa: BLE001 - no NVML library or driver: ask CUDA
-        import torch
-
-        count = torch.cuda.device_count()
-    if index >= count:
-        raise UsageError(f"--gpu {index}: this machine has {count} GPU(s)"
-                         + (f" (0..{count - 1})" if count else ""))
+        gpus = visible_gpus()
+    except RuntimeError as e:
+        raise UsageError(f"--gpu all: {e}") from None
+    if not gpus:
+        raise UsageError("--gpu all: no GPU visible")
+    return launch(_argv(args), gpus, log=lambda m: print(m, file=sys.stderr, flush=True))

@@ -215,3 +215,97 @@ def describe(ident: GpuIdentity) -> str:
     if ident.nvml_error:
         parts.append(ident.nvml_error)
     return ", ".join(str(p) for p in parts)
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+@dataclass(frozen=True)
+class VisibleGpu:
+    """A GPU a worker may be pinned to: its NVML index (nvidia-smi's number, PCI bus
+    order), its UUID (what the worker locks and hands the child as CUDA_VISIBLE_DEVICES,
+    so no numbering convention can pin the child to another GPU) and its name."""
+
+    index: int
+    uuid: str
+    name: str
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process NVML sees on a GPU (pid as NVML reports it: the host's pid
+    namespace, which need not be ours inside a container)."""
+
+    pid: int
+    used_bytes: int | None
+
+
+def _all_gpus(nv: Any) -> list[VisibleGpu]:
+    out = []
+    for i in range(int(nv.nvmlDeviceGetCount())):
+        h = nv.nvmlDeviceGetHandleByIndex(i)
+        out.append(VisibleGpu(i, _str(nv.nvmlDeviceGetUUID(h)), _str(nv.nvmlDeviceGetName(h))))
+    return out
+
+
+def visible_gpus() -> list[VisibleGpu]:
+    """The GPUs this process may use, through NVML, in CUDA_VISIBLE_DEVICES order when it is
+    set (entries are nvidia-smi indices or UUIDs / UUID prefixes, as CUDA reads them; CUDA
+    stops at the first entry it cannot read, and so does this). Raises RuntimeError with
+    one line when NVML is unusable."""
+    try:
+        nv = _nvml()
+        gpus = _all_gpus(nv)
+    except Exception as e:  # noqa: BLE001 - pynvml raises its own error types
+        raise RuntimeError(f"NVML unavailable ({_str(e) or type(e).__name__})") from None
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return gpus
+    picked: list[VisibleGpu] = []
+    for entry in (e.strip() for e in env.split(",")):
+        match = None
+        if entry.isdigit():
+            match = next((g for g in gpus if g.index == int(entry)), None)
+        elif entry.startswith("GPU-"):
+            found = [g for g in gpus if g.uuid.startswith(entry)]
+            match = found[0] if len(found) == 1 else None
+        if match is None or match in picked:
+            break
+        picked.append(match)
+    return picked
+
+
+def resolve_gpu(spec: str | int) -> VisibleGpu:
+    """The GPU named by `spec`: a position among `visible_gpus()` (0, 1, ...) or a UUID
+    (or unique UUID prefix, "GPU-..."). Raises ValueError naming the problem."""
+    gpus = visible_gpus()
+    text = str(spec).strip()
+    if text.startswith("GPU-"):
+        found = [g for g in gpus if g.uuid.startswith(text)]
+        if len(found) != 1:
+            raise ValueError(f"GPU {text}: {'ambiguous' if found else 'not visible'} "
+                             f"({len(gpus)} GPU(s) visible)")
+        return found[0]
+    if not text.isdigit():
+        raise ValueError(f"GPU {text!r}: expected an index or a GPU-... UUID")
+    i = int(text)
+    if i >= len(gpus):
+        raise ValueError(f"GPU {i}: only {len(gpus)} GPU(s) visible")
+    return gpus[i]
+
+
+def compute_processes(uuid: str) -> list[GpuProcess]:
+    """Compute processes running on the GPU `uuid` now (NVML
+    nvmlDeviceGetComputeRunningProcesses). Raises RuntimeError when NVML cannot tell."""
+    try:
+        nv = _nvml()
+        h = nv.nvmlDeviceGetHandleByUUID(uuid)
+        procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
+    except Exception as e:  # noqa: BLE001
+        raise RuntimeError(f"NVML cannot list processes ({_str(e) or type(e).__name__})"
+                           ) from None
+    out = []
+    for p in procs:
+        used = getattr(p, "usedGpuMemory", None)
+        out.append(GpuProcess(int(p.pid), int(used) if isinstance(used, int) else None))
+    return out

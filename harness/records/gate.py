@@ -337,7 +337,9 @@ def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),
     out.plan = plan
     # The record is on disk before the database is touched: a crash from here on loses
     # nothing (the spool copy is removed only once the database has it).
-    out.spooled = spool(record, opts.spool_dir)
+    from harness.records.db.engine import target_of
+
+    out.spooled = spool(record, opts.spool_dir, target=target_of(opts.db_url))
     if opts.record_path is not None:
         out.record_path = record.write(opts.record_path)
     db: Database | None = None

@@ -31,10 +31,12 @@ from typing import Any
 
 from harness.core.cases import Case
 from harness.core.results import CaseResult, Errors, Status, Timing
-from harness.records.paths import spool_dir
+from harness.records.jsonio import JsonInputError, read_json
+from harness.records.spool import set_aside, spool, spool_target, spooled
 from harness.records.validate import (
     ERROR_KEYS,
     SUPPORTED_VERSIONS,
+    canonical_uuid,
     parse_time,
     validate,
 )
@@ -42,7 +44,7 @@ from harness.records.validate import (
 SCHEMA_VERSION = 1
 BYTES_KEYS = ("model", "ideal", "read", "write")
 __all__ = ["RecordError", "RunRecord", "gpu_model_key", "iso_utc", "parse_time", "spool",
-           "spooled", "utc_now_iso", "validate", "SCHEMA_VERSION", "SUPPORTED_VERSIONS"]
+           "spooled", "spool_target", "set_aside", "utc_now_iso", "validate", "SCHEMA_VERSION", "SUPPORTED_VERSIONS"]
 
 
 class RecordError(ValueError):
@@ -251,7 +253,7 @@ class RunRecord:
         if gpu is not None:
             gpu = dict(gpu)
             gpu.setdefault("model_key", gpu_model_key(gpu.get("name")))
-        rec = cls(uuid=str(meta.get("uuid") or uuidlib.uuid4()),
+        rec = cls(uuid=canonical_uuid(meta.get("uuid") or uuidlib.uuid4()),
                   created_at=iso_utc(parse_time(meta["created_at"])) if meta.get("created_at")
                   else utc_now_iso(),
                   commit=meta.get("commit", git.get("commit")),
@@ -273,7 +275,8 @@ class RunRecord:
             e = dict(e)
             e.setdefault("case_id", Case.from_dict(e["case"]).id)
             entries.append(e)
-        return cls(uuid=str(data["uuid"]), created_at=iso_utc(parse_time(data["created_at"])),
+        return cls(uuid=canonical_uuid(data["uuid"]),
+                   created_at=iso_utc(parse_time(data["created_at"])),
                    commit=data["commit"], gpu=data["gpu"], results=entries,
                    parent=data.get("parent"), branch=data.get("branch"),
                    source=data.get("source", "cli"), env=dict(data.get("env") or {}),
@@ -350,17 +353,11 @@ class RunRecord:
 
     @classmethod
     def read(cls, path: str | Path) -> RunRecord:
-        path = Path(path)
+        """A record file: a regular file of bounded size, strict JSON, validated."""
         try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise RecordError(f"{path}: no such file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise RecordError(f"{path}: cannot read ({exc})") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise RecordError(f"{path}: not JSON ({exc})") from None
+            _, data = read_json(path)
+        except JsonInputError as exc:
+            raise RecordError(str(exc)) from None
         try:
             return cls.from_dict(data)
         except RecordError as exc:
@@ -375,17 +372,3 @@ def _summarise(problems: list[str], limit: int = 5) -> str:
 
 def looks_like_record(data: Any) -> bool:
     return isinstance(data, dict) and "schema_version" in data and "results" in data
-
-
-# --------------------------------------------------------------------------- spool
-
-
-def spool(record: RunRecord, directory: str | Path | None = None) -> Path:
-    """Keep a record until the database takes it (file name: its uuid)."""
-    d = Path(directory) if directory is not None else spool_dir()
-    return record.write(d / f"{record.uuid}.json")
-
-
-def spooled(directory: str | Path | None = None) -> list[Path]:
-    d = Path(directory) if directory is not None else spool_dir()
-    return sorted(d.glob("*.json")) if d.is_dir() else []

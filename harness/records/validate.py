@@ -1,16 +1,30 @@
-"""Validation of a run record as read from JSON: every problem found, as readable lines, so a
-bad file is refused with what is wrong instead of being stored half-right.
+"""Validation of a run record: every problem found, as readable lines naming the field, so
+a bad record is refused with what is wrong instead of being stored half-right.
+
+One validation for every database: the JSON Schema the record format publishes
+(`record-schema-v1.json` in this package, `schema()`; types, required keys, the column
+lengths and integer ranges of the database), then `jsonio.value_problems` (what JSON Schema
+cannot say: non-finite numbers, integers outside 64 bits, NUL characters, nesting depth),
+then the checks that need the harness itself (a valid UUID and time, a valid `Case`, a
+`case_id` that matches it, no two entries for one kernel and case).
 """
 
 from __future__ import annotations
 
-import math
+import json
 import uuid as uuidlib
 from datetime import UTC, datetime
+from functools import cache
+from importlib import resources
 from typing import Any
 
 from harness.core.cases import Case
-from harness.core.results import Status
+from harness.records.jsonio import value_problems
+
+SUPPORTED_VERSIONS = frozenset({1})
+RUN_SOURCES = ("ci", "cli", "import", "submission", "benchmark")
+ERROR_KEYS = ("out_err", "base_err", "floor", "ratio", "lse_err", "lse_base_err", "worst_index")
+SCHEMA_FILE = "record-schema-v1.json"
 
 
 def parse_time(value: str) -> datetime:
@@ -19,110 +33,111 @@ def parse_time(value: str) -> datetime:
     return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
 
 
-
-SUPPORTED_VERSIONS = frozenset({1})
-RUN_SOURCES = ("ci", "cli", "import", "submission", "benchmark")
-# Keys every record / every result entry must carry (values may be null where noted in
-# docs/record-format.md: commit and gpu are null without git / without a GPU).
-REQUIRED_RUN_KEYS = ("schema_version", "uuid", "created_at", "commit", "gpu", "results")
-REQUIRED_RESULT_KEYS = ("kernel", "case", "status", "samples_ms", "median_ms", "tflops")
-ERROR_KEYS = ("out_err", "base_err", "floor", "ratio", "lse_err", "lse_base_err", "worst_index")
+def canonical_uuid(value: str) -> str:
+    """The one spelling of a UUID that is stored: lowercase, hyphenated (an uppercase or
+    braced copy of a stored record is the same run). Raises ValueError."""
+    return str(uuidlib.UUID(str(value)))
 
 
-def _is_number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
+@cache
+def schema() -> dict[str, Any]:
+    """The published JSON Schema of schema_version 1."""
+    return json.loads(resources.files("harness.records").joinpath(SCHEMA_FILE).read_text())
 
 
-# --------------------------------------------------------------------------- validation
+@cache
+def _validator() -> Any:
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(schema())
 
 
-def _check_entry(i: int, e: Any, problems: list[str]) -> str | None:
-    where = f"results[{i}]"
-    if not isinstance(e, dict):
-        problems.append(f"{where}: expected an object, got {type(e).__name__}")
-        return None
-    for key in REQUIRED_RESULT_KEYS:
-        if key not in e:
-            problems.append(f"{where}.{key}: missing")
-    if not isinstance(e.get("kernel", ""), str) or ("kernel" in e and not e["kernel"]):
-        problems.append(f"{where}.kernel: must be a non-empty string")
-    case_id = None
-    if isinstance(e.get("case"), dict):
+def _where(path: Any) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+_JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
+               float: "number", type(None): "null"}
+
+
+def _message(err: Any) -> str:
+    """One line per schema error, in the words of the record format, never a long echo."""
+    where = _where(err.absolute_path)
+    kind, arg = err.validator, err.validator_value
+    if kind == "required":
+        missing = [k for k in arg if isinstance(err.instance, dict) and k not in err.instance]
+        return "; ".join(f"{where + '.' if where else ''}{k}: missing" for k in missing)
+    where = where or "record"
+    if kind == "type":
+        kinds = arg if isinstance(arg, list) else [arg]
+        got = _JSON_TYPES.get(type(err.instance), type(err.instance).__name__)
+        return f"{where}: must be {' or '.join(kinds)}, not {got}"
+    if kind == "maxLength":
+        return f"{where}: longer than {arg} characters"
+    if kind == "minLength":
+        return f"{where}: must not be empty"
+    if kind in ("minimum", "maximum"):
+        return f"{where}: {_short(err.instance)} is out of range ({kind} {arg})"
+    if kind in ("enum", "const"):
+        allowed = arg if isinstance(arg, list) else [arg]
+        return f"{where}: {_short(err.instance)} is not one of {', '.join(map(str, allowed))}"
+    if kind == "additionalProperties":
+        known = set(err.schema.get("properties", {}))
+        extra = sorted(k for k in err.instance if k not in known)
+        return f"{where}: unknown key(s) {', '.join(_short(k) for k in extra[:5])}"
+    return f"{where}: {err.message[:120]}"
+
+
+def _semantic(data: dict[str, Any], problems: list[str]) -> None:
+    try:
+        canonical_uuid(data["uuid"])
+    except ValueError:
+        problems.append(f"uuid: {_short(data['uuid'])} is not a UUID")
+    try:
+        parse_time(data["created_at"])
+    except ValueError:
+        problems.append(f"created_at: {_short(data['created_at'])} is not an ISO 8601 time")
+    seen: dict[str, int] = {}
+    for i, e in enumerate(data["results"]):
         try:
             case_id = Case.from_dict(e["case"]).id
         except (ValueError, TypeError) as exc:
-            problems.append(f"{where}.case: {exc}")
-        if case_id and e.get("case_id") not in (None, case_id):
-            problems.append(f"{where}.case_id: {e['case_id']!r} does not match case ({case_id})")
-    elif "case" in e:
-        problems.append(f"{where}.case: expected an object with the case fields")
-    if "status" in e and e["status"] not in {s.value for s in Status}:
-        problems.append(f"{where}.status: {e['status']!r} is not one of "
-                        f"{', '.join(s.value for s in Status)}")
-    if "samples_ms" in e:
-        s = e["samples_ms"]
-        if not isinstance(s, list) or not all(_is_number(x) and math.isfinite(x) and x >= 0
-                                              for x in s):
-            problems.append(f"{where}.samples_ms: must be a list of finite times >= 0")
-    for key in ("median_ms", "tflops", "min_ms", "iqr_ms", "rel_noise"):
-        if e.get(key) is not None and not _is_number(e[key]):
-            problems.append(f"{where}.{key}: must be a number or null")
-    for key in ("errors", "bytes", "extra"):
-        if e.get(key) is not None and not isinstance(e[key], dict):
-            problems.append(f"{where}.{key}: must be an object")
-    if isinstance(e.get("errors"), dict):
-        unknown = set(e["errors"]) - set(ERROR_KEYS)
-        if unknown:
-            problems.append(f"{where}.errors: unknown key(s) {', '.join(sorted(unknown))}")
-    return f"{e.get('kernel')}|{case_id}" if case_id else None
+            problems.append(f"results[{i}].case: {exc}")
+            continue
+        if e.get("case_id") not in (None, case_id):
+            problems.append(f"results[{i}].case_id: {_short(e['case_id'])} does not match "
+                            f"case ({case_id})")
+        key = f"{e['kernel']}|{case_id}"
+        if key in seen:
+            problems.append(f"results[{i}]: duplicate of results[{seen[key]}] "
+                            f"(kernel and case {e['kernel']}, {case_id})")
+        seen.setdefault(key, i)
 
 
 def validate(data: Any) -> list[str]:
     """Every problem of a record dict, each naming its field; [] when valid."""
     if not isinstance(data, dict):
         return [f"record: expected a JSON object, got {type(data).__name__}"]
-    problems: list[str] = []
-    version = data.get("schema_version")
     if "schema_version" not in data:
         return ["schema_version: missing (not a fa-harness run record?)"]
-    if version not in SUPPORTED_VERSIONS:
-        return [f"schema_version: unknown version {version!r} "
+    version = data["schema_version"]
+    if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
+        return [f"schema_version: unknown version {_short(version)} "
                 f"(this fa-harness reads {', '.join(map(str, sorted(SUPPORTED_VERSIONS)))})"]
-    for key in REQUIRED_RUN_KEYS:
-        if key not in data:
-            problems.append(f"{key}: missing")
-    if "uuid" in data:
-        try:
-            uuidlib.UUID(str(data["uuid"]))
-        except ValueError:
-            problems.append(f"uuid: {data['uuid']!r} is not a UUID")
-    if "created_at" in data:
-        try:
-            parse_time(str(data["created_at"]))
-        except ValueError:
-            problems.append(f"created_at: {data['created_at']!r} is not an ISO 8601 time")
-    for key in ("commit", "parent", "branch"):
-        if data.get(key) is not None and not isinstance(data[key], str):
-            problems.append(f"{key}: must be a string or null")
-    if data.get("gpu") is not None and not isinstance(data["gpu"], dict):
-        problems.append("gpu: must be an object or null")
-    if data.get("source", "cli") not in RUN_SOURCES:
-        problems.append(f"source: {data['source']!r} is not one of {', '.join(RUN_SOURCES)}")
-    for key in ("env", "kernels"):
-        if data.get(key) is not None and not isinstance(data[key], dict):
-            problems.append(f"{key}: must be an object")
-    if data.get("grids") is not None and not isinstance(data["grids"], list):
-        problems.append("grids: must be a list")
-    results = data.get("results")
-    if "results" in data and not isinstance(results, list):
-        problems.append("results: must be a list")
-    elif isinstance(results, list):
-        seen: dict[str, int] = {}
-        for i, e in enumerate(results):
-            key = _check_entry(i, e, problems)
-            if key is not None:
-                if key in seen:
-                    problems.append(f"results[{i}]: duplicate of results[{seen[key]}] "
-                                    f"(kernel and case {key.replace('|', ', ')})")
-                seen.setdefault(key, i)
+    problems = value_problems(data)
+    if problems:  # the structure itself is unsafe to walk further
+        return problems
+    errors = sorted(_validator().iter_errors(data),
+                    key=lambda e: [str(p) for p in e.absolute_path])
+    problems = [m for m in (_message(e) for e in errors) if m]
+    if not problems:
+        _semantic(data, problems)
     return problems

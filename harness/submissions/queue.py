@@ -15,6 +15,12 @@ once a job has been tried `max_attempts` times, so a submission that kills its w
 cannot loop forever. The lease must exceed the worker's own job time limit (a live worker
 kills its child before then), which is why claims need no heartbeat.
 
+A worker killed mid-job (SIGKILL, OOM, a lost host) is found sooner than the lease when
+possible: on PostgreSQL every worker holds a session advisory lock on its name
+(`hold_liveness`) for as long as it lives, and `requeue_dead` re-queues the running jobs
+of workers whose lock is free (the server drops it with the dead session); on SQLite, a
+single-host queue, a worker of this host whose pid is gone is dead.
+
 `finish` writes a verdict only while the row is still this worker's claim (same worker,
 same attempt): a worker that was presumed dead and comes back cannot overwrite the result
 of the attempt that replaced it.
@@ -103,6 +109,20 @@ def finish(engine: Engine, job: Job, outcome: Outcome) -> bool:
         return res.rowcount == 1
 
 
+def release(engine: Engine, job: Job, message: str) -> bool:
+    """Put a claimed job back in the queue (its score was not usable: the GPU was shared).
+    The attempt still counts towards `max_attempts`. False when the claim was lost."""
+    with session_factory(engine)() as s, s.begin():
+        res = s.execute(
+            update(Submission)
+            .where(Submission.id == job.id, Submission.status == RUNNING,
+                   Submission.worker == job.worker, Submission.attempts == job.attempts)
+            .values(status=QUEUED, worker=None, claimed_at=None, message=message)
+            .execution_options(synchronize_session=False)
+        )
+        return res.rowcount == 1
+
+
 @dataclass
 class RequeueReport:
     requeued: list[int] = field(default_factory=list)
@@ -122,18 +142,86 @@ def requeue_stale(engine: Engine, *, lease_s: float, max_attempts: int,
         if engine.dialect.name == "postgresql":
             q = q.with_for_update(skip_locked=True)
         for row in s.scalars(q):
-            if (row.attempts or 0) >= max_attempts:
-                row.status = ERROR
-                row.verdict = "crashed"
-                row.finished_at = now
-                row.message = (f"abandoned after {row.attempts} attempt(s): the worker running "
-                               f"it stopped without a verdict (last: {row.worker})")
-                report.abandoned.append(row.id)
-            else:
-                row.status = QUEUED
-                row.worker = None
-                row.claimed_at = None
-                report.requeued.append(row.id)
+            _give_back(row, max_attempts, now, report)
+    return report
+
+
+def _give_back(row: Submission, max_attempts: int, now: datetime,
+               report: RequeueReport) -> None:
+    if (row.attempts or 0) >= max_attempts:
+        row.status = ERROR
+        row.verdict = "crashed"
+        row.finished_at = now
+        row.message = (f"abandoned after {row.attempts} attempt(s): the worker running "
+                       f"it stopped without a verdict (last: {row.worker})")
+        report.abandoned.append(row.id)
+    else:
+        row.status = QUEUED
+        row.worker = None
+        row.claimed_at = None
+        report.requeued.append(row.id)
+
+
+def liveness_key(worker: str) -> int:
+    from harness.submissions.gpulock import advisory_key
+
+    return advisory_key("worker", worker)
+
+
+def hold_liveness(engine: Engine, worker: str) -> Any:
+    """On PostgreSQL: a connection holding the advisory lock that says `worker` is alive
+    (close it to give it up). None on other databases."""
+    if engine.dialect.name != "postgresql":
+        return None
+    from sqlalchemy import text
+
+    conn = engine.connect()
+    conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": liveness_key(worker)})
+    conn.commit()
+    return conn
+
+
+def _dead(s: Any, dialect: str, worker: str, me: str) -> bool:
+    if worker == me:
+        return False
+    if dialect == "postgresql":
+        from sqlalchemy import text
+
+        # Free lock: its session is gone, so is the worker. (The transaction-level lock
+        # taken to find out goes with this transaction.)
+        k = liveness_key(worker)
+        return bool(s.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": k}).scalar())
+    import os
+    import socket
+
+    host, _, rest = worker.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False  # another host's worker: only its lease can tell
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def requeue_dead(engine: Engine, *, me: str, max_attempts: int) -> RequeueReport:
+    """Re-queue running jobs whose worker is known dead (see the module docstring)."""
+    report = RequeueReport()
+    now = utcnow()
+    with session_factory(engine)() as s, s.begin():
+        q = select(Submission).where(Submission.status == RUNNING)
+        if engine.dialect.name == "postgresql":
+            q = q.with_for_update(skip_locked=True)
+        verdicts: dict[str, bool] = {}
+        for row in s.scalars(q).all():
+            w = row.worker or ""
+            if w not in verdicts:
+                verdicts[w] = bool(w) and _dead(s, engine.dialect.name, w, me)
+            if verdicts[w]:
+                _give_back(row, max_attempts, now, report)
     return report
 
 

@@ -1,8 +1,14 @@
 """The submission worker: claims queued submissions and scores each in a child process.
 
-One worker per GPU (`fa-harness worker --gpu N`). For each claimed job the worker starts
-a fresh child process (`python -m harness.submissions.worker --child JOB`) with
-`CUDA_VISIBLE_DEVICES=N`, in its own process group, and watches it:
+One worker per GPU (`fa-harness worker --gpu N`): the worker locks the GPU by its UUID
+(harness.submissions.gpulock; a second worker on it is refused, or waits with
+`wait_for_gpu`), and around every job asks NVML which other compute processes use the GPU:
+it claims nothing while another process is there (up to `busy_wait_s`), and a job during
+or after which one was seen is re-queued (`on_shared="requeue"`, while attempts remain)
+or stored marked `detail.gpu_sharing.shared` with a message saying the score is not comparable.
+For each claimed job the worker starts a fresh child process
+(`python -m harness.submissions.worker --child JOB`) with `CUDA_VISIBLE_DEVICES=<GPU UUID>`,
+in its own process group, killed with the worker if the worker dies, and watches it:
 - a per-case deadline: the child reports each case it starts (a line in a progress file);
   no progress for `case_timeout_s` (a kernel looping or sleeping forever) -> the whole
   process group is killed, verdict `timeout` naming the case;
@@ -40,7 +46,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.submissions.queue import Job, Outcome, claim, finish, requeue_stale
+from harness.submissions.gpulock import GpuWatch, drop_session, hold_back, lock_gpu
+from harness.submissions.queue import (
+    Job,
+    Outcome,
+    claim,
+    finish,
+    hold_liveness,
+    queue_depth,
+    release,
+    requeue_dead,
+    requeue_stale,
+)
 
 DEFAULT_SCORER = "harness.submissions.scoring:score_files"
 STDERR_TAIL = 2000
@@ -48,7 +65,7 @@ STDERR_TAIL = 2000
 
 @dataclass
 class WorkerConfig:
-    gpu: int | None = None
+    gpu: int | str | None = None  # a position among the visible GPUs, or a GPU-... UUID
     case_timeout_s: float = 300.0
     # Before its first progress line the child is importing torch and starting up: a
     # separate, larger allowance, so a loaded machine is not taken for a hung kernel.
@@ -63,6 +80,12 @@ class WorkerConfig:
     scorer: str = DEFAULT_SCORER
     scoring: dict[str, Any] = field(default_factory=dict)
     name: str | None = None
+    wait_for_gpu: bool = False  # wait for another worker's GPU lock instead of refusing
+    busy_wait_s: float = 300.0  # how long to hold back claims while others use the GPU
+    on_shared: str = "requeue"  # or "mark": what a job timed on a shared GPU becomes
+    events: str | None = None  # JSON lines of claims and finishes (benchmarks, audits)
+    # Filled in by `work` once the GPU is resolved and locked.
+    gpu_uuid: str | None = None
 
     def __post_init__(self) -> None:
         if self.lease_s is None:
@@ -71,7 +94,7 @@ class WorkerConfig:
             env = os.environ.get("FA_HARNESS_SECRET")
             self.secret = int(env) if env else secrets.randbits(63)
         if self.name is None:
-            gpu = "cpu" if self.gpu is None else f"gpu{self.gpu}"
+            gpu = "cpu" if self.gpu is None else f"gpu{self.gpu}"[:40]
             self.name = f"{socket.gethostname()}:{os.getpid()}:{gpu}"
 
 
@@ -128,16 +151,28 @@ def _tail(path: Path) -> str:
     return data.decode("utf-8", "replace").strip()
 
 
-def run_job(job: Job, config: WorkerConfig) -> Outcome:
-    """Score one job in a child process under the limits of `config`; never raises."""
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the worker dies (Linux PR_SET_PDEATHSIG), so
+    a killed worker leaves no scoring process behind on its GPU."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def run_job(job: Job, config: WorkerConfig,
+            sample: Callable[[int], None] | None = None) -> Outcome:
+    """Score one job in a child process under the limits of `config`; never raises.
+    `sample(child_pid)` is called about once a second while the child runs."""
     try:
-        return _run_job(job, config)
+        return _run_job(job, config, sample)
     except Exception as e:  # noqa: BLE001 - the worker must survive anything
         return Outcome("crashed", f"worker error while running the job: "
                        f"{type(e).__name__}: {e}", status="error")
 
 
-def _run_job(job: Job, config: WorkerConfig) -> Outcome:
+def _run_job(job: Job, config: WorkerConfig,
+             sample: Callable[[int], None] | None) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="fa-job-") as tmp:
         tmpdir = Path(tmp)
         os.chmod(tmpdir, 0o700)
@@ -155,7 +190,9 @@ def _run_job(job: Job, config: WorkerConfig) -> Outcome:
         env = dict(os.environ)
         env.pop("FA_HARNESS_SECRET", None)  # the child gets it from the job file only
         if config.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(config.gpu)
+            # The UUID names one GPU whatever the numbering (CUDA_DEVICE_ORDER) says.
+            env["CUDA_VISIBLE_DEVICES"] = config.gpu_uuid or str(config.gpu)
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         # The child imports this project; keep its root importable when not installed.
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
@@ -167,11 +204,15 @@ def _run_job(job: Job, config: WorkerConfig) -> Outcome:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "harness.submissions.worker", "--child", str(job_path)],
                 stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env,
-                start_new_session=True, cwd=tmp)
+                start_new_session=True, cwd=tmp, preexec_fn=_die_with_parent)
             killed: Outcome | None = None
+            sampled = started
             while proc.poll() is None:
                 time.sleep(0.2)
                 now = time.monotonic()
+                if sample is not None and now - sampled >= 1.0:
+                    sampled = now
+                    sample(proc.pid)
                 seen = _last_progress(progress_path)
                 if seen != last_seen:
                     last_seen, last_change = seen, now
@@ -228,30 +269,85 @@ def _run_job(job: Job, config: WorkerConfig) -> Outcome:
                        if case else [], detail={"elapsed_s": elapsed, "stderr_tail": tail})
 
 
+def _event(config: WorkerConfig, **fields: Any) -> None:
+    if config.events:
+        with open(config.events, "a") as f:
+            f.write(json.dumps({"t": time.time(), "worker": config.name,
+                                "gpu": config.gpu_uuid, **fields}) + "\n")
+
+
 def work(engine: Any, config: WorkerConfig, *, once: bool = False, drain: bool = False,
          should_stop: Callable[[], bool] | None = None,
          log: Callable[[str], None] | None = None) -> int:
-    """Claim and score jobs until stopped. `once`: at most one job. `drain`: stop when the
-    queue is empty. Returns the number of jobs finished."""
+    """Lock the GPU, then claim and score jobs until stopped. `once`: at most one job.
+    `drain`: stop when the queue is empty. Returns the number of jobs finished. Raises
+    gpulock.GpuBusy when another worker holds the GPU, gpulock.GpuMissing for a GPU that
+    is not there."""
     log = log or (lambda _m: None)
     should_stop = should_stop or (lambda: False)
+    name = config.name or "worker"
+    lock = None
+    if config.gpu is not None:
+        lock = lock_gpu(engine, config.gpu, owner=name, wait=config.wait_for_gpu)
+        config.gpu_uuid = lock.uuid
+        if lock.note:
+            log(lock.note)
+    alive = hold_liveness(engine, name)
+    watch = GpuWatch(config.gpu_uuid, log) if config.gpu_uuid else None
+    try:
+        return _loop(engine, config, watch, once=once, drain=drain,
+                     should_stop=should_stop, log=log)
+    finally:
+        if alive is not None:
+            drop_session(alive)
+        if lock is not None:
+            lock.release()
+
+
+def _loop(engine: Any, config: WorkerConfig, watch: Any, *, once: bool, drain: bool,
+          should_stop: Callable[[], bool], log: Callable[[str], None]) -> int:
     done = 0
+    name = config.name or "worker"
     while not should_stop():
         rq = requeue_stale(engine, lease_s=float(config.lease_s or 0),
                            max_attempts=config.max_attempts)
-        for sid in rq.requeued:
-            log(f"submission {sid}: lease expired, re-queued")
-        for sid in rq.abandoned:
+        dead = requeue_dead(engine, me=name, max_attempts=config.max_attempts)
+        for sid in rq.requeued + dead.requeued:
+            log(f"submission {sid}: " + ("lease expired" if sid in rq.requeued
+                                         else "its worker is gone") + ", re-queued")
+            _event(config, event="requeued", id=sid)
+        for sid in rq.abandoned + dead.abandoned:
             log(f"submission {sid}: abandoned after {config.max_attempts} attempts")
-        job = claim(engine, config.name or "worker")
+        if watch is not None and queue_depth(engine).get("queued", 0):
+            hold_back(watch, config.busy_wait_s, config.poll_s, log, should_stop)
+        job = claim(engine, name)
         if job is None:
             if once or drain:
                 break
             time.sleep(config.poll_s)
             continue
         log(f"submission {job.id} ({job.name}): scoring, attempt {job.attempts}")
-        outcome = run_job(job, config)
+        _event(config, event="claim", id=job.id, attempt=job.attempts)
+        if watch is not None:
+            watch.start()
+        outcome = run_job(job, config, watch.sample if watch is not None else None)
+        gpu = watch.finish() if watch is not None else None
+        if gpu is not None:
+            outcome.detail["gpu_sharing"] = gpu
+        if gpu is not None and gpu["shared"]:
+            if config.on_shared == "requeue" and job.attempts < config.max_attempts:
+                ok = release(engine, job, "re-queued: another process used the GPU while "
+                             "it was being scored")
+                log(f"submission {job.id}: GPU shared during scoring, re-queued"
+                    + ("" if ok else " (claim lost)"))
+                _event(config, event="release", id=job.id, attempt=job.attempts, shared=True)
+                continue
+            outcome.message = ("GPU shared with another process while scored: the score is "
+                               "not comparable. " + outcome.message)
         stored = finish(engine, job, outcome)
+        _event(config, event="finish", id=job.id, attempt=job.attempts, stored=stored,
+               verdict=outcome.verdict, score=outcome.score,
+               shared=bool(gpu and gpu["shared"]))
         score = f" score {outcome.score:.3f}" if outcome.score is not None else ""
         log(f"submission {job.id} ({job.name}): {outcome.verdict}{score}: "
             f"{outcome.message[:300]}" + ("" if stored else " (claim lost; not stored)"))
@@ -299,6 +395,9 @@ def child_main(job_path: str) -> int:
                 torch.cuda.set_per_process_memory_fraction(float(frac))
         scorer = _resolve(doc.get("scorer") or DEFAULT_SCORER)
         options = ScoringOptions.from_dict(doc.get("options") or {})
+        # The first progress line ends the startup allowance: importing torch and opening
+        # the CUDA context above are start-up, however long a loaded machine takes.
+        progress("load", "")
         report = scorer(doc["files"], options, secret=int(doc["secret"]), progress=progress)
         if not isinstance(report, ScoreReport):
             raise TypeError(f"scorer returned {type(report).__name__}, not ScoreReport")

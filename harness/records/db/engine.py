@@ -42,6 +42,12 @@ def resolve_url(url: str | None = None) -> str:
     return url
 
 
+def target_of(url: str | None) -> str:
+    """How a spooled record names the database it is meant for (what Database.display_url
+    of that database says): resolved as open_db resolves it, password masked."""
+    return display_url(resolve_url(url))
+
+
 def display_url(url: str) -> str:
     """The URL with any password masked, for messages and logs."""
     try:

@@ -5,6 +5,12 @@ run id and adds nothing) and safe with many concurrent writers: variants and cas
 get-or-created with INSERT ... ON CONFLICT DO NOTHING followed by a SELECT, so two writers
 racing on the same new kernel or case both end up with the one row the unique constraint
 lets through. A record whose uuid is already stored with different content is refused.
+`store_records` stores several in one transaction: all of them, or none.
+
+Anything the database itself refuses (a value its column cannot hold, a constraint) is a
+`RecordRefused` with the database's one-line reason, never a raw driver exception; a lost
+connection is `DatabaseUnavailable`. The spool import sets refused records aside
+(`<spool>/rejected/`, with the reason next to them) and goes on with the others.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Insert, and_, insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from harness.core.cases import Case
@@ -40,11 +46,17 @@ from harness.records.record import RunRecord, parse_time
 
 _RESULT_RECORD_ONLY = ("timing_mode", "timing_method", "case_id")
 
+
+class RecordRefused(DatabaseError):
+    """The database refused to store a record (the record stays where it was)."""
+
+
 # The store is the database's one public face: opening and reading are re-exported here.
 __all__ = [
     "Database", "DatabaseError", "DatabaseUnavailable", "RecordConflict", "open_db",
     "baseline_runs", "counts", "get_run", "history", "latest_run", "load_record", "ping",
-    "recent_runs", "import_spool", "store_comparisons", "store_record",
+    "recent_runs", "import_spool", "store_comparisons", "store_record", "store_records",
+    "RecordRefused",
 ]
 
 # --------------------------------------------------------------------------- writing
@@ -167,43 +179,72 @@ def _result_row(e: dict[str, Any], run_id: int, variant_id: int, case_pk: int
 
 def store_record(db: Database, record: RunRecord) -> int:
     """Store a run record; returns its run id. Idempotent on `record.uuid`."""
-    record.check()
-    sha = record.sha256()
-    with db.session() as s:
-        existing = s.execute(select(Run.id, Run.record_sha256).where(Run.uuid == record.uuid)
-                             ).first()
-        if existing is None:
-            stmt = _insert_ignore(db.dialect, Run.__table__).values(**_run_row(record, sha))
-            run_id = s.execute(stmt.returning(Run.__table__.c.id)).scalar()
-            if run_id is None:  # a concurrent writer stored the same record just now
-                existing = s.execute(select(Run.id, Run.record_sha256)
-                                     .where(Run.uuid == record.uuid)).first()
-        if existing is not None:
-            if existing.record_sha256 != sha:
-                raise RecordConflict(f"run {record.uuid} is already stored with different "
-                                     f"content (run id {existing.id}); not storing it again")
-            return int(existing.id)
+    return store_records(db, [record])[0][0]
 
-        variant_rows = []
-        for name in sorted({e["kernel"] for e in record.results} | set(record.kernels)):
-            info = record.kernels.get(name) or {}
-            variant_rows.append({"name": name, "kind": info.get("kind"),
-                                 "source_hash": info.get("source_hash") or "",
-                                 "manifest": info.get("manifest")})
-        vids = _get_or_create(s, Variant, ("name", "source_hash"), variant_rows)
-        case_rows = []
-        for e in record.results:
-            c = Case.from_dict(e["case"])
-            case_rows.append({"case_id": c.id, **{k: v for k, v in c.to_dict().items()}})
-        cids = _get_or_create(s, CaseRow, ("case_id",), case_rows)
-        rows = []
-        for e in record.results:
-            info = record.kernels.get(e["kernel"]) or {}
-            vid = vids[(e["kernel"], info.get("source_hash") or "")]
-            rows.append(_result_row(e, run_id, vid, cids[(Case.from_dict(e["case"]).id,)]))
-        if rows:
-            s.execute(insert(Result.__table__), rows)
-        return int(run_id)
+
+def _reason(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return (text.splitlines() or [type(exc).__name__])[0][:300]
+
+
+def store_records(db: Database, records: Sequence[RunRecord]) -> list[tuple[int, bool]]:
+    """Store several records in one transaction: all, or none (a conflict or a refusal of
+    any of them rolls back the others). Returns (run id, newly stored) per record."""
+    for record in records:
+        record.check()
+    current = records[0] if records else None
+    try:
+        with db.session() as s:
+            out = []
+            for record in records:
+                current = record
+                out.append(_store(s, db.dialect, record))
+            return out
+    except DatabaseError:
+        raise
+    except OperationalError as exc:
+        raise DatabaseUnavailable(f"database {db.display_url}: {_reason(exc)}") from None
+    except (DBAPIError, SQLAlchemyError) as exc:
+        what = f"run {current.uuid}" if current is not None else "records"
+        raise RecordRefused(f"{what} refused by the database: {_reason(exc)}") from None
+
+
+def _store(s: Session, dialect: str, record: RunRecord) -> tuple[int, bool]:
+    sha = record.sha256()
+    existing = s.execute(select(Run.id, Run.record_sha256).where(Run.uuid == record.uuid)
+                         ).first()
+    if existing is None:
+        stmt = _insert_ignore(dialect, Run.__table__).values(**_run_row(record, sha))
+        run_id = s.execute(stmt.returning(Run.__table__.c.id)).scalar()
+        if run_id is None:  # a concurrent writer stored the same record just now
+            existing = s.execute(select(Run.id, Run.record_sha256)
+                                 .where(Run.uuid == record.uuid)).first()
+    if existing is not None:
+        if existing.record_sha256 != sha:
+            raise RecordConflict(f"run {record.uuid} is already stored with different "
+                                 f"content (run id {existing.id}); not storing it again")
+        return int(existing.id), False
+
+    variant_rows = []
+    for name in sorted({e["kernel"] for e in record.results} | set(record.kernels)):
+        info = record.kernels.get(name) or {}
+        variant_rows.append({"name": name, "kind": info.get("kind"),
+                             "source_hash": info.get("source_hash") or "",
+                             "manifest": info.get("manifest")})
+    vids = _get_or_create(s, Variant, ("name", "source_hash"), variant_rows)
+    case_rows = []
+    for e in record.results:
+        c = Case.from_dict(e["case"])
+        case_rows.append({"case_id": c.id, **{k: v for k, v in c.to_dict().items()}})
+    cids = _get_or_create(s, CaseRow, ("case_id",), case_rows)
+    rows = []
+    for e in record.results:
+        info = record.kernels.get(e["kernel"]) or {}
+        vid = vids[(e["kernel"], info.get("source_hash") or "")]
+        rows.append(_result_row(e, run_id, vid, cids[(Case.from_dict(e["case"]).id,)]))
+    if rows:
+        s.execute(insert(Result.__table__), rows)
+    return int(run_id), True
 
 
 def store_comparisons(db: Database, run_id: int, base_run_id: int | None,
@@ -230,25 +271,40 @@ def _now() -> str:
     return utc_now_iso()
 
 
-def import_spool(db: Database, directory: str | Path | None = None
-                 ) -> tuple[list[int], list[str]]:
-    """Store every spooled record; stored ones leave the spool. Returns (run ids, problems:
-    one line per record that stayed)."""
-    from harness.records.record import RecordError, spooled
+def import_spool(db: Database, directory: str | Path | None = None, *,
+                 waiting: list[str] | None = None) -> tuple[list[int], list[str]]:
+    """Store every spooled record meant for this database; stored ones leave the spool.
+    A record that cannot be stored (invalid, conflicting, refused by the database) is set
+    aside in `<spool>/rejected/` with its reason, and the others go on; a record spooled
+    for another database waits for it. Returns (run ids, one line per record not stored).
+    Records waiting for another database are listed in `waiting` when given (else among the
+    problems). Raises DatabaseUnavailable when the database goes away (nothing more is
+    moved)."""
+    from harness.records.record import RecordError, set_aside, spool_target, spooled
 
     ids, problems = [], []
     for path in spooled(directory):
+        target = spool_target(path)
+        if target is not None and target != db.display_url:
+            (problems if waiting is None else waiting).append(
+                f"{path}: waiting for its database {target}")
+            continue
         try:
             ids.append(store_record(db, RunRecord.read(path)))
-        except (RecordError, RecordConflict) as exc:
-            problems.append(f"{path}: {exc}")
+        except DatabaseUnavailable:
+            raise
+        except (RecordError, DatabaseError) as exc:
+            kept = set_aside(path, str(exc))
+            problems.append(f"{path}: set aside in {kept.parent}: {exc}")
             continue
         path.unlink(missing_ok=True)
+        path.with_suffix(".target").unlink(missing_ok=True)
     return ids, problems
 
 
 __all__ = [
-    "Database", "DatabaseError", "DatabaseUnavailable", "RecordConflict", "baseline_runs",
-    "counts", "get_run", "history", "import_spool", "latest_run", "load_record", "open_db",
-    "ping", "recent_runs", "store_comparisons", "store_record",
+    "Database", "DatabaseError", "DatabaseUnavailable", "RecordConflict", "RecordRefused",
+    "baseline_runs", "counts", "get_run", "history", "import_spool", "latest_run",
+    "load_record", "open_db", "ping", "recent_runs", "store_comparisons", "store_record",
+    "store_records",
 ]

@@ -1,0 +1,105 @@
+"""Several worker processes on one queue (SQLite and the CI PostgreSQL), each on its own
+(pretend) GPU with its lock: no job is claimed twice, every job is finished once, and a
+worker killed with SIGKILL mid-job has its job re-queued and finished by another worker
+without waiting for the lease. The scorer is the fake of tests/test_worker.py; the worker
+processes, their scoring children, the locks and the databases are real."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from harness.records.db import open_db
+from harness.records.db.models import Submission
+
+SCORER = "tests.test_worker:fake_scorer"
+N_JOBS = 8
+N_WORKERS = 3
+
+
+def _worker(url: str, gpu: str, events: str, drain: bool) -> None:
+    from harness.submissions.worker import WorkerConfig, work
+
+    db = open_db(url)
+    config = WorkerConfig(gpu=gpu, case_timeout_s=60.0, startup_timeout_s=120.0,
+                          job_timeout_s=300.0, lease_s=3600.0, memory_limit_mb=2000,
+                          gpu_memory_fraction=None, scorer=SCORER, secret=7, poll_s=0.1,
+                          scoring={"baseline": "sdpa_flash"}, events=events)
+    work(db.engine, config, drain=drain)
+    db.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'q.sqlite'}"
+    return request.getfixturevalue("pg_url")
+
+
+def _events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+@pytest.mark.slow
+def test_workers_claim_each_job_once_and_a_killed_workers_job_is_finished_elsewhere(
+        url, tmp_path):
+    db = open_db(url)
+    with db.session() as s:
+        rows = [Submission(name=f"j{i}", submitter="t", status="queued",
+                           source=json.dumps({"mode.txt": "slow", "sleep.txt": "1.0"}),
+                           source_hash=str(i)) for i in range(N_JOBS)]
+        s.add_all(rows)
+        s.flush()
+        ids = [r.id for r in rows]
+    events = tmp_path / "events.jsonl"
+    # GPUs of this test only: on PostgreSQL the GPU locks are advisory locks of the whole
+    # database, which other test runs share.
+    gpus = [f"GPU-{uuid.uuid4()}" for _ in range(1 + N_WORKERS)]
+    ctx = mp.get_context("fork")
+    victim = ctx.Process(target=_worker, args=(url, gpus[0], str(events), False))
+    victim.start()
+    deadline = time.monotonic() + 120
+    while not any(e["event"] == "claim" for e in _events(events)):
+        assert time.monotonic() < deadline, "the first worker claimed nothing"
+        time.sleep(0.05)
+    time.sleep(0.3)  # its scoring child is running now
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(10)
+    killed_job = next(e["id"] for e in _events(events) if e["event"] == "claim")
+
+    others = [ctx.Process(target=_worker, args=(url, g, str(events), True))
+              for g in gpus[1:]]
+    for p in others:
+        p.start()
+    for p in others:
+        p.join(240)
+        assert p.exitcode == 0
+    ev = _events(events)
+    claims = Counter((e["id"], e["attempt"]) for e in ev if e["event"] == "claim")
+    assert all(n == 1 for n in claims.values()), "a job attempt was claimed twice"
+    finished = Counter(e["id"] for e in ev if e["event"] == "finish" and e["stored"])
+    assert sorted(finished) == sorted(ids) and set(finished.values()) == {1}
+    assert any(e["event"] == "requeued" and e["id"] == killed_job for e in ev)
+    second = [e for e in ev if e["event"] == "claim" and e["id"] == killed_job]
+    assert [e["attempt"] for e in second] == [1, 2]
+    assert second[0]["worker"] != second[1]["worker"]
+    with db.sessions() as s:
+        rows = {r.id: r for r in s.scalars(select(Submission))}
+    db.close()
+    assert all(r.status == "done" and r.verdict == "scored" for r in rows.values())
+    assert rows[killed_job].attempts == 2
+    # Each job's child ran pinned to its worker's GPU (no NVML here: as given).
+    by_worker = {e["worker"] for e in ev if e["event"] == "finish"}
+    assert len(by_worker) >= 2, "the work was spread over several workers"
+    assert {r.detail["gpu"] for r in rows.values()} <= set(gpus[1:])
