@@ -63,6 +63,9 @@ class CudaVariant(Candidate):
     # variant here. Off by default: a host sync inside a timed call would add its latency
     # to the measurement; correctness callers may turn it on.
     sync_after_run: bool = False
+    # Untrusted source (submissions): build with nvcc in harness.candidates.sandbox and load
+    # the cubin, instead of NVRTC inside this process.
+    sandboxed_build: bool = False
 
     @classmethod
     def from_spec(cls, spec: VariantSpec) -> CudaVariant:
@@ -186,7 +189,12 @@ class CudaVariant(Candidate):
             raise RuntimeError(f"{self.name} runs on CUDA tensors, got {out.device}")
         device = out.device
         limits = _device_limits(device)
-        compiled = compile_cupy(self.spec, limits.compute_capability)
+        if self.sandboxed_build:
+            from harness.candidates.sandboxed_compile import compile_cupy_sandboxed
+
+            compiled = compile_cupy_sandboxed(self.spec, limits.compute_capability)
+        else:
+            compiled = compile_cupy(self.spec, limits.compute_capability)
         self.meta["resources"] = compiled.resources_dict()
         self.meta["arch"] = compiled.arch
 
