@@ -121,12 +121,13 @@ def full_for(candidate: Candidate) -> list[Case]:
     count stays at most FULL_TARGET_CASES plus one round. Large pairs keep batch * heads
     <= 8, as in `full`. Deterministic: same candidate support, same list."""
     support = candidate.support
-    probe = Case(1, 4, 4, 64, 64, 64, "float16", MaskKind.NONE)
+    masks = [m for m in MASKS if m in support.masks]
+    # Dims and pairs are probed with a case the candidate could otherwise run.
+    probe = Case(1, 4, 4, 64, 64, 64, _first(support), masks[0] if masks else MaskKind.NONE)
     dims = [d for d in MAIN_HEAD_DIMS + ODD_HEAD_DIMS
             if candidate.supports(_with(probe, head_dim=d, dtype=_first(support))) is None]
     dtype_dims = [(dt, d) for d in dims for dt in DTYPES if dt in support.dtypes]
     layouts = HEAD_CONFIGS if support.gqa else MHA_CONFIGS
-    masks = [m for m in MASKS if m in support.masks]
     pairs = [p for p in _all_pairs()
              if candidate.supports(_with(probe, seqlen_q=p[0], seqlen_k=p[1],
                                          dtype=_first(support),
