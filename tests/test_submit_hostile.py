@@ -69,10 +69,24 @@ ATTACKS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def private_tmp(tmp_path, monkeypatch):
+    """The harness's own temporary folders go to a private TMPDIR, so what is left behind
+    is attributable (other processes on the machine may use /tmp at the same time)."""
+    d = tmp_path / "tmp"
+    d.mkdir()
+    monkeypatch.setenv("TMPDIR", str(d))
+    monkeypatch.setattr(tempfile, "tempdir", str(d))
+    return d
+
+
 def _tmp_leftovers() -> set[str]:
-    tmp = tempfile.gettempdir()
-    return set(glob.glob(f"{tmp}/tmpxft_*")) | set(glob.glob(f"{tmp}/fa-sandbox-*")) | set(
-        glob.glob(f"{tmp}/fa-submit-*")) | set(glob.glob(f"{tmp}/fa-harness-nvcc-*"))
+    """Everything in the private TMPDIR, and nvcc's tmpxft_* files in /tmp named after the
+    sources compiled here (nvcc puts the source's name in them)."""
+    mine = set(glob.glob(f"{tempfile.gettempdir()}/*"))
+    for stem in ("good_rowwarp", "fa+tu"):
+        mine |= set(glob.glob(f"/tmp/tmpxft_*{stem}*"))
+    return mine
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
@@ -140,3 +154,19 @@ def test_device_launch_is_refused_by_the_linker_step():
 def test_good_submission_still_validates():
     v = submit.validate({"good_rowwarp.cu": GOOD})
     assert v.name == "good_rowwarp"
+
+
+def test_worker_build_is_a_sandboxed_cubin_cached_by_source(tmp_path, monkeypatch,
+                                                           private_tmp):
+    from harness.candidates.sandboxed_compile import build_cubin
+    from harness.submissions.submit import load_spec
+
+    monkeypatch.setenv("FA_HARNESS_CUBIN_CACHE", str(tmp_path / "cache"))
+    spec = load_spec({"good_rowwarp.cu": GOOD}, tmp_path / "w")
+    before = _tmp_leftovers()
+    cubin = build_cubin(spec, (9, 0))
+    assert cubin[:4] == b"\x7fELF"
+    (cached,) = (tmp_path / "cache").iterdir()
+    assert cached.read_bytes() == cubin
+    assert build_cubin(spec, (9, 0)) == cubin  # from the cache
+    assert _tmp_leftovers() <= before

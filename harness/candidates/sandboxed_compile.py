@@ -93,27 +93,53 @@ def compile_spec_sandboxed(spec: VariantSpec, target: str, timeout_s: float = 18
     return reports
 
 
+def cubin_cache_dir() -> Path:
+    return Path(os.environ.get("FA_HARNESS_CUBIN_CACHE")
+                or Path.home() / ".cache" / "fa-harness" / "cubin")
+
+
+def _key(spec: VariantSpec, arch: str) -> str:
+    options = (f"-arch={arch}", CXX_STD, *spec.compile_options)
+    return hashlib.sha256("\0".join(("sandboxed", spec.full_source(), *options)).encode()
+                          ).hexdigest()
+
+
+def build_cubin(spec: VariantSpec, cc: tuple[int, int], timeout_s: float = 300.0) -> bytes:
+    """The cubin of `spec` for `cc`, from the disk cache (keyed by the SHA-256 of source,
+    options and arch, so one submission cannot stand in for another) or built in the
+    sandbox. Processes that run the same build (the sanitizer's tools) share it."""
+    arch = nvrtc_arch(spec, cc)
+    path = cubin_cache_dir() / f"{_key(spec, arch)}.cubin"
+    if path.is_file():
+        return path.read_bytes()
+    res, _ = nvcc_cubin(spec.full_source(), spec.compile_options, timeout_s, arch=arch,
+                        filename=f"{spec.name}.cu")
+    if not res.ok or res.cubin is None:
+        raise CompileError(f"{spec.name}: compilation failed for {arch}:\n{res.message}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(res.cubin)
+    os.replace(tmp, path)  # atomic: a concurrent reader sees all of it or nothing
+    return res.cubin
+
+
 def compile_cupy_sandboxed(spec: VariantSpec, cc: tuple[int, int],
                            timeout_s: float = 300.0) -> CompiledVariant:
-    """Build `spec` for compute capability `cc` with nvcc in the sandbox and load the cubin
-    with CuPy; cached in-process by source, options and arch."""
+    """Build `spec` for compute capability `cc` with nvcc in the sandbox (`build_cubin`)
+    and load the cubin with CuPy; cached in-process by source, options and arch."""
     arch = nvrtc_arch(spec, cc)
-    source = spec.full_source()
     options = (f"-arch={arch}", CXX_STD, *spec.compile_options)
-    key = hashlib.sha256("\0".join(("sandboxed", source, *options)).encode()).hexdigest()
+    key = _key(spec, arch)
     with _lock:
         hit = _cache.get(key)
     if hit is not None:
         return hit
-    res, _ = nvcc_cubin(source, spec.compile_options, timeout_s, arch=arch,
-                        filename=f"{spec.name}.cu")
-    if not res.ok or res.cubin is None:
-        raise CompileError(f"{spec.name}: compilation failed for {arch}:\n{res.message}")
+    cubin = build_cubin(spec, cc, timeout_s)
     cp = _cupy()
     fd, path = tempfile.mkstemp(prefix="fa-cubin-", suffix=".cubin")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(res.cubin)
+            fh.write(cubin)
         module = cp.RawModule(path=path)
         functions = {e: module.get_function(e) for e in spec.entry_names()}
     except Exception as e:  # noqa: BLE001 - a load failure is the submission's compile error

@@ -61,9 +61,13 @@ class ToolReport:
     errors: int = 0
     summary: str = ""
     wall_s: float = 0.0
+    raw: str = field(default="", repr=False)  # the report itself, for diagnosis; never shown
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d.pop("raw")
+        d["wall_s"] = round(self.wall_s, 2)
+        return d
 
 
 @dataclass
@@ -235,6 +239,7 @@ def run_tool(tool: str, variant_path: str, cases: list[Case], names: set[str],
         return ToolReport(tool, "unavailable", 0, f"cannot run compute-sanitizer: {e.strerror}")
     rep = parse(tool, proc.stdout + "\n" + proc.stderr, names)
     rep.wall_s = time.monotonic() - t0
+    rep.raw = (proc.stdout + "\n" + proc.stderr)[-20000:]
     return rep
 
 
@@ -249,12 +254,35 @@ def sanitize(variant_path: str, support: Support, names: set[str], *,
                                                          "compute-sanitizer not found")
                                               for t in tools], [c.id for c in cases])
     t0 = time.monotonic()
+    _prebuild(variant_path)
     with ThreadPoolExecutor(max_workers=len(tools)) as pool:
         reports = list(pool.map(lambda t: run_tool(t, variant_path, cases, names, timeout_s,
                                                    exe), tools))
     status = ("findings" if any(r.status == "findings" for r in reports) else
               "failed" if any(r.status in ("failed", "timeout") for r in reports) else "clean")
     return SanitizeReport(status, reports, [c.id for c in cases], time.monotonic() - t0)
+
+
+def _prebuild(variant_path: str) -> None:
+    """Build the -lineinfo cubin the tools' targets load, once, before they start in
+    parallel (a failure is left for the targets to report)."""
+    import dataclasses
+
+    try:
+        import torch
+
+        from harness.candidates.sandboxed_compile import build_cubin
+        from harness.candidates.variants import load_variant
+
+        if not torch.cuda.is_available():
+            return
+        spec = load_variant(variant_path)
+        if "-lineinfo" not in spec.compile_options:
+            spec = dataclasses.replace(spec, compile_options=(*spec.compile_options,
+                                                              "-lineinfo"))
+        build_cubin(spec, tuple(torch.cuda.get_device_capability()))
+    except Exception:  # noqa: BLE001 - the targets report a build failure themselves
+        return
 
 
 def variant_path_of(candidate: Any) -> str | None:
