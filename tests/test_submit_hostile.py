@@ -170,3 +170,12 @@ def test_worker_build_is_a_sandboxed_cubin_cached_by_source(tmp_path, monkeypatc
     assert cached.read_bytes() == cubin
     assert build_cubin(spec, (9, 0)) == cubin  # from the cache
     assert _tmp_leftovers() <= before
+
+
+def test_the_worker_builds_submissions_in_the_sandbox(tmp_path):
+    from harness.execution.isolate import build_candidate
+
+    cand = submit.load_candidate({"good_rowwarp.cu": GOOD}, tmp_path)
+    assert cand.sandboxed_build is True
+    path = str(tmp_path / "single" / "good_rowwarp.cu")
+    assert build_candidate("x", {"variant_path": path, "sandboxed_build": True}).sandboxed_build
