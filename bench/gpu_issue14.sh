@@ -41,7 +41,7 @@ step floor 40 python3 bench/floor_decode.py --json "$OUT/floor.json"
 # 3. The corpus through submit + worker: smoke correctness with race-check repeats, the
 #    sanitizer stage, 2 perf cases. Rejections at validation cost no GPU time.
 step demo 130 python3 bench/submissions_demo.py --correctness-grid smoke --max-perf-cases 2 \
-  --case-timeout 30 --json "$OUT/demo.json" --only good_rowwarp.cu racy_rows.cu \
+  --case-timeout 60 --json "$OUT/demo.json" --only good_rowwarp.cu racy_rows.cu \
   far_writer.cu write_past_output.cu illegal_address.cu cached_output.cu nan_output.cu \
   syntax_error.cu system_include.cu redefine_check.cu dynamic_parallelism.cu
 echo "== total ${SECONDS} s"

@@ -84,3 +84,27 @@ def test_cases_cover_tails_masks_and_gqa_of_what_is_declared():
     assert ncases and all(c.dtype == "bfloat16" and c.head_dim == 128 and
                           c.mask is MaskKind.CAUSAL_BR and c.heads == c.kv_heads
                           for c in ncases)
+
+
+def test_tools_run_in_parallel_and_a_finding_is_reported(tmp_path):
+    """A stand-in for compute-sanitizer that prints the captured reports: the command
+    line it gets, the parallel runs and the stage's verdict."""
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(f"""#!/bin/sh
+echo "$@" >> {tmp_path}/calls
+case "$2" in
+  memcheck) cat {DATA}/memcheck_oob.txt ;;
+  racecheck) cat {DATA}/racecheck_clean.txt ;;
+  *) cat {DATA}/memcheck_clean.txt ;;
+esac
+""")
+    fake.chmod(0o755)
+    rep = sanitize.sanitize(str(tmp_path / "variant"), Support(), {"far_writer.cu"},
+                            sanitizer=str(fake))
+    assert rep.status == "findings"
+    assert rep.finding.tool == "memcheck" and "3,145,728 bytes after" in rep.finding.summary
+    assert [t.status for t in rep.tools] == ["findings", "clean", "clean", "clean"]
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert sorted(c.split()[1] for c in calls) == sorted(sanitize.TOOLS)
+    assert all("harness.submissions.sanitize_target" in c and "--cases" in c for c in calls)
+    assert "raw" not in rep.to_dict()["tools"][0]

@@ -226,3 +226,14 @@ def test_poison_counter_counts_unwritten():
 def test_options_round_trip():
     o = _options(max_perf_cases=1)
     assert ScoringOptions.from_dict(o.to_dict()) == o
+
+
+def test_a_sanitizer_finding_is_incorrect_before_anything_is_timed():
+    from harness.submissions.sanitize import SanitizeReport, ToolReport
+
+    finding = ToolReport("racecheck", "findings", 8, "racecheck: 8 errors: Race reported "
+                         "between Write access in racy_rows+0x3a0 at racy_rows.cu:52")
+    rep = score_candidate(Honest(), _options(), secret=3, baseline=Honest(name="base"),
+                          sanitizer=lambda: SanitizeReport("findings", [finding], ["c"]))
+    assert rep.verdict == "incorrect" and rep.message == finding.summary
+    assert rep.detail["sanitizer"]["status"] == "findings" and "perf" not in rep.detail

@@ -2,11 +2,17 @@
 every timed call checked.
 
 Stages (`score_candidate`):
-1. Correctness on the `full` grid through `harness.core.check.check_case` with the worker's
-   secret mixed into every case seed (a submission cannot know its inputs). Any failure:
-   verdict `incorrect`, failing cases listed. A crash (CUDA error) or hang ends the run:
-   `crashed` / `timeout` (the hang is detected by the worker's per-case deadline).
-2. Speed on the `perf` grid. The submission and the baseline (SDPA flash by default) are
+1. Correctness on the `full` grid generated from what the submission declares
+   (`grids.cases_for`) through `harness.core.check.check_case` with the worker's secret
+   mixed into every case seed (a submission cannot know its inputs), each case run
+   `race_repeats` times and compared bitwise unless the manifest declares the kernel
+   nondeterministic, the oracle computed after the kernel ran and kept on the CPU. Any
+   failure: verdict `incorrect`, failing cases listed. A crash (CUDA error) or hang ends
+   the run: `crashed` / `timeout` (the hang is detected by the worker's per-case deadline).
+2. compute-sanitizer (`harness.submissions.sanitize`): memcheck, racecheck, initcheck and
+   synccheck on a few small cases; any finding is `incorrect` with the tool's one-line
+   summary; a missing tool is recorded as not run.
+3. Speed on the `perf` grid. The submission and the baseline (SDPA flash by default) are
    timed in the same run by the same routine, `timed_calls`. Every timed call:
    - gets FRESH inputs, drawn before the call (outside the timed region) from the secret
      seed and a new draw index, so nothing can be cached across calls;
@@ -19,10 +25,11 @@ Stages (`score_candidate`):
      output element finite, and the output of a random secret subset of query rows plus every fully masked row
      against the float64 oracle with the one tolerance rule (`check_output`).
    A failed check: verdict `incorrect` naming the case and the check.
-   A time below the runner's physical floor, max(flops / matmul peak, ideal bytes / copy
-   bandwidth) from its measured ceilings (`harness.measure.calibrate`; the datasheet when the
-   runner has none, which only lowers the floor), makes the submission `invalid`.
-3. Score = geometric mean over the perf cases both support of baseline median / submission
+   A time below the physical floor of the runner's GPU (datasheet peak and bandwidth,
+   `harness.submissions.floor`) makes the submission `invalid`; below the runner's measured
+   ceilings only, the case is marked `suspicious` (scored) and re-checked with Nsight
+   Compute where installed (too few DRAM bytes read: `invalid`).
+4. Score = geometric mean over the perf cases both support of baseline median / submission
    median. Perf cases the submission does not support are listed in `detail["coverage"]`.
 
 No host code of the submission runs: the candidate is a `CudaVariant` built from CUDA
@@ -247,7 +254,8 @@ def score_files(files: dict[str, str], options: ScoringOptions, *, secret: int,
         run_sanitizer = None
         if options.sanitize and torch.device(options.device).type == "cuda":
             def run_sanitizer() -> Any:
-                return san.sanitize(vpath, candidate.support, san.source_names(candidate))
+                return san.sanitize(vpath, candidate.support, san.source_names(candidate),
+                                    timeout_s=options.sanitize_timeout_s)
         return score_candidate(candidate, options, secret=secret, progress=progress,
                                sanitizer=run_sanitizer, variant_path=vpath)
     finally:

@@ -56,6 +56,9 @@ class ScoringOptions:
     # compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on a few small cases
     # before timing (harness.submissions.sanitize), when the tool is installed.
     sanitize: bool = True
+    # Per tool; below the worker's per-case deadline, so a slow tool is this stage's
+    # verdict and not a killed job.
+    sanitize_timeout_s: float = 50.0
     # Runs per correctness case compared bitwise (race check), unless the manifest
     # declares the kernel nondeterministic.
     race_repeats: int = 3
