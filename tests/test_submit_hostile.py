@@ -89,8 +89,12 @@ def _tmp_leftovers() -> set[str]:
     return mine
 
 
+@pytest.mark.parametrize("backend", ["bwrap", "rlimits"])
 @pytest.mark.parametrize("name", sorted(ATTACKS))
-def test_attack_refused_without_host_text_or_leftovers(name):
+def test_attack_refused_without_host_text_or_leftovers(name, backend, monkeypatch):
+    # Under `rlimits` the host's files are readable: the preprocessor's report and the
+    # message filter must refuse and stay silent on their own.
+    monkeypatch.setenv(sandbox.ENV_VAR, backend)
     before = _tmp_leftovers()
     t0 = time.monotonic()
     with pytest.raises(submit.Rejected) as exc:

@@ -145,7 +145,9 @@ def run(argv: Sequence[str], *, sources: dict[str, str], toolchain: Path,
     kind = backend(require_isolation=require_isolation)
     base = Path(tempfile.mkdtemp(prefix="fa-sandbox-"))
     try:
-        src, out, tmp = base / "src", base / "out", base / "tmp"
+        # The source folder's name is recognisable in paths the compiler reports
+        # (harness.submissions.preprocess) under either backend.
+        src, out, tmp = base / "fa-sandbox-src", base / "out", base / "tmp"
         for d in (src, out, tmp):
             d.mkdir()
         for name, text in sources.items():

@@ -154,7 +154,10 @@ def run(args: argparse.Namespace) -> int:
                                   progress=not args.no_progress and sys.stderr.isatty(),
                                   timeout_s=args.timeout)
         console.print(summary_table(summarize(results),
-                                    title=f"correctness: grid {args.grid}, {len(cases)} cases"))
+                                    title=f"correctness: grid {args.grid}, "
+                                          + (f"{len(results)} (candidate, case) pairs, "
+                                             f"generated per candidate" if per_candidate
+                                             else f"{len(cases)} cases")))
         _print_failures(console, results)
         code = max(code, exit_code(results))
     all_results = results + perf_results

@@ -102,7 +102,10 @@ def _walk(text: str, names: set[str]) -> Iterator[tuple[str, str, int, str]]:
 
 
 def _base(path: str) -> str:
-    return path[len("/src/"):] if path.startswith("/src/") else path
+    """A file of the sandbox's source folder by its name ("/src/x.cu" under bubblewrap, the
+    private host folder ".../src/x.cu" under the rlimits backend); other paths unchanged."""
+    folder, _, name = path.rpartition("/")
+    return name if folder == "/src" or folder.endswith("/fa-sandbox-src") else path
 
 
 def check_preprocessed(text: str, names: set[str]) -> Finding | None:
