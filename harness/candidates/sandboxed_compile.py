@@ -142,15 +142,16 @@ def compile_cupy_sandboxed(spec: VariantSpec, cc: tuple[int, int],
             fh.write(cubin)
         module = cp.RawModule(path=path)
         functions = {e: module.get_function(e) for e in spec.entry_names()}
+        compiled = CompiledVariant(key, arch, options, module, functions)
+        # Reading the attributes loads the module (CuPy loads lazily): before the file goes.
+        for e, f in functions.items():
+            compiled.resources[e] = KernelResources(
+                registers=int(f.num_regs), shared_bytes=int(f.shared_size_bytes),
+                local_bytes=int(f.local_size_bytes), max_threads=int(f.max_threads_per_block))
     except Exception as e:  # noqa: BLE001 - a load failure is the submission's compile error
         raise CompileError(f"{spec.name}: loading the cubin failed for {arch}: {e}") from None
     finally:
         Path(path).unlink(missing_ok=True)
-    compiled = CompiledVariant(key, arch, options, module, functions)
-    for e, f in functions.items():
-        compiled.resources[e] = KernelResources(
-            registers=int(f.num_regs), shared_bytes=int(f.shared_size_bytes),
-            local_bytes=int(f.local_size_bytes), max_threads=int(f.max_threads_per_block))
     with _lock:
         _cache[key] = compiled
     return compiled
