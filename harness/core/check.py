@@ -71,7 +71,9 @@ def _oracle(case: Case, secret: int, device: str | torch.device,
     key = (case, secret, str(where))
     if key not in _ORACLE_CACHE:
         _ORACLE_CACHE.clear()
-        inputs = make_inputs(case, where, secret=secret)
+        # Drawn where the candidate's were (large cases are drawn on the device, with the
+        # device's generator), then moved: the oracle sees exactly the candidate's inputs.
+        inputs = make_inputs(case, device, secret=secret).to(where)
         ref, base = reference_for_case(case, inputs), naive_for_case(case, inputs)
         baseline = Baseline.compute(ref, base, case.torch_dtype)
         baseline = dataclasses.replace(baseline, masked_rows=baseline.masked_rows.to("cpu"))
