@@ -58,6 +58,8 @@ ATTACKS = {
                            'extern "C" __device__ cudaError_t cudaLaunchDeviceV2(void*, '
                            'cudaStream_t);\n__global__ void spawn(FaParams p) { '
                            'cudaLaunchDeviceV2(nullptr, 0); }\n// */\n'),
+    "line_rename": _with('static const char* h = R"(" /* )";\n#line 1 "fa_harness.h"\n'
+                         '#undef FA_CHECK_ENTRY\n#define FA_CHECK_ENTRY(x)\n// */\n'),
     "template_bomb": _with('template <int N> struct B { static const int v = B<N - 1>::v + '
                            'B<N - 2>::v; };\ntemplate <> struct B<0> { static const int v = 1; };'
                            '\ntemplate <> struct B<1> { static const int v = 1; };\n'

@@ -12,7 +12,8 @@ what the compiler did, not from reading the text:
 * a directive `#include` in a submission file must be `#include "fa_harness.h"`, and the
   only file a submission file may enter is the harness's header;
 * no `#define` / `#undef` of the header's names (FA_*, fa_*, FaParams, __FA*);
-* `#pragma` only `unroll` / `nounroll`.
+* `#pragma` only `unroll` / `nounroll`;
+* no `#line` that names a file (it would pass the submission's lines off as the header's).
 
 The text is still scanned, after the compiler's own line splicing, for the spellings that
 ask the file system a question without including anything (`__has_include`,
@@ -91,6 +92,11 @@ def _walk(text: str, names: set[str]) -> Iterator[tuple[str, str, int, str]]:
                 if not stack:
                     stack.append(path)
             elif stack:
+                if path != stack[-1] and _base(stack[-1]) in names:
+                    # `#line N "name"` in a submission file: what follows would be taken
+                    # for another file's text (the header's, say) and escape these checks.
+                    yield "rename", _base(stack[-1]), line, path
+                    return
                 stack[-1] = path
             else:
                 stack.append(path)
@@ -111,6 +117,9 @@ def _base(path: str) -> str:
 def check_preprocessed(text: str, names: set[str]) -> Finding | None:
     """The rules of the module doc on one pass's output."""
     for kind, file, line, payload in _walk(text, names):
+        if kind == "rename":
+            return Finding(file, line, "#line may not name a file (it would make the "
+                           "submission's lines look like another file's)")
         if kind == "enter":
             if _base(payload) != HEADER_NAME:
                 return Finding(file, line,
