@@ -21,16 +21,19 @@ from harness.candidates.variants import load_variant  # noqa: E402
 from harness.submissions import sanitize  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "submissions"
-DEFAULT = ["good_rowwarp.cu", "racy_rows.cu", "far_writer.cu", "write_past_output.cu"]
+DEFAULT = ["good_rowwarp.cu", "racy_rows.cu", "far_writer.cu"]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="*", default=DEFAULT)
     ap.add_argument("--json")
+    ap.add_argument("--with-fa2", action="store_true", help="also the shipped fa2_mma")
     args = ap.parse_args()
     print(f"compute-sanitizer: {sanitize.sanitizer_path()}")
-    paths = [DATA / n for n in args.names] + [ROOT / "harness" / "kernels" / "fa2_mma"]
+    paths = [DATA / n for n in args.names]
+    if args.with_fa2:
+        paths.append(ROOT / "harness" / "kernels" / "fa2_mma")
     out = []
     for path in paths:
         cand = CudaVariant.from_spec(load_variant(path))

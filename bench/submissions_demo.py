@@ -42,6 +42,8 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", help="submit only these files (names in tests/data)")
     ap.add_argument("--json", help="also write the table as JSON here")
     ap.add_argument("--no-sanitize", action="store_true", help="skip compute-sanitizer")
+    ap.add_argument("--skip-fa2", action="store_true",
+                    help="do not submit the copy of kernels/fa2_mma")
     ap.add_argument("--race-repeats", type=int, default=3,
                     help="runs per correctness case compared bitwise (default 3)")
     args = ap.parse_args()
@@ -51,9 +53,10 @@ def main() -> int:
     print(f"database: {db.display_url}")
 
     entries: list[tuple[str, Path]] = []
-    folder = tmp / "fa2_mma"
-    shutil.copytree(ROOT / "harness" / "kernels" / "fa2_mma", folder)
-    entries.append(("fa2_mma (copy of kernels/fa2_mma)", folder))
+    if not args.skip_fa2:
+        folder = tmp / "fa2_mma"
+        shutil.copytree(ROOT / "harness" / "kernels" / "fa2_mma", folder)
+        entries.append(("fa2_mma (copy of kernels/fa2_mma)", folder))
     for f in sorted(DATA.glob("*.cu")):
         if args.only and f.name not in args.only:
             continue
