@@ -41,6 +41,11 @@ def main() -> int:
     ap.add_argument("--gpu", type=int, default=None)
     ap.add_argument("--only", nargs="*", help="submit only these files (names in tests/data)")
     ap.add_argument("--json", help="also write the table as JSON here")
+    ap.add_argument("--no-sanitize", action="store_true", help="skip compute-sanitizer")
+    ap.add_argument("--skip-fa2", action="store_true",
+                    help="do not submit the copy of kernels/fa2_mma")
+    ap.add_argument("--race-repeats", type=int, default=3,
+                    help="runs per correctness case compared bitwise (default 3)")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="fa-demo-"))
@@ -48,9 +53,10 @@ def main() -> int:
     print(f"database: {db.display_url}")
 
     entries: list[tuple[str, Path]] = []
-    folder = tmp / "fa2_mma"
-    shutil.copytree(ROOT / "harness" / "kernels" / "fa2_mma", folder)
-    entries.append(("fa2_mma (copy of kernels/fa2_mma)", folder))
+    if not args.skip_fa2:
+        folder = tmp / "fa2_mma"
+        shutil.copytree(ROOT / "harness" / "kernels" / "fa2_mma", folder)
+        entries.append(("fa2_mma (copy of kernels/fa2_mma)", folder))
     for f in sorted(DATA.glob("*.cu")):
         if args.only and f.name not in args.only:
             continue
@@ -73,7 +79,8 @@ def main() -> int:
         gpu=args.gpu, case_timeout_s=args.case_timeout, job_timeout_s=1800.0,
         scoring={"correctness_grid": args.correctness_grid, "perf_grid": args.perf_grid,
                  "max_perf_cases": args.max_perf_cases, "stop_at_first_failure": True,
-                 "min_samples": 5, "min_time_s": 0.05, "max_time_s": 2.0})
+                 "min_samples": 5, "min_time_s": 0.05, "max_time_s": 2.0,
+                 "sanitize": not args.no_sanitize, "race_repeats": args.race_repeats})
     t1 = time.time()
     n = work(db.engine, config, drain=True, log=lambda m: print("  worker:", m, flush=True))
     print(f"worker scored {n} job(s) in {time.time() - t1:.1f} s")
@@ -92,10 +99,38 @@ def main() -> int:
                       r["coverage"] or "-", (r["message"] or "").splitlines()[0][:160]
                       if r["message"] else "")
     Console(width=200).print(table)
+    details = _details(db)
+    for r in rows:
+        r.update(details.get(r["id"], {}))
+        san = r.get("sanitizer")
+        if san:
+            tools = ", ".join(f"{t['tool']} {t['status']} {t['wall_s']:.1f}s"
+                              for t in san["tools"])
+            print(f"  sanitizer {r['id']:3d} {r['name']}: {san['status']} in "
+                  f"{san['wall_s']:.1f} s ({tools})")
+            for t in san["tools"]:
+                if t["summary"]:
+                    print(f"      {t['summary'][:200]}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2, default=str))
     db.close()
     return 0
+
+
+def _details(db) -> dict[int, dict]:
+    """Per submission: the sanitizer stage, suspicious marks and the floor's GPU entry."""
+    from sqlalchemy import select
+
+    from harness.records.db.models import Submission
+
+    out: dict[int, dict] = {}
+    with db.sessions() as s:
+        for row in s.scalars(select(Submission)):
+            d = row.detail or {}
+            out[row.id] = {"sanitizer": d.get("sanitizer"), "suspicious": d.get("suspicious"),
+                           "floor_gpu": d.get("floor_gpu"), "full_message": row.message,
+                           "correctness": d.get("correctness")}
+    return out
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ def selected_candidates(config: pytest.Config) -> list:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not {"fa_candidate_name", "fa_case"} <= set(metafunc.fixturenames):
         return
-    from harness.core.grids import get_grid
+    from harness.core.grids import cases_for, get_grid
 
     marker = metafunc.definition.get_closest_marker("fa_grid")
     grid = marker.args[0] if marker else metafunc.config.getoption("--fa-grid")
@@ -95,9 +95,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     except ValueError as e:
         raise pytest.UsageError(f"--fa-grid: {e}") from None
     candidates = selected_candidates(metafunc.config)
+    if grid == "full":
+        # The full grid is generated per candidate from what it declares.
+        pairs = [(c, case) for c in candidates for case in cases_for(grid, c)]
+    else:
+        pairs = [(c, case) for case in cases for c in candidates]
     params = [pytest.param(c.name, case, id=f"{c.name}-{case.id}",
                            marks=pytest.mark.xdist_group(case.id))
-              for case in cases for c in candidates]
+              for c, case in pairs]
     metafunc.parametrize(("fa_candidate_name", "fa_case"), params)
 
 

@@ -134,7 +134,9 @@ def test_honest_candidate_is_scored():
     (NanLater, "non-finite"),
 ])
 def test_timed_call_cheats_caught(cheat, needle):
-    rep = _score(cheat())
+    # One run per correctness case, so the cheats that start after their first call reach
+    # the timed stage (with the default repeats the race check stops them earlier).
+    rep = _score(cheat(), race_repeats=1)
     assert rep.verdict == "incorrect", rep.message
     assert needle in rep.message
     assert "timed call" in rep.message
@@ -150,11 +152,37 @@ def test_correctness_failures_listed_and_stop_at_first():
     assert [f["case"] for f in rep.failing_cases] == [CASES[0].id]
 
 
+def test_cheat_after_the_first_call_is_caught_by_the_repeats():
+    rep = _score(LazyAfterFirst())
+    assert rep.verdict == "incorrect" and "repeat 1" in rep.message
+    assert "timed call" not in rep.message
+
+
+# A datasheet with a floor of many seconds per case: any CPU time is below it.
+TINY_DATASHEET = {"name": "tiny", "tflops_fp16": 1e-9, "hbm_tbps": 1e-6}
+
+
 def test_time_below_physical_floor_is_invalid():
-    tiny = {"copy_gbps": 1e-3, "matmul_tflops": 1e-9}  # a floor of many seconds
-    rep = _score(Honest(), ceilings=tiny)
+    rep = _score(Honest(), datasheet=TINY_DATASHEET)
     assert rep.verdict == "invalid"
-    assert "below the physical floor" in rep.message
+    assert "below the physical floor" in rep.message and "tiny datasheet" in rep.message
+
+
+def test_faster_than_measured_ceilings_is_scored_but_suspicious():
+    tiny = {"copy_gbps": 1e-3, "matmul_tflops": 1e-9}  # measured floor of many seconds
+    rep = _score(Honest(), ceilings=tiny, datasheet={"name": "big", "tflops_fp16": 1e9,
+                                                     "hbm_tbps": 1e9})
+    assert rep.verdict == "scored", rep.message
+    assert "suspicious: 2 case(s)" in rep.message
+    assert [s["case"] for s in rep.detail["suspicious"]] == [c.id for c in PERF]
+    assert all(p["suspicious"] for p in rep.detail["perf"])
+
+
+def test_unknown_gpu_has_no_physical_floor():
+    from harness.submissions.floor import floors
+
+    f = floors(PERF[0], ScoringOptions(), "Some Future GPU")
+    assert f.physical_ms is None and "no physical floor" in f.gpu
 
 
 def test_floor_formula():
@@ -198,3 +226,14 @@ def test_poison_counter_counts_unwritten():
 def test_options_round_trip():
     o = _options(max_perf_cases=1)
     assert ScoringOptions.from_dict(o.to_dict()) == o
+
+
+def test_a_sanitizer_finding_is_incorrect_before_anything_is_timed():
+    from harness.submissions.sanitize import SanitizeReport, ToolReport
+
+    finding = ToolReport("racecheck", "findings", 8, "racecheck: 8 errors: Race reported "
+                         "between Write access in racy_rows+0x3a0 at racy_rows.cu:52")
+    rep = score_candidate(Honest(), _options(), secret=3, baseline=Honest(name="base"),
+                          sanitizer=lambda: SanitizeReport("findings", [finding], ["c"]))
+    assert rep.verdict == "incorrect" and rep.message == finding.summary
+    assert rep.detail["sanitizer"]["status"] == "findings" and "perf" not in rep.detail

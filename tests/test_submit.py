@@ -148,7 +148,7 @@ def test_single_file_needs_manifest_header(tmp_path):
 @needs_nvcc
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name,needle", [
-    ("syntax_error.cu", 'syntax_error.cu(91): error: expected a ";"'),
+    ("syntax_error.cu", 'syntax_error.cu:91: error: expected a ";"'),
     ("missing_entry.cu", 'identifier "not_defined" is undefined'),
     ("wrong_signature.cu", "entry point 'rowwarp' must be"),
 ])
@@ -259,3 +259,19 @@ def test_leaderboard_ranks_full_coverage_first(db, capsys):
     assert [r["rank"] for r in out] == [1, 2, 3, None]
     assert main(["leaderboard", "--db", db.url]) == 0
     assert "full_fast" in capsys.readouterr().out
+
+
+def test_deeply_nested_manifest_is_rejected_and_recorded(db, tmp_path, capsys):
+    folder = tmp_path / "deep"
+    folder.mkdir()
+    (folder / "manifest.toml").write_text('name = "deep"\nx = ' + "[" * 100_000
+                                          + "]" * 100_000 + "\n")
+    (folder / "k.cu").write_text('#include "fa_harness.h"\n')
+    rc = main(["submit", str(folder), "--db", db.url])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "nested too deeply" in err and "Traceback" not in err
+    with db.sessions() as s:
+        row = s.scalars(select(Submission)).one()
+        assert (row.status, row.verdict) == ("done", "rejected")
+        assert "nested too deeply" in row.message

@@ -67,6 +67,9 @@ class CudaVariant(Candidate):
     # (bench/launch_overhead.py --uncached).
     cache_launches: bool = True
     _state: Any = field(default=None, init=False, repr=False, compare=False)
+    # Untrusted source (submissions): build with nvcc in harness.candidates.sandbox and load
+    # the cubin, instead of NVRTC inside this process.
+    sandboxed_build: bool = False
 
     @classmethod
     def from_spec(cls, spec: VariantSpec) -> CudaVariant:
@@ -240,7 +243,12 @@ class CudaVariant(Candidate):
 
         assert self.spec is not None
         limits = _device_limits(device)
-        compiled = compile_cupy(self.spec, limits.compute_capability)
+        if self.sandboxed_build:
+            from harness.candidates.sandboxed_compile import compile_cupy_sandboxed
+
+            compiled = compile_cupy_sandboxed(self.spec, limits.compute_capability)
+        else:
+            compiled = compile_cupy(self.spec, limits.compute_capability)
         self.meta["resources"] = compiled.resources_dict()
         self.meta["arch"] = compiled.arch
         num_splits = self.resolve_num_splits(case, limits.sm_count)

@@ -58,6 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-store", action="store_true",
                    help="do not store the run in the results database")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--sanitize", action="store_true",
+                   help="first run every CUDA variant under compute-sanitizer (memcheck, "
+                        "racecheck, initcheck, synccheck) on a few small cases; a finding "
+                        "fails the run")
     p.set_defaults(func=run)
 
 
@@ -133,6 +137,13 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]variant load error:[/red] {escape(str(err))}")
 
     code = EXIT_FAIL if registry.load_errors() else EXIT_OK
+    if args.sanitize:
+        from harness.submissions.sanitize import sanitize_candidates
+
+        for line, found in sanitize_candidates(candidates):
+            console.print(escape(line))
+            if found:
+                code = EXIT_FAIL
     results: list = []
     perf_results: list = []
     if timing_grid:
@@ -145,14 +156,26 @@ def run(args: argparse.Namespace) -> int:
         _print_failures(console, perf_results)
         code = max(code, exit_code(perf_results))
     else:
+        # The full grid is generated per candidate from what it declares.
+        per_candidate = None
+        if args.grid == "full":
+            from harness.core.grids import cases_for
+
+            def per_candidate(c):  # noqa: ANN001, ANN202 - a Candidate -> its cases
+                return [k for k in cases_for("full", c) if not args.cases or any(
+                    fnmatch.fnmatchcase(k.id, p) for p in args.cases.split(","))]
         tty = sys.stdout.isatty()
-        lines = None if tty else LineReport({c.name: len(cases) for c in candidates})
+        counts = {c.name: len(per_candidate(c) if per_candidate else cases) for c in candidates}
+        lines = None if tty else LineReport(counts)
         results = run_correctness(candidates, cases, secret=args.secret,
-                                  repeats=args.repeats,
+                                  repeats=args.repeats, cases_for=per_candidate,
                                   progress=not args.no_progress and tty and sys.stderr.isatty(),
                                   timeout_s=args.timeout, on_result=lines)
         console.print(summary_table(summarize(results),
-                                    title=f"correctness: grid {args.grid}, {len(cases)} cases"))
+                                    title=f"correctness: grid {args.grid}, "
+                                          + (f"{len(results)} (candidate, case) pairs, "
+                                             f"generated per candidate" if per_candidate
+                                             else f"{len(cases)} cases")))
         if tty:  # in a pipe each failing case was printed as it happened
             _print_failures(console, results)
         code = max(code, exit_code(results))

@@ -1,12 +1,22 @@
 """Check one candidate on one case: the whole correctness protocol in one function.
 
-Order matters: the buffers are inspected (guards, unwritten elements, inputs) before the
-values, because an unwritten element still holds a NaN poison and would otherwise be
-reported as a numerical failure.
+Order matters:
+
+* the candidate runs first, its repeats too: the expected output of a case does not exist
+  anywhere while the candidate runs (no "stale memory" or "reuse the reference's result"
+  trick). The oracle and the naive baseline are computed afterwards, on `oracle_device`
+  (the CPU keeps them off the GPU entirely; scoring does that), and cached on the CPU
+  between candidates of the same case. Device copies are overwritten with NaN before they
+  are freed, and the allocator's cache is emptied, so freed memory the next candidate may
+  be handed holds no answer;
+* the buffers are inspected (guards, unwritten elements, inputs) before the values,
+  because an unwritten element still holds a NaN poison and would otherwise be reported as
+  a numerical failure.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 
 import torch
@@ -46,19 +56,46 @@ def _run_once(candidate: Candidate, case: Case, inputs, bufs: OutputBuffers,
     return None
 
 
-# The oracle and the naive baseline of the most recent case, reused while the runner takes
-# every candidate through that case. Inputs are drawn afresh for each candidate (the draw is
-# deterministic), so a candidate that writes into its inputs cannot taint the next one.
+# The oracle and the naive baseline of the most recent case, on the CPU, reused while the
+# runner takes every candidate through that case. Inputs are drawn afresh for each candidate
+# (the draw is deterministic), so a candidate that writes into its inputs cannot taint the
+# next one.
 _ORACLE_CACHE: dict[tuple, tuple] = {}
 
 
-def _oracle(case: Case, inputs, secret: int, device: str | torch.device) -> tuple:
-    key = (case, secret, str(torch.device(device)))
+def _oracle(case: Case, secret: int, device: str | torch.device,
+            oracle_device: str | torch.device | None) -> tuple:
+    """(ref, base, baseline) on the CPU. Computed on `oracle_device` (default: the case's
+    device) from a fresh draw of the inputs, after the candidate has run."""
+    where = torch.device(oracle_device) if oracle_device is not None else torch.device(device)
+    key = (case, secret, str(where))
     if key not in _ORACLE_CACHE:
         _ORACLE_CACHE.clear()
+        # Drawn where the candidate's were (large cases are drawn on the device, with the
+        # device's generator), then moved: the oracle sees exactly the candidate's inputs.
+        inputs = make_inputs(case, device, secret=secret).to(where)
         ref, base = reference_for_case(case, inputs), naive_for_case(case, inputs)
-        _ORACLE_CACHE[key] = (ref, base, Baseline.compute(ref, base, case.torch_dtype))
+        baseline = Baseline.compute(ref, base, case.torch_dtype)
+        baseline = dataclasses.replace(baseline, masked_rows=baseline.masked_rows.to("cpu"))
+        cpu = tuple(_to_cpu(t) for t in (ref, base))
+        if where.type == "cuda":
+            _poison_device(ref, base)
+            del inputs, ref, base
+            torch.cuda.synchronize(where)
+            torch.cuda.empty_cache()
+        _ORACLE_CACHE[key] = (*cpu, baseline)
     return _ORACLE_CACHE[key]
+
+
+def _to_cpu(pair: tuple) -> tuple:
+    return tuple(None if t is None else t.detach().to("cpu", copy=True) for t in pair)
+
+
+def _poison_device(*pairs: tuple) -> None:
+    for pair in pairs:
+        for t in pair:
+            if t is not None and t.device.type == "cuda" and t.is_floating_point():
+                t.fill_(float("nan"))
 
 
 def _model_bytes(candidate: Candidate, case: Case) -> int | None:
@@ -73,8 +110,10 @@ def _model_bytes(candidate: Candidate, case: Case) -> int | None:
 
 
 def check_case(candidate: Candidate, case: Case, *, device: str | torch.device, secret: int = 0,
-               repeats: int = 1) -> CaseResult:
-    """Run `candidate` on `case` and judge it; never raises for a candidate's fault."""
+               repeats: int = 1, oracle_device: str | torch.device | None = None) -> CaseResult:
+    """Run `candidate` on `case` and judge it; never raises for a candidate's fault.
+    `repeats` > 1 reruns it and requires bitwise-equal outputs (a race check), unless the
+    candidate declares itself nondeterministic."""
     reason = candidate.supports(case)
     if reason:
         return CaseResult(candidate.name, case, Status.SKIPPED, reason)
@@ -84,7 +123,6 @@ def check_case(candidate: Candidate, case: Case, *, device: str | torch.device, 
                         flops=flops_mod.attention_flops(case, inputs),
                         bytes_model=_model_bytes(candidate, case),
                         bytes_ideal=iomodel.ideal_bytes(case))
-    ref, base, baseline = _oracle(case, inputs, secret, device)
     bufs = OutputBuffers.allocate(case, device, writes_lse)
     snapshot = InputSnapshot.take(inputs)
 
@@ -92,42 +130,60 @@ def check_case(candidate: Candidate, case: Case, *, device: str | torch.device, 
         result.status, result.message = status, message
         return result
 
-    err = _run_once(candidate, case, inputs, bufs, device)
-    if err:
-        return fail(Status.ERROR, f"candidate raised {err}")
-    # Buffer integrity first: stray writes, holes, modified inputs.
-    problems = [p for p in (bufs.check_guards(), bufs.unwritten(), snapshot.changed(inputs)) if p]
-    if problems:
-        return fail(Status.FAILED, "; ".join(problems))
-    verdict = check_output(case, bufs.out, bufs.lse, ref, base, writes_lse=writes_lse,
-                           masked_lse=candidate.support.masked_lse, baseline=baseline)
+    try:
+        # 1. The candidate, with no answer anywhere: buffer integrity after every run.
+        err = _run_once(candidate, case, inputs, bufs, device)
+        if err:
+            return fail(Status.ERROR, f"candidate raised {err}")
+        problems = [p for p in (bufs.check_guards(), bufs.unwritten(),
+                                snapshot.changed(inputs)) if p]
+        if problems:
+            return fail(Status.FAILED, "; ".join(problems))
+        out = bufs.out.detach().to("cpu", copy=True)
+        lse = None if bufs.lse is None else bufs.lse.detach().to("cpu", copy=True)
+        why = _race_check(candidate, case, inputs, bufs, snapshot, out, lse, repeats, device,
+                          result)
+        if why:
+            return fail(Status.FAILED if not why.startswith("candidate raised") else
+                        Status.ERROR, why)
+        # 2. Only now the expected output, judged on the CPU copies of the candidate's output.
+        ref, base, baseline = _oracle(case, secret, device, oracle_device)
+        verdict = check_output(case, out, lse, ref, base, writes_lse=writes_lse,
+                               masked_lse=candidate.support.masked_lse, baseline=baseline)
+    finally:
+        # What the candidate wrote may be a correct answer: poisoned before it is freed.
+        bufs.poison()
     result.errors = verdict.errors
     if not verdict.passed:
         return fail(Status.FAILED, verdict.message)
     result.message = verdict.message
-
-    if repeats > 1:
-        if not candidate.support.deterministic:
-            result.extra["race_check"] = "skipped: candidate declares nondeterminism"
-            return result
-        first_out = bufs.out.clone()
-        first_lse = None if bufs.lse is None else bufs.lse.clone()
-        for r in range(1, repeats):
-            err = _run_once(candidate, case, inputs, bufs, device)
-            if err:
-                return fail(Status.ERROR, f"candidate raised on repeat {r}: {err}")
-            problems = [p for p in (bufs.check_guards(), bufs.unwritten(),
-                                    snapshot.changed(inputs)) if p]
-            if problems:
-                return fail(Status.FAILED, f"repeat {r}: " + "; ".join(problems))
-            # Bitwise equality (bits, not values: NaN != NaN, and -0 == +0 would hide races).
-            same = _bitwise_equal(first_out, bufs.out) and (
-                first_lse is None or _bitwise_equal(first_lse, bufs.lse))
-            if not same:
-                return fail(Status.FAILED, f"nondeterministic: repeat {r} of {repeats} differs "
-                                           f"bitwise from the first run (race?)")
-        result.extra["race_check"] = f"{repeats} runs bitwise equal"
     return result
+
+
+def _race_check(candidate: Candidate, case: Case, inputs, bufs: OutputBuffers,
+                snapshot: InputSnapshot, out: torch.Tensor, lse: torch.Tensor | None,
+                repeats: int, device: str | torch.device, result: CaseResult) -> str | None:
+    if repeats <= 1:
+        return None
+    if not candidate.support.deterministic:
+        result.extra["race_check"] = "skipped: candidate declares nondeterminism"
+        return None
+    for r in range(1, repeats):
+        err = _run_once(candidate, case, inputs, bufs, device)
+        if err:
+            return f"candidate raised on repeat {r}: {err}"
+        problems = [p for p in (bufs.check_guards(), bufs.unwritten(),
+                                snapshot.changed(inputs)) if p]
+        if problems:
+            return f"repeat {r}: " + "; ".join(problems)
+        # Bitwise equality (bits, not values: NaN != NaN, and -0 == +0 would hide races).
+        same = _bitwise_equal(out, bufs.out.to("cpu")) and (
+            lse is None or _bitwise_equal(lse, bufs.lse.to("cpu")))
+        if not same:
+            return (f"nondeterministic: repeat {r} of {repeats} differs bitwise from the "
+                    f"first run (race?)")
+    result.extra["race_check"] = f"{repeats} runs bitwise equal"
+    return None
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

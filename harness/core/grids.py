@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from harness.core.cases import Case, MaskKind
+
+if TYPE_CHECKING:
+    from harness.core.candidate import Candidate
 
 DTYPES = ("float16", "bfloat16")
 MASKS = tuple(MaskKind)
@@ -96,6 +100,84 @@ def full() -> list[Case]:
                 if case not in cases:
                     cases.append(case)
     return cases
+
+
+# The per-candidate full grid: about this many cases for every candidate, broad or narrow.
+FULL_TARGET_CASES = 200
+# Head layouts (heads, kv_heads) for a candidate without GQA: MHA at three head counts.
+MHA_CONFIGS = ((2, 2), (4, 4), (8, 8))
+
+
+def full_for(candidate: Candidate) -> list[Case]:
+    """The `full` grid generated from what `candidate` declares (`candidate.supports`).
+
+    Every sequence-length pair it supports (ANCHOR_PAIRS, swapped, and SQUARE_PAIRS) meets
+    every mask kind it supports; each such (pair, mask) combination gets k cases, k chosen so
+    that the grid holds about FULL_TARGET_CASES cases, cycling through every (dtype, head
+    dim) it supports (head dims among 64, 128 and the odd 40, 59, 96, 111), head layouts
+    (MHA, GQA 2 and 3, MQA when it supports GQA; else MHA with 2, 4, 8 heads) and batches
+    1, 2, 4. A kernel that declares one dtype, one head dim and one mask gets as many cases
+    as one that declares everything, and every combination it declares is reached; the
+    count stays at most FULL_TARGET_CASES plus one round. Large pairs keep batch * heads
+    <= 8, as in `full`. Deterministic: same candidate support, same list."""
+    support = candidate.support
+    masks = [m for m in MASKS if m in support.masks]
+    # Dims and pairs are probed with a case the candidate could otherwise run.
+    probe = Case(1, 4, 4, 64, 64, 64, _first(support), masks[0] if masks else MaskKind.NONE)
+    dims = [d for d in MAIN_HEAD_DIMS + ODD_HEAD_DIMS
+            if candidate.supports(_with(probe, head_dim=d, dtype=_first(support))) is None]
+    dtype_dims = [(dt, d) for d in dims for dt in DTYPES if dt in support.dtypes]
+    layouts = HEAD_CONFIGS if support.gqa else MHA_CONFIGS
+    pairs = [p for p in _all_pairs()
+             if candidate.supports(_with(probe, seqlen_q=p[0], seqlen_k=p[1],
+                                         dtype=_first(support),
+                                         head_dim=dims[0] if dims else 64)) is None]
+    combos = len(pairs) * len(masks)
+    if not combos or not dtype_dims:
+        return []
+    per = max(1, -(-FULL_TARGET_CASES // combos))
+    cases: list[Case] = []
+    seen: set[Case] = set()
+    nd, nl = len(dtype_dims), len(layouts)
+    for r in range(per):
+        for pi, (nq, nk) in enumerate(pairs):
+            for mi, mask in enumerate(masks):
+                if r > 0 and len(cases) >= FULL_TARGET_CASES:
+                    return cases
+                # Round r of a combination takes the r-th (dtype, dim, layout, batch) in a
+                # mixed-radix count, started at an offset per combination, so rounds differ
+                # and neighbouring combinations start at different places.
+                j = r + pi * 7 + mi * 3
+                dtype, d = dtype_dims[j % nd]
+                heads, kv = layouts[(j // nd) % nl]
+                batch = BATCHES[(j // (nd * nl) + r) % len(BATCHES)]
+                if nq * nk > FULL_BIG_PAIRS:
+                    batch = min(batch, 2)
+                    heads, kv = min(heads, 4), min(kv, 4)
+                    if heads % kv:
+                        kv = 2
+                case = Case(batch, heads, kv, nq, nk, d, dtype, mask)
+                if case in seen or candidate.supports(case) is not None:
+                    continue
+                seen.add(case)
+                cases.append(case)
+    return cases
+
+
+def _first(support) -> str:
+    return sorted(support.dtypes)[0] if support.dtypes else "float16"
+
+
+def _with(case: Case, **kw) -> Case:
+    from dataclasses import replace
+
+    return replace(case, **kw)
+
+
+def cases_for(grid: str, candidate: Candidate) -> list[Case]:
+    """The cases of `grid` that `candidate` runs: the per-candidate `full_for` for the full
+    grid, the named grid otherwise."""
+    return full_for(candidate) if grid == "full" else get_grid(grid)
 
 
 PERF_TOKENS = 16384

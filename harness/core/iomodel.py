@@ -40,11 +40,15 @@ DEFAULT_BLOCK_K = 64
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """Datasheet ceilings: dense fp16/bf16 tensor-core TFLOP/s and HBM TB/s."""
+    """Datasheet ceilings: dense fp16/bf16 tensor-core TFLOP/s (without sparsity) and HBM
+    TB/s, the L2 size, the device names that identify the part, and the datasheet."""
 
     name: str
     tflops_fp16: float
     hbm_tbps: float
+    l2_bytes: int = 0
+    device_names: tuple[str, ...] = ()  # substrings of torch.cuda.get_device_name()
+    source: str = ""
 
     @property
     def ridge(self) -> float:
@@ -52,13 +56,41 @@ class GpuSpec:
         return self.tflops_fp16 / self.hbm_tbps
 
 
+_H100_DS = ("NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100): "
+            "SXM 989 TFLOP/s dense FP16/BF16 (1,979 with sparsity), 3.35 TB/s; PCIe 756, "
+            "2.0 TB/s; NVL 835, 3.9 TB/s; 50 MB L2")
+_H200_DS = ("NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200): "
+            "SXM 989 TFLOP/s dense FP16/BF16 (1,979 with sparsity), 4.8 TB/s; NVL 835, "
+            "4.8 TB/s; 50 MB L2 (Hopper architecture whitepaper)")
+_A100_DS = ("NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/a100): "
+            "312 TFLOP/s dense FP16/BF16 (624 with sparsity); 80GB SXM 2,039 GB/s, 80GB PCIe "
+            "1,935 GB/s, 40GB 1,555 GB/s; 40 MB L2 (Ampere architecture whitepaper)")
+_MB = 1024 * 1024
+
+# Ordered: the first entry whose device name occurs in the GPU's name applies, so the
+# more specific names (NVL, PCIe, 40GB) come before the plain ones.
 GPU_SPECS: dict[str, GpuSpec] = {
     s.name: s for s in (
-        GpuSpec("h100-sxm", 989.0, 3.35),
-        GpuSpec("h200", 989.0, 4.8),
-        GpuSpec("a100-80gb-sxm", 312.0, 2.039),
+        GpuSpec("h200-nvl", 835.0, 4.8, 50 * _MB, ("H200 NVL",), _H200_DS),
+        GpuSpec("h200", 989.0, 4.8, 50 * _MB, ("H200",), _H200_DS),
+        GpuSpec("h100-nvl", 835.0, 3.9, 50 * _MB, ("H100 NVL",), _H100_DS),
+        GpuSpec("h100-pcie", 756.0, 2.0, 50 * _MB, ("H100 PCIe",), _H100_DS),
+        GpuSpec("h100-sxm", 989.0, 3.35, 50 * _MB, ("H100 80GB HBM3", "H100 SXM"), _H100_DS),
+        GpuSpec("a100-80gb-pcie", 312.0, 1.935, 40 * _MB, ("A100 80GB PCIe",), _A100_DS),
+        GpuSpec("a100-40gb", 312.0, 1.555, 40 * _MB, ("A100-SXM4-40GB", "A100-PCIE-40GB"),
+                _A100_DS),
+        GpuSpec("a100-80gb-sxm", 312.0, 2.039, 40 * _MB, ("A100-SXM4-80GB", "A100 80GB"),
+                _A100_DS),
     )
 }
+
+
+def datasheet_for(device_name: str) -> GpuSpec | None:
+    """The datasheet entry of a GPU named `device_name` (as CUDA reports it), or None."""
+    for spec in GPU_SPECS.values():
+        if any(n.lower() in device_name.lower() for n in spec.device_names):
+            return spec
+    return None
 
 
 @dataclass(frozen=True)

@@ -34,14 +34,18 @@ def _progress(enabled: bool, total: int):
 def run_correctness(candidates: Sequence[Candidate], cases: Sequence[Case], *, secret: int = 0,
                     on_result: Callable[[CaseResult], None] | None = None, repeats: int = 1,
                     progress: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S,
-                    isolate_options: dict[str, Any] | None = None) -> list[CaseResult]:
-    """One CaseResult per (candidate, case), candidate-major in the given orders."""
+                    isolate_options: dict[str, Any] | None = None,
+                    cases_for: Callable[[Candidate], Sequence[Case]] | None = None
+                    ) -> list[CaseResult]:
+    """One CaseResult per (candidate, case), candidate-major in the given orders. With
+    `cases_for`, each candidate runs its own list (the per-candidate full grid) and
+    `cases` is ignored."""
     from harness.candidates.registry import unavailable_reason
     from harness.core.check import check_case
 
-    cases = list(cases)
+    lists = [list(cases_for(c)) if cases_for else list(cases) for c in candidates]
     results: dict[tuple[int, int], CaseResult] = {}
-    total = len(candidates) * len(cases)
+    total = sum(len(cl) for cl in lists)
     with _progress(progress, total) as prog:
         task = prog.add_task("correctness", total=total) if prog is not None else None
 
@@ -54,6 +58,7 @@ def run_correctness(candidates: Sequence[Candidate], cases: Sequence[Case], *, s
 
         in_process: list[int] = []
         for ci, cand in enumerate(candidates):
+            cases = lists[ci]
             reason = unavailable_reason(cand)
             if reason:
                 for ki, case in enumerate(cases):
@@ -67,10 +72,10 @@ def run_correctness(candidates: Sequence[Candidate], cases: Sequence[Case], *, s
         # turn; the oracle is recomputed per candidate, which costs little next to them.
         for ci in in_process:
             cand = candidates[ci]
-            for ki, case in enumerate(cases):
+            for ki, case in enumerate(lists[ci]):
                 settle(ci, ki, check_case(cand, case, device=cand.device, secret=secret,
                                           repeats=repeats))
-    return [results[(ci, ki)] for ci in range(len(candidates)) for ki in range(len(cases))]
+    return [results[(ci, ki)] for ci in range(len(candidates)) for ki in range(len(lists[ci]))]
 
 
 def _run_isolated(ci: int, cand: Candidate, cases: list[Case], secret: int, repeats: int,

@@ -131,7 +131,8 @@ def ncu_path() -> str | None:
 
 
 def command(candidate_name: str, case_id: str, *, entries: list[str] | None = None,
-            variant_path: str | None = None, ncu: str = "ncu") -> list[str]:
+            variant_path: str | None = None, ncu: str = "ncu",
+            sandboxed: bool = False) -> list[str]:
     cmd = [ncu, "--metrics", ",".join(METRICS), "--cache-control", "all",
            "--clock-control", "none", "--profile-from-start", "off", "--csv",
            "--print-units", "base"]
@@ -141,17 +142,20 @@ def command(candidate_name: str, case_id: str, *, entries: list[str] | None = No
             "--case", case_id]
     if variant_path:
         cmd += ["--variant", variant_path]
+    if sandboxed:
+        cmd += ["--sandboxed-build"]
     return cmd
 
 
 def measure_bytes(candidate, case, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                  variant_path: str | None = None) -> NcuResult:
+                  variant_path: str | None = None, sandboxed: bool = False) -> NcuResult:
     """Profile one launch of `candidate` on `case`. Never raises: problems are `.error`."""
     exe = ncu_path()
     if exe is None:
         return NcuResult(error="ncu (Nsight Compute) not found on PATH; measured bytes skipped")
     entries = list(candidate.meta.get("entries") or []) if candidate.kind == "cuda" else []
-    cmd = command(candidate.name, case.id, entries=entries, variant_path=variant_path, ncu=exe)
+    cmd = command(candidate.name, case.id, entries=entries, variant_path=variant_path, ncu=exe,
+                  sandboxed=sandboxed)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:

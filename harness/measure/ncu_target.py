@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernel", required=True, help="candidate name")
     ap.add_argument("--case", required=True, help="case id, e.g. b1h1-4096x4096-d64-fp16-none")
     ap.add_argument("--variant", help="variant folder or annotated .cu (not in the registry)")
+    ap.add_argument("--sandboxed-build", action="store_true",
+                    help="build the variant with nvcc in the compile sandboxes (submissions)")
     args = ap.parse_args(argv)
 
     import torch
@@ -35,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         print("ncu_target: no CUDA GPU available", file=sys.stderr)
         return 2
     options = {"variant_path": args.variant} if args.variant else {}
+    if args.sandboxed_build:
+        options["sandboxed_build"] = True
     try:
         cand = build_candidate(args.kernel, options)
     except Exception as e:

@@ -2,11 +2,17 @@
 every timed call checked.
 
 Stages (`score_candidate`):
-1. Correctness on the `full` grid through `harness.core.check.check_case` with the worker's
-   secret mixed into every case seed (a submission cannot know its inputs). Any failure:
-   verdict `incorrect`, failing cases listed. A crash (CUDA error) or hang ends the run:
-   `crashed` / `timeout` (the hang is detected by the worker's per-case deadline).
-2. Speed on the `perf` grid. The submission and the baseline (SDPA flash by default) are
+1. Correctness on the `full` grid generated from what the submission declares
+   (`grids.cases_for`) through `harness.core.check.check_case` with the worker's secret
+   mixed into every case seed (a submission cannot know its inputs), each case run
+   `race_repeats` times and compared bitwise unless the manifest declares the kernel
+   nondeterministic, the oracle computed after the kernel ran and kept on the CPU. Any
+   failure: verdict `incorrect`, failing cases listed. A crash (CUDA error) or hang ends
+   the run: `crashed` / `timeout` (the hang is detected by the worker's per-case deadline).
+2. compute-sanitizer (`harness.submissions.sanitize`): memcheck, racecheck, initcheck and
+   synccheck on a few small cases; any finding is `incorrect` with the tool's one-line
+   summary; a missing tool is recorded as not run.
+3. Speed on the `perf` grid. The submission and the baseline (SDPA flash by default) are
    timed in the same run by the same routine, `timed_calls`. Every timed call:
    - gets FRESH inputs, drawn before the call (outside the timed region) from the secret
      seed and a new draw index, so nothing can be cached across calls;
@@ -19,10 +25,11 @@ Stages (`score_candidate`):
      output element finite, and the output of a random secret subset of query rows plus every fully masked row
      against the float64 oracle with the one tolerance rule (`check_output`).
    A failed check: verdict `incorrect` naming the case and the check.
-   A time below the runner's physical floor, max(flops / matmul peak, ideal bytes / copy
-   bandwidth) from its measured ceilings (`harness.measure.calibrate`; the datasheet when the
-   runner has none, which only lowers the floor), makes the submission `invalid`.
-3. Score = geometric mean over the perf cases both support of baseline median / submission
+   A time below the physical floor of the runner's GPU (datasheet peak and bandwidth,
+   `harness.submissions.floor`) makes the submission `invalid`; below the runner's measured
+   ceilings only, the case is marked `suspicious` (scored) and re-checked with Nsight
+   Compute where installed (too few DRAM bytes read: `invalid`).
+4. Score = geometric mean over the perf cases both support of baseline median / submission
    median. Perf cases the submission does not support are listed in `detail["coverage"]`.
 
 No host code of the submission runs: the candidate is a `CudaVariant` built from CUDA
@@ -39,10 +46,7 @@ import torch
 
 from harness.core.candidate import Candidate
 from harness.core.results import CaseResult, Status
-from harness.submissions.floor import (
-    floor_ms,
-    runner_ceilings,
-)
+from harness.submissions.floor import datasheet, device_name, floors, judge, ncu_recheck
 from harness.submissions.queue import Outcome
 from harness.submissions.timed import (
     CallTimer,
@@ -82,7 +86,9 @@ def _result_entry(r: CaseResult) -> dict[str, Any]:
 
 def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: int,
                     baseline: Candidate | None = None, progress: Progress | None = None,
-                    timer: CallTimer | None = None) -> ScoreReport:
+                    timer: CallTimer | None = None,
+                    sanitizer: Callable[[], Any] | None = None,
+                    variant_path: str | None = None) -> ScoreReport:
     """The whole scoring protocol of the module doc. Never raises for the candidate's
     fault; a CUDA error propagates as an exception only when the context is unusable
     (the worker's child turns it into `crashed`)."""
@@ -94,13 +100,17 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
     detail: dict[str, Any] = {"options": {k: v for k, v in options.to_dict().items()
                                           if k not in ("correctness_cases", "perf_cases")}}
 
-    # 1. correctness
-    cases = options.correctness_cases or get_grid(options.correctness_grid)
+    # 1. correctness: the per-candidate full grid, each case repeated and compared bitwise
+    # (race check), the oracle kept off the device.
+    from harness.core.grids import cases_for
+
+    cases = options.correctness_cases or cases_for(options.correctness_grid, candidate)
     failing: list[dict[str, Any]] = []
     passed = skipped = 0
     for case in cases:
         progress("check", case.id)
-        r = check_case(candidate, case, device=device, secret=secret)
+        r = check_case(candidate, case, device=device, secret=secret,
+                       repeats=max(1, options.race_repeats), oracle_device="cpu")
         if r.status is Status.SKIPPED:
             skipped += 1
             continue
@@ -126,7 +136,17 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
         return ScoreReport("incorrect", "the submission ran none of the correctness cases "
                            "(it supports none of them)", detail=detail)
 
-    # 2. speed
+    # 2. compute-sanitizer on a few small cases, before anything is timed.
+    if sanitizer is not None:
+        progress("sanitize", "")
+        rep = sanitizer()
+        detail["sanitizer"] = rep.to_dict()
+        if rep.finding is not None:
+            return ScoreReport("incorrect", rep.finding.summary, detail=detail,
+                               failing_cases=[{"case": "compute-sanitizer", "status": "failed",
+                                               "message": rep.finding.summary}])
+
+    # 3. speed
     if baseline is None:
         from harness.candidates.registry import get_candidate
 
@@ -139,13 +159,14 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
     per_case: list[dict[str, Any]] = []
     unsupported: list[str] = []
     speedups: list[float] = []
+    suspicious: list[dict[str, Any]] = []
+    gpu = device_name(device)
     for case in perf_cases:
         reason = candidate.supports(case) or baseline.supports(case)
         if reason:
             unsupported.append(f"{case.id}: {reason}")
             continue
-        ceilings, source = runner_ceilings(options, case.dtype)
-        floor = floor_ms(case, ceilings)
+        fl = floors(case, options, gpu)
         progress("perf-baseline", case.id)
         try:
             base_t = timed_calls(baseline, case, secret=secret, timer=timer, options=options,
@@ -160,36 +181,52 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
         except CheatDetected as e:
             failing.append({"case": case.id, "status": "failed", "message": str(e)[:2000]})
             return ScoreReport("incorrect", str(e), failing_cases=failing, detail=detail)
-        entry = {"case": case.id, "floor_ms": floor, "ceilings": ceilings,
-                 "ceilings_source": source, "baseline_median_ms": base_t.median_ms,
+        entry = {"case": case.id, "floors": fl.to_dict(),
+                 "baseline_median_ms": base_t.median_ms,
                  "median_ms": sub_t.median_ms, "min_ms": sub_t.min_ms,
                  "rel_noise": sub_t.rel_noise, "samples": len(sub_t.samples_ms),
                  "checked_calls": sub_t.checked_calls}
         per_case.append(entry)
         if not sub_t.samples_ms or not base_t.samples_ms:
             return ScoreReport("invalid", f"{case.id}: no valid timing sample", detail=detail)
-        limit = floor * (1.0 - options.floor_slack)
-        if sub_t.min_ms is not None and sub_t.min_ms < limit:
+        fv = judge(sub_t.min_ms, fl, options.floor_slack) if sub_t.min_ms is not None else None
+        if fv is not None and fv.verdict == "invalid":
             detail["perf"] = per_case
-            failing.append({"case": case.id, "status": "invalid",
-                            "message": f"{sub_t.min_ms:.4f} ms < floor {floor:.4f} ms"})
-            return ScoreReport(
-                "invalid", f"{case.id}: measured {sub_t.min_ms:.4f} ms, below the physical "
-                f"floor of this runner {floor:.4f} ms (max of FLOPs / {ceilings['matmul_tflops']:.0f}"
-                f" TFLOP/s and ideal bytes / {ceilings['copy_gbps']:.0f} GB/s, {source})",
-                failing_cases=failing, detail=detail)
+            failing.append({"case": case.id, "status": "invalid", "message": fv.message})
+            return ScoreReport("invalid", f"{case.id}: {fv.message}", failing_cases=failing,
+                               detail=detail)
+        if fv is not None and fv.verdict == "suspicious":
+            mark: dict[str, Any] = {"case": case.id, "message": fv.message}
+            if options.ncu_recheck and variant_path is not None:
+                spec = datasheet(options, gpu)
+                mark["ncu"] = ncu_recheck(candidate, case, variant_path,
+                                          spec.l2_bytes if spec else 0)
+                if mark["ncu"]["status"] == "failed":
+                    detail["perf"] = per_case
+                    msg = (f"{case.id}: Nsight Compute measured {mark['ncu']['read_bytes']} "
+                           f"DRAM bytes read, fewer than the {mark['ncu']['need_read_bytes']} "
+                           f"its inputs need beyond L2 ({fv.message})")
+                    failing.append({"case": case.id, "status": "invalid", "message": msg})
+                    return ScoreReport("invalid", msg, failing_cases=failing, detail=detail)
+            entry["suspicious"] = True
+            suspicious.append(mark)
         speedup = base_t.median_ms / sub_t.median_ms
         entry["speedup"] = speedup
         speedups.append(speedup)
     detail["perf"] = per_case
     detail["coverage"] = {"timed": len(speedups), "of": len(perf_cases),
                           "unsupported": unsupported}
+    detail["floor_gpu"] = gpu
+    if suspicious:
+        detail["suspicious"] = suspicious
     if not speedups:
         return ScoreReport("incorrect", "no perf case could be timed (the submission or the "
                            f"baseline {baseline.name} supports none)", detail=detail)
     score = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+    marked = (f"; suspicious: {len(suspicious)} case(s) faster than this runner's measured "
+              f"ceilings (first {suspicious[0]['case']})" if suspicious else "")
     return ScoreReport("scored", f"geometric mean speedup {score:.3f}x over {baseline.name} "
-                       f"on {len(speedups)}/{len(perf_cases)} perf cases", score=score,
+                       f"on {len(speedups)}/{len(perf_cases)} perf cases{marked}", score=score,
                        detail=detail)
 
 
@@ -211,6 +248,15 @@ def score_files(files: dict[str, str], options: ScoringOptions, *, secret: int,
             candidate = load_candidate(files, workdir)
         except Rejected as e:
             return ScoreReport("rejected", str(e))
-        return score_candidate(candidate, options, secret=secret, progress=progress)
+        from harness.submissions import sanitize as san
+
+        vpath = san.variant_path_of(candidate)
+        run_sanitizer = None
+        if options.sanitize and torch.device(options.device).type == "cuda":
+            def run_sanitizer() -> Any:
+                return san.sanitize(vpath, candidate.support, san.source_names(candidate),
+                                    timeout_s=options.sanitize_timeout_s)
+        return score_candidate(candidate, options, secret=secret, progress=progress,
+                               sanitizer=run_sanitizer, variant_path=vpath)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

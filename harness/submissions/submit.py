@@ -107,6 +107,10 @@ def read_manifest(files: dict[str, str]) -> dict[str, Any]:
         manifest = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise Rejected(f"{where}: manifest is not valid TOML: {e}") from None
+    except RecursionError:
+        # tomllib recurses once per nesting level: a few thousand nested arrays or tables
+        # exhaust the stack before any size limit applies.
+        raise Rejected(f"{where}: manifest is nested too deeply to be read") from None
     name = manifest.get("name")
     if not isinstance(name, str) or not _SUB_NAME_OK.match(name) or "." in name:
         raise Rejected(f"{where}: field 'name' must be 1..{MAX_NAME_LEN} letters, digits, "
@@ -148,7 +152,9 @@ def load_candidate(files: dict[str, str], workdir: Path) -> Any:
     """The submission as a `harness.candidates.cuda_candidate.CudaVariant` (GPU workers)."""
     from harness.candidates.cuda_candidate import CudaVariant
 
-    return CudaVariant.from_spec(load_spec(files, workdir))
+    candidate = CudaVariant.from_spec(load_spec(files, workdir))
+    candidate.sandboxed_build = True
+    return candidate
 
 
 # --------------------------------------------------------------------------- launch limits
@@ -237,14 +243,35 @@ def _check_launch(where: str, case: Case, grid: list[int], block: list[int], sha
 
 
 def compile_check(spec: Any, timeout_s: float = COMPILE_TIMEOUT_S) -> None:
-    """nvcc-compile the full source (header, sources, one signature check per entry) for
-    sm_90 under a time limit, and require every entry in the cubin; no GPU needed."""
-    from harness.candidates.compile import compile_spec_nvcc
+    """What the preprocessor includes and defines (`harness.submissions.preprocess`), then
+    an nvcc compile of the full source (header, sources, one signature check per entry) for
+    sm_90, both in the sandbox and under its limits; every entry must be in the cubin. No
+    GPU needed. Messages come from the submission's own files only."""
+    from harness.candidates.sandbox import SandboxUnavailable
+    from harness.candidates.sandboxed_compile import compile_spec_sandboxed
+    from harness.candidates.variant_spec import header_path
+    from harness.submissions.diagnostics import compile_message
+    from harness.submissions.preprocess import preprocess_check
 
-    for report in compile_spec_nvcc(spec, "sm_90", timeout_s):
+    labels = [label for label, _ in spec.source_texts]
+    names = [label.rsplit("/", 1)[-1] for label in labels]
+    texts = dict(zip(names, (t for _, t in spec.source_texts), strict=True))
+    try:
+        why = preprocess_check(texts, names, spec.entry_names(), list(spec.compile_options),
+                               header_path().read_text(), arch="sm_90",
+                               timeout_s=min(timeout_s, 60.0))
+        if why:
+            raise Rejected(why)
+        reports = compile_spec_sandboxed(spec, "sm_90", timeout_s)
+    except SandboxUnavailable as e:
+        raise Rejected(f"cannot check the submission on this machine: {e}") from None
+    for report in reports:
         if not report.ok:
             entry = f" ({report.entry})" if report.entry else ""
-            raise Rejected(f"compile failed{entry}: {report.message.strip()[:3000]}")
+            if report.message.startswith(("nvcc stopped", "entry point missing")):
+                raise Rejected(f"compile failed{entry}: {report.message}")
+            raise Rejected(compile_message(report.message, [*labels, *names],
+                                           what=f"compile failed{entry}"))
 
 
 # --------------------------------------------------------------------------- validation
@@ -338,7 +365,7 @@ def _guess_name(files: dict[str, str] | None) -> str | None:
         return None
     try:
         return read_manifest(files)["name"]
-    except (Rejected, ValueError, KeyError):
+    except (Rejected, ValueError, KeyError, RecursionError):
         return None
 
 

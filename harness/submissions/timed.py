@@ -43,11 +43,25 @@ class ScoringOptions:
     min_time_s: float = 0.5
     max_time_s: float = 10.0
     warmup_calls: int = 2
-    # A sample faster than (1 - floor_slack) x the physical floor is invalid. The ceilings
-    # are measured, so a small slack keeps measurement noise of the ceilings themselves
-    # from flagging a kernel that runs right at the roofline.
-    floor_slack: float = 0.05
+    # A sample faster than (1 - floor_slack) x the physical (datasheet) floor is invalid;
+    # the slack covers the CUDA event's resolution on microsecond cases.
+    floor_slack: float = 0.02
+    # The runner's measured ceilings (else its calibration): faster is `suspicious`.
     ceilings: dict[str, float] | None = None  # {"copy_gbps": .., "matmul_tflops": ..}
+    # The datasheet to use instead of the runner GPU's table entry (tests, unknown GPUs):
+    # {"name": .., "tflops_fp16": .., "hbm_tbps": .., "l2_bytes": ..}.
+    datasheet: dict[str, Any] | None = None
+    # Re-check suspicious cases with Nsight Compute when it is installed.
+    ncu_recheck: bool = True
+    # compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on a few small cases
+    # before timing (harness.submissions.sanitize), when the tool is installed.
+    sanitize: bool = True
+    # Per tool; below the worker's per-case deadline, so a slow tool is this stage's
+    # verdict and not a killed job.
+    sanitize_timeout_s: float = 50.0
+    # Runs per correctness case compared bitwise (race check), unless the manifest
+    # declares the kernel nondeterministic.
+    race_repeats: int = 3
     # Explicit cases instead of the named grids (tests, demos).
     correctness_cases: list[Case] | None = None
     perf_cases: list[Case] | None = None

@@ -158,3 +158,10 @@ make("cached_output.cu", "cached_output", "skips the work when called again with
         const unsigned total = gridDim.x * gridDim.y * gridDim.z;
         if (atomicAdd(&g_finished, 1u) == total - 1) { g_key = key; g_finished = 0; }
     }""")
+# Caught by compute-sanitizer before timing (GPU): the output is right almost always.
+make("racy_rows.cu", "racy_rows", "reads a shared value another warp writes, with no __syncthreads",
+     start="__shared__ float s_one;\n    if (threadIdx.x == 0) s_one = 1.0f;  // no __syncthreads()",
+     before="for (int c = 0; c < 8; ++c) acc[c] *= s_one;")
+make("far_writer.cu", "far_writer", "writes one element 3 MiB past the end of O",
+     after="if (i == 0 && h == 0 && b == 0 && lane == 0) "
+           "static_cast<unsigned short*>(p.o)[oo + (3 << 20) / 2] = 0;")

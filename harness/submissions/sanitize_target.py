@@ -1,0 +1,61 @@
+"""The program compute-sanitizer runs: a submission on a few cases, once each.
+
+    python -m harness.submissions.sanitize_target --variant PATH --cases ID[,ID...]
+
+The variant is built with nvcc in the compile sandbox (as the worker builds it) with
+`-lineinfo`, so findings name the submission's source line. Inputs are drawn as for any
+case; outputs go to the harness's guarded buffers. Exit 0 when every launch returned, 1
+when a launch raised (the sanitizer's report says why), 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.submissions.sanitize_target")
+    ap.add_argument("--variant", required=True, help="variant folder or annotated .cu")
+    ap.add_argument("--cases", required=True, help="comma-separated case ids")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from harness.candidates.cuda_candidate import CudaVariant
+    from harness.candidates.variants import VariantError, load_variant
+    from harness.core.buffers import OutputBuffers
+    from harness.core.cases import Case, make_inputs
+
+    try:
+        cases = [Case.from_id(c) for c in args.cases.split(",") if c]
+        spec = load_variant(args.variant)
+    except (ValueError, VariantError) as e:
+        print(f"sanitize_target: {e}", file=sys.stderr)
+        return 2
+    if "-lineinfo" not in spec.compile_options:
+        spec = dataclasses.replace(spec, compile_options=(*spec.compile_options, "-lineinfo"))
+    cand = CudaVariant.from_spec(spec)
+    cand.sandboxed_build = True
+    if not torch.cuda.is_available():
+        print("sanitize_target: no CUDA GPU available", file=sys.stderr)
+        return 2
+    for case in cases:
+        if cand.supports(case):
+            continue
+        inputs = make_inputs(case, "cuda")
+        bufs = OutputBuffers.allocate(case, "cuda", cand.support.writes_lse)
+        bufs.poison()
+        try:
+            cand.run(case, inputs, bufs.out, bufs.lse)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported, the sanitizer has the detail
+            print(f"sanitize_target: {case.id}: {type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:150] if str(e) else ''}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
