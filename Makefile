@@ -16,7 +16,7 @@ PYTEST_FLAGS ?= -n 2 --dist loadgroup -p no:cacheprovider --timeout 900
 $(VENV): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install torch==2.13.0
-	$(BIN)/python -m pip install -e '.[dev]'
+	$(BIN)/python -m pip install -e '.[dev,dashboard,postgres]'
 	touch $(VENV)
 
 run: $(VENV)

@@ -46,9 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from harness.candidates.discovery import DiscoveryError
+    from harness.cli._discoveryopt import apply
+
     try:
+        apply(args)
         return int(args.func(args) or 0)
-    except UsageError as e:
+    except (UsageError, DiscoveryError) as e:
+        # DiscoveryError: a kernels folder or candidate that is missing or named twice.
         print(f"fa-harness {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

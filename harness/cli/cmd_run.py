@@ -16,6 +16,7 @@ from typing import Any
 from rich.markup import escape
 
 from harness.cli import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
+from harness.cli._discoveryopt import add_discovery_options
 
 MAX_FAILURES_SHOWN = 20
 
@@ -50,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--db", metavar="URL", default=None,
                    help="store the run record in this database (SQLAlchemy URL or SQLite path)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_discovery_options(p)
     p.set_defaults(func=run)
 
 

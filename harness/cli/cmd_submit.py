@@ -12,6 +12,7 @@ import sys
 import time
 
 from harness.cli import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
+from harness.cli._discoveryopt import add_discovery_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--token", help="submission token (default: FA_HARNESS_TOKEN); when "
                                    "given it must be valid and names the submitter")
     p.add_argument("--compile-timeout", type=float, default=None, metavar="S")
+    add_discovery_options(p)
     p.set_defaults(func=_submit)
 
 

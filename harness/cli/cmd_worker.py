@@ -7,6 +7,7 @@ import signal
 import sys
 
 from harness.cli import EXIT_OK, UsageError
+from harness.cli._discoveryopt import add_discovery_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop-at-first-failure", action="store_true")
     p.add_argument("--quick", action="store_true",
                    help="fewer timing samples (demos): 5 samples, at most 2 s per case")
+    add_discovery_options(p)
     p.set_defaults(func=_worker)
 
 
