@@ -258,3 +258,16 @@ def python_candidates() -> tuple[list, list[str]]:
     """(candidates, errors) for the registry."""
     found = find_python()
     return found.candidates, found.errors
+
+
+def variant_path(name: str, cwd: Path | None = None) -> Path | None:
+    """The folder (or single .cu file) of the discovered variant called `name`, else None.
+    A Python candidate of that name is a DiscoveryError: submissions are CUDA source."""
+    for spec, _ in find_variants(cwd).specs:
+        if spec.name == name:
+            man = spec.manifest_path
+            return man.parent if man.name == MANIFEST_NAME else man
+    if any(c.name == name for c in find_python().candidates):
+        raise DiscoveryError(f"{name} is a Python candidate: submissions are CUDA source "
+                             f"(a variant folder or an annotated .cu file)")
+    return None

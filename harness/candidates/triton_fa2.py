@@ -41,7 +41,7 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def fa2_fwd(Q, K, V, O, L, MASK, KLEN,
+    def fa2_fwd(Q, K, V, Out, Lse, MASK, KLEN,
                 sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
                 slb, slh, smb, smm, smn,
                 H, GROUP, NQ, NK, OFFSET, scale_log2,
@@ -104,10 +104,10 @@ def _kernel():
         live = l_i > 0.0
         l_safe = tl.where(live, l_i, 1.0)
         out = tl.where(live[:, None], acc / l_safe[:, None], 0.0)
-        tl.store(O + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :],
-                 out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(Out + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :],
+                 out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
         lse = tl.where(live, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-        tl.store(L + b * slb + h * slh + offs_m, lse, mask=row_ok)
+        tl.store(Lse + b * slb + h * slh + offs_m, lse, mask=row_ok)
 
     return fa2_fwd
 

@@ -46,14 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from harness.candidates.discovery import DiscoveryError
-    from harness.cli._discoveryopt import apply
+    from harness.cli._discoveryopt import run_command
 
     try:
-        apply(args)
-        return int(args.func(args) or 0)
-    except (UsageError, DiscoveryError) as e:
-        # DiscoveryError: a kernels folder or candidate that is missing or named twice.
+        return int(run_command(args) or 0)
+    except UsageError as e:
         print(f"fa-harness {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -22,10 +22,16 @@ def add_discovery_options(p: argparse.ArgumentParser) -> None:
                         "PythonKernel) to judge as well (repeatable)")
 
 
-def apply(args: argparse.Namespace) -> None:
-    """Configure discovery from the parsed options (no-op for other commands)."""
-    if not hasattr(args, "kernels_dirs"):
-        return
-    from harness.candidates.discovery import configure
+def run_command(args: argparse.Namespace) -> int:
+    """Configure discovery from the parsed options (commands that take candidates), then
+    run the command. A kernels folder or candidate that is missing or defined twice
+    (DiscoveryError, wherever discovery meets it) is a usage error: one line, exit 2."""
+    from harness.candidates.discovery import DiscoveryError, configure
+    from harness.cli import UsageError
 
-    configure(args.kernels_dirs, args.candidate_specs)
+    try:
+        if hasattr(args, "kernels_dirs"):
+            configure(args.kernels_dirs, args.candidate_specs)
+        return args.func(args)
+    except DiscoveryError as e:
+        raise UsageError(str(e)) from None
