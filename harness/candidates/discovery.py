@@ -13,9 +13,10 @@ A folder holds variant folders (`manifest.toml` + `.cu`) and single-file `.cu` v
 in one folder or in two, is one `DiscoveryError` naming both paths: which of the two the
 team meant cannot be guessed. A folder that was named but does not exist is also an error.
 
-Python candidates come from the entry point group `fa_harness.candidates` (the shipped
-`flex_attention` and `triton_fa2` are registered that way too) and from every
-`--candidate module:attr` (pytest: `--fa-candidate`).
+Python candidates come from every `--candidate module:attr` (pytest: `--fa-candidate`),
+`[tool.fa-harness] candidates = ["module:attr", ...]` in that pyproject.toml, and the
+entry point group `fa_harness.candidates` (the shipped `flex_attention` and
+`triton_fa2` are registered that way too).
 
 What the command line configured (`configure`) is also exported in the environment
 variable `FA_HARNESS_DISCOVERY`, so that every child process (isolated candidates, the
@@ -106,7 +107,8 @@ def find_pyproject(start: Path | None = None) -> Path | None:
     return None
 
 
-def _pyproject_dirs(pyproject: Path) -> list[Path]:
+def _pyproject_list(pyproject: Path, key: str) -> list[str]:
+    """`[tool.fa-harness] <key>` of a pyproject.toml: a list of strings (or nothing)."""
     try:
         data = tomllib.loads(pyproject.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
@@ -114,11 +116,15 @@ def _pyproject_dirs(pyproject: Path) -> list[Path]:
     section = data.get("tool", {}).get("fa-harness", {})
     if not isinstance(section, dict):
         raise DiscoveryError(f"{pyproject}: [tool.fa-harness] must be a table")
-    dirs = section.get("kernels-dirs", [])
-    if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
-        raise DiscoveryError(f"{pyproject}: [tool.fa-harness] kernels-dirs must be a list "
-                             f"of folder paths (strings)")
-    return [(pyproject.parent / d).resolve() for d in dirs]
+    items = section.get(key, [])
+    if not isinstance(items, list) or not all(isinstance(d, str) for d in items):
+        raise DiscoveryError(f"{pyproject}: [tool.fa-harness] {key} must be a list of "
+                             f"strings")
+    return items
+
+
+def _pyproject_dirs(pyproject: Path) -> list[Path]:
+    return [(pyproject.parent / d).resolve() for d in _pyproject_list(pyproject, "kernels-dirs")]
 
 
 def kernel_dirs(cwd: Path | None = None) -> list[KernelDir]:
@@ -193,26 +199,32 @@ class FoundPython:
     errors: list[str]  # entry points that failed to load (reported, not fatal)
 
 
-def _import_spec(spec: str):
-    """`module:attr` -> the object; DiscoveryError naming what is missing."""
+def _import_spec(spec: str, source: str = "--candidate", root: Path | None = None):
+    """`module:attr` -> the object; DiscoveryError naming what is missing. The current
+    directory (and the pyproject.toml's folder) are importable, as for `python -m`: a
+    team's candidate module usually lives in its repository, not in an installed package."""
     import importlib
+    import sys
 
+    for folder in (str(Path.cwd()), str(root) if root else None):
+        if folder and folder not in sys.path:
+            sys.path.append(folder)
     mod_name, sep, attr = spec.partition(":")
     if not sep or not mod_name or not attr:
-        raise DiscoveryError(f"--candidate {spec!r}: expected module:attribute")
+        raise DiscoveryError(f"{source} {spec!r}: expected module:attribute")
     try:
         obj = importlib.import_module(mod_name)
     except ModuleNotFoundError as e:
-        if e.name and mod_name.startswith(e.name):
-            raise DiscoveryError(f"--candidate {spec}: no module named {e.name!r}") from None
-        raise DiscoveryError(f"--candidate {spec}: importing {mod_name} failed: "
+        if e.name and (mod_name == e.name or mod_name.startswith(e.name + ".")):
+            raise DiscoveryError(f"{source} {spec}: no module named {e.name!r}") from None
+        raise DiscoveryError(f"{source} {spec}: importing {mod_name} failed: "
                              f"no module named {e.name!r}") from None
     except Exception as e:
-        raise DiscoveryError(f"--candidate {spec}: importing {mod_name} failed: "
+        raise DiscoveryError(f"{source} {spec}: importing {mod_name} failed: "
                              f"{type(e).__name__}: {e}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise DiscoveryError(f"--candidate {spec}: {mod_name} has no attribute {attr!r}")
+            raise DiscoveryError(f"{source} {spec}: {mod_name} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return obj
 
@@ -243,14 +255,19 @@ def find_python() -> FoundPython:
             errors.append(f"{origin}: {type(e).__name__}: {e}")
             continue
         add(kernels, origin)
-    for spec in current().candidates:
-        obj = _import_spec(spec)
+    named = [(spec, "--candidate") for spec in current().candidates]
+    pyproject = find_pyproject()
+    if pyproject is not None:
+        named += [(spec, f"pyproject.toml ({pyproject})")
+                  for spec in _pyproject_list(pyproject, "candidates")]
+    for spec, source in named:
+        obj = _import_spec(spec, source, pyproject.parent if pyproject else None)
         try:
-            kernels = kernels_of(obj, f"--candidate {spec}")
+            kernels = kernels_of(obj, f"{source} {spec}")
         except Exception as e:
             raise DiscoveryError(str(e) if isinstance(e, TypeError) else
-                                 f"--candidate {spec}: {type(e).__name__}: {e}") from None
-        add(kernels, f"--candidate {spec}")
+                                 f"{source} {spec}: {type(e).__name__}: {e}") from None
+        add(kernels, f"{source} {spec}")
     return FoundPython([found[n][0] for n in sorted(found)], errors)
 
 
