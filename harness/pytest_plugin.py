@@ -77,10 +77,15 @@ def pytest_configure(config: pytest.Config) -> None:
         try:
             configure(dirs, specs)
         except DiscoveryError as e:
-            raise pytest.UsageError(str(e).replace("--kernels-dir", "--fa-kernels-dir")
-                                    .replace("--candidate", "--fa-candidate")) from None
+            raise _usage(e) from None
     if config.getoption("--fa-kernels") or dirs or specs:
         selected_candidates(config)
+
+
+def _usage(e: Exception) -> pytest.UsageError:
+    """A discovery error in pytest's option names."""
+    return pytest.UsageError("fa-harness: " + str(e).replace("--kernels-dir", "--fa-kernels-dir")
+                             .replace("--candidate", "--fa-candidate"))
 
 
 def _share_cores() -> None:
@@ -101,7 +106,7 @@ def selected_candidates(config: pytest.Config) -> list:
     try:
         pool = registry.discover()
     except ValueError as e:  # DiscoveryError: a kernels folder missing, a name twice
-        raise pytest.UsageError(f"fa-harness: {e}") from None
+        raise _usage(e) from None
     if not patterns:
         return [c for c in pool if registry.available(c)]
     try:
@@ -147,7 +152,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "fa_candidate_name" in params and "fa_case" in params:
-            cases = plan.setdefault(params["fa_candidate_name"], [])
+            # Per test function: the perf suite's cases must not ride along with the
+            # correctness suite's batch (an isolated CPU candidate would run them all).
+            key = (params["fa_candidate_name"], getattr(item, "originalname", item.name))
+            cases = plan.setdefault(key, [])
             if params["fa_case"] not in cases:
                 cases.append(params["fa_case"])
     session.config.stash[_PLAN_KEY] = plan
@@ -175,7 +183,9 @@ def fa_check(request: pytest.FixtureRequest):
         batch = config.stash.get(_BATCH_KEY, {})
         if candidate.isolate:
             if (candidate.name, case) not in batch:
-                planned = config.stash.get(_PLAN_KEY, {}).pop(candidate.name, None) or []
+                key = (candidate.name, getattr(request.node, "originalname",
+                                               request.node.name))
+                planned = config.stash.get(_PLAN_KEY, {}).pop(key, None) or []
                 cases = planned if case in planned else [case]  # the plan is used once
                 for res in run_correctness([candidate], cases, **opts):
                     batch[(candidate.name, res.case)] = res
