@@ -155,3 +155,41 @@ def test_shipped_python_candidates_gpu(name):
            if r.status not in (Status.PASSED, Status.SKIPPED)]
     assert not bad, "\n".join(bad)
     assert {r.case.mask for r in results if r.status is Status.PASSED} == set(MaskKind)
+
+
+def test_prepare_is_outside_the_timed_call():
+    """With `prepare`, the timed call is what prepare returned: the preparation runs once
+    per input set, not once per timed call."""
+    from harness.candidates.python_candidate import PythonKernel, to_candidate
+    from harness.core.cases import make_inputs
+
+    calls = {"prepare": 0, "call": 0}
+
+    def fn(q, k, v, **kw):
+        raise AssertionError("fn is not called when prepare is given")
+
+    def prepare(q, k, v, **kw):
+        calls["prepare"] += 1
+
+        def call():
+            calls["call"] += 1
+            return torch.nn.functional.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(), scale=kw["scale"]).to(q.dtype)
+        return call
+
+    cand = to_candidate(PythonKernel(name="prepared", fn=fn, device="cpu", masks=("none",),
+                                     prepare=prepare), "test")
+    timed = cand.timed_call(CASE, make_inputs(CASE), None, None)
+    for _ in range(3):
+        timed()
+    assert calls == {"prepare": 1, "call": 3}
+    assert check_case(cand, CASE, device="cpu").status is Status.PASSED
+
+
+def test_pyproject_candidates_are_found(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.fa-harness]\ncandidates = ["bad_candidates:good"]\n')
+    monkeypatch.chdir(tmp_path)
+    origins = {c.name: registry.origin(c) for c in registry.discover(("python",))}
+    assert origins["good_sdpa"] == \
+        f"pyproject.toml ({tmp_path / 'pyproject.toml'}) bad_candidates:good"

@@ -22,7 +22,9 @@ broadcastable to (B, 1, Nq, Nk), True = visible, for key_padding and random (els
 `key_lengths` int32 (B,) valid keys per batch entry for key_padding (else None); `scale`
 the softmax scale (1/sqrt(d)). It returns out (B, H, Nq, d) in the case dtype on the
 same device, and with `lse` declared, (out, lse) with lse (B, H, Nq) float32, natural log,
-for a fully masked row out = 0 and lse = the declared value.
+for a fully masked row out = 0 and lse = the declared value. An optional `prepare`
+with the same arguments returns a call of no arguments (work done in `prepare`, such as
+building a block mask, stays outside the timed call).
 
 It is registered by an entry point in the group `fa_harness.candidates` (its value
 names a `PythonKernel`, a list of them, or a function of no arguments returning either)
@@ -70,6 +72,10 @@ class PythonKernel:
     # None when it can run here, else the reason (one line), e.g. "needs triton".
     available: Callable[[], str | None] | None = None
     tiles: dict[str, int] = field(default_factory=dict)
+    # Optional: prepare(q, k, v, **same keywords) -> a call of no arguments returning what
+    # fn returns. Work done here (building a block mask, a plan) is outside the timed
+    # call, as the SDPA peers prepare their masks outside theirs.
+    prepare: Callable[..., Callable[[], Any]] | None = None
 
     def problems(self) -> list[str]:
         """What is wrong with the declaration (empty when it is valid)."""
@@ -121,6 +127,8 @@ class PythonCandidate(Candidate):
         """The call the timing method measures: the candidate's own call, no copy."""
         assert self.kernel is not None
         fn, q, k, v, kw = self.kernel.fn, inputs.q, inputs.k, inputs.v, self._args(case, inputs)
+        if self.kernel.prepare is not None:
+            return self.kernel.prepare(q, k, v, **kw)
         return lambda: fn(q, k, v, **kw)
 
     def run(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None
