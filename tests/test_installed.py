@@ -30,8 +30,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 USER_REPO = Path(__file__).parent / "data" / "user_repo"
-# One worker builds and installs once for every test of the module (--dist loadgroup).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("installed-wheel")]
+pytestmark = pytest.mark.slow
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 900
@@ -48,7 +47,24 @@ def _ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """(bin folder, user repository, environment) of a fresh venv holding the wheel."""
+    """(bin folder, user repository, environment) of a fresh venv holding the wheel.
+    Built once per session: under pytest-xdist the workers share one build through a
+    lock in the session's common temporary folder (pytest-xdist's documented recipe)."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    # Under xdist each worker's basetemp sits in the session's folder; alone, it is it.
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    done = shared / "installed.json"
+    with FileLock(str(shared / "installed.lock")):
+        if not done.exists():
+            done.write_text(json.dumps([str(p) if isinstance(p, Path) else p
+                                        for p in _build(tmp_path_factory)]))
+    bin_, user, env = json.loads(done.read_text())
+    return Path(bin_), Path(user), env
+
+
+def _build(tmp_path_factory) -> tuple[Path, Path, dict[str, str]]:
     tmp = tmp_path_factory.mktemp("installed")
     # Build from a copy of the sources, so the build writes nothing into the checkout.
     src = tmp / "src"
