@@ -9,6 +9,13 @@ Options:
   --fa-repeats N      runs per case; > 1 adds the bitwise race check (default 1)
   --fa-db URL         store the session's results as a run record in this database (under
                       pytest-xdist, one record per worker)
+  --fa-kernels-dir DIR  a folder of kernel variants, searched first (repeatable); then
+                      FA_HARNESS_KERNELS, [tool.fa-harness] kernels-dirs in pyproject.toml,
+                      then the shipped variants (harness.candidates.discovery)
+  --fa-candidate MODULE:ATTR  a Python candidate to judge as well (repeatable)
+
+From a kernel team's repository: `pytest --pyargs harness.suites --fa-grid smoke` runs the
+installed suites over the team's kernels (named in its pyproject.toml).
 
 A test that asks for the fixtures `fa_candidate_name` and `fa_case` is parametrized over
 candidates x cases with ids like `fa2_model-b2h4-113x203-d64-fp16-causal_br`. The marker
@@ -18,12 +25,14 @@ case carries the xdist group of that case, so with `--dist loadgroup` one worker
 a case's oracle once for all candidates.
 
 This module is imported by every pytest run in an environment where fa-harness is
-installed, so it imports nothing heavy at module level.
+installed, so it imports nothing heavy (no torch, no discovery) until a fa-harness option
+is given or a suite's test asks for candidates.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -42,6 +51,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="runs per case; > 1 also checks bitwise determinism")
     group.addoption("--fa-db", default=None, metavar="URL",
                     help="store this session's results in the database at URL")
+    group.addoption("--fa-kernels-dir", action="append", default=[], metavar="DIR",
+                    help="a folder of kernel variants, searched first (repeatable)")
+    group.addoption("--fa-candidate", action="append", default=[], metavar="MODULE:ATTR",
+                    help="a Python candidate to judge as well (repeatable)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -49,17 +62,37 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "(overrides --fa-grid)")
     config.stash[_RESULTS_KEY] = []
     # Bad option values stop the session at once with one line (exit 4), before collection.
-    from harness.core.grids import GRIDS
-
+    # Only options actually given are checked here: an unrelated session pays nothing.
     grid = config.getoption("--fa-grid")
-    if grid not in GRIDS:
-        raise pytest.UsageError(f"--fa-grid: unknown grid {grid!r}; known: {', '.join(GRIDS)}")
+    if grid != "smoke":
+        from harness.core.grids import GRIDS
+
+        if grid not in GRIDS:
+            raise pytest.UsageError(f"--fa-grid: unknown grid {grid!r}; known: "
+                                    f"{', '.join(GRIDS)}")
     if config.getoption("--fa-repeats") < 1:
         raise pytest.UsageError(f"--fa-repeats must be >= 1, got {config.getoption('--fa-repeats')}")
     if config.getoption("--fa-secret") < 0:
         raise pytest.UsageError(f"--fa-secret must be >= 0, got {config.getoption('--fa-secret')}")
-    if config.getoption("--fa-kernels"):
+    dirs, specs = config.getoption("--fa-kernels-dir"), config.getoption("--fa-candidate")
+    if dirs or specs:
+        from harness.candidates.discovery import DiscoveryError, configure
+
+        try:
+            configure(dirs, specs)
+        except DiscoveryError as e:
+            raise _usage(e) from None
+    if config.getoption("--fa-kernels") or dirs or specs:
         selected_candidates(config)
+
+
+def _usage(e: Exception) -> pytest.UsageError:
+    """A discovery error in pytest's option names."""
+    return pytest.UsageError("fa-harness: " + str(e).replace("--kernels-dir", "--fa-kernels-dir")
+                             .replace("--candidate", "--fa-candidate"))
+
+
+def _share_cores() -> None:
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers and os.environ.get("PYTEST_XDIST_WORKER"):
         # Each xdist worker gets its share of the cores: torch's default (all cores per
@@ -74,7 +107,10 @@ def selected_candidates(config: pytest.Config) -> list:
     from harness.candidates import registry
 
     patterns = config.getoption("--fa-kernels")
-    pool = registry.discover()
+    try:
+        pool = registry.discover()
+    except ValueError as e:  # DiscoveryError: a kernels folder missing, a name twice
+        raise _usage(e) from None
     if not patterns:
         return [c for c in pool if registry.available(c)]
     try:
@@ -95,6 +131,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     except ValueError as e:
         raise pytest.UsageError(f"--fa-grid: {e}") from None
     candidates = selected_candidates(metafunc.config)
+    _share_cores()
     if grid == "full":
         # The full grid is generated per candidate from what it declares.
         pairs = [(c, case) for c in candidates for case in cases_for(grid, c)]
@@ -124,11 +161,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "fa_candidate_name" in params and "fa_case" in params:
-            cases = plan.setdefault(params["fa_candidate_name"], [])
+            # Per test function: the perf suite's cases must not ride along with the
+            # correctness suite's batch (an isolated CPU candidate would run them all).
+            key = (params["fa_candidate_name"], getattr(item, "originalname", item.name))
+            cases = plan.setdefault(key, [])
             if params["fa_case"] not in cases:
                 cases.append(params["fa_case"])
     session.config.stash[_PLAN_KEY] = plan
     session.config.stash[_BATCH_KEY] = {}
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if plan and reporter is not None and not os.environ.get("PYTEST_XDIST_WORKER"):
+        for line in _discovery_lines():
+            reporter.write_line(line)
 
 
 @pytest.fixture
@@ -148,7 +192,9 @@ def fa_check(request: pytest.FixtureRequest):
         batch = config.stash.get(_BATCH_KEY, {})
         if candidate.isolate:
             if (candidate.name, case) not in batch:
-                planned = config.stash.get(_PLAN_KEY, {}).pop(candidate.name, None) or []
+                key = (candidate.name, getattr(request.node, "originalname",
+                                               request.node.name))
+                planned = config.stash.get(_PLAN_KEY, {}).pop(key, None) or []
                 cases = planned if case in planned else [case]  # the plan is used once
                 for res in run_correctness([candidate], cases, **opts):
                     batch[(candidate.name, res.case)] = res
@@ -162,15 +208,23 @@ def fa_check(request: pytest.FixtureRequest):
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    """Discovery notes and variant load errors, when discovery has already run (an
+    fa-harness option was given); otherwise they are reported once the suites collect."""
+    if "harness.candidates.registry" not in sys.modules:
+        return None
+    return _discovery_lines() or None
+
+
+def _discovery_lines() -> list[str]:
     try:
         from harness.candidates import registry
 
         registry.discover()
         lines = [f"fa-harness: {n}" for n in registry.notes()]
-        lines += [f"fa-harness: variant load error: {e}" for e in registry.load_errors()]
+        lines += [f"fa-harness: load error: {e}" for e in registry.load_errors()]
     except Exception as e:  # the header must never break collection; tests will show it
         lines = [f"fa-harness: discovery failed: {type(e).__name__}: {e}"]
-    return lines or None
+    return lines
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

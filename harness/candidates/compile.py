@@ -243,9 +243,16 @@ def compile_spec_nvcc(spec: VariantSpec, target: str,
 def compile_all_nvcc(archs: Sequence[str] = ("sm_80", "sm_90"), root: Path | str | None = None,
                      *, timeout_s: float = NVCC_TIMEOUT_S, jobs: int | None = None,
                      only: Sequence[str] | None = None) -> list[CompileReport]:
-    """Compile every variant under `root` for every arch with nvcc. A variant whose
-    manifest does not load gets one failed report carrying the load error."""
-    specs, errors = load_specs(root)
+    """Compile every variant under `root` (default: every discovered kernel folder,
+    harness.candidates.discovery) for every arch with nvcc. A variant whose manifest does
+    not load gets one failed report carrying the load error."""
+    if root is None:
+        from harness.candidates.discovery import find_variants
+
+        found = find_variants()
+        specs, errors = [s for s, _ in found.specs], found.errors
+    else:
+        specs, errors = load_specs(root)
     reports: list[CompileReport] = []
     for e in errors:
         if only is None or e.variant in only:

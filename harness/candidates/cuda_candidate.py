@@ -409,3 +409,17 @@ def load_variants(root: Path | str | None = None) -> tuple[list[CudaVariant], li
     problems of those that could not be loaded."""
     specs, errors = load_specs(root)
     return [CudaVariant.from_spec(s) for s in specs], errors
+
+
+def discovered_variants() -> tuple[list[CudaVariant], list[LoadError]]:
+    """The variants of every kernel folder (harness.candidates.discovery), each with its
+    origin in `meta["origin"]`; raises DiscoveryError for a name defined twice."""
+    from harness.candidates.discovery import find_variants
+
+    found = find_variants()
+    variants = []
+    for spec, origin in found.specs:
+        v = CudaVariant.from_spec(spec)
+        v.meta["origin"] = origin
+        variants.append(v)
+    return variants, found.errors

@@ -1,11 +1,15 @@
-"""Every candidate the project knows: CPU algorithm models, CUDA kernel variants and
-PyTorch SDPA peers, discovered from their modules.
+"""Every candidate the project knows: CPU algorithm models, CUDA kernel variants,
+PyTorch SDPA peers and Python candidates, discovered from their modules.
 
 Sources:
   model    harness.candidates.models.all_models()
-  cuda     harness.candidates.cuda_candidate.load_variants(root): variants that fail to load are kept as
+  cuda     harness.candidates.cuda_candidate.discovered_variants(): the variants of every
+           kernel folder (harness.candidates.discovery: --kernels-dir, FA_HARNESS_KERNELS,
+           pyproject.toml, then the shipped ones); variants that fail to load are kept as
            `LoadError`s (reported by `load_errors()` and `fa-harness kernels`), never a crash
   peer     harness.candidates.peers.sdpa_peers()
+  python   harness.candidates.discovery.python_candidates(): entry points of the group
+           `fa_harness.candidates` and every --candidate module:attr
   planted  harness.candidates.models.planted_bugs(): deliberately wrong models that prove the checks
            catch each bug class; never part of a default discovery
 
@@ -23,15 +27,17 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.candidates.discovery import DiscoveryError
 from harness.core.candidate import Candidate
 
 log = logging.getLogger(__name__)
 
-DEFAULT_KINDS = ("model", "cuda", "peer")
+DEFAULT_KINDS = ("model", "cuda", "peer", "python")
 SOURCES = {
     "model": ("harness.candidates.models", "all_models"),
-    "cuda": ("harness.candidates.cuda_candidate", "load_variants"),
+    "cuda": ("harness.candidates.cuda_candidate", "discovered_variants"),
     "peer": ("harness.candidates.peers", "sdpa_peers"),
+    "python": ("harness.candidates.discovery", "python_candidates"),
     "planted": ("harness.candidates.models", "planted_bugs"),
 }
 
@@ -66,17 +72,18 @@ def _from_source(kind: str) -> list[Candidate]:
             _notes.append(note)
             log.info(note)
         return []
-    if kind == "cuda":
-        variants, errors = func(kernels_root())
+    if kind in ("cuda", "python"):
+        found, errors = func()
         for err in errors:
             if err not in _load_errors:
                 _load_errors.append(err)
-        return list(variants)
+        return list(found)
     return list(func())
 
 
 def kernels_root() -> Path:
-    """The project's kernels/ folder (one sub-folder per CUDA variant)."""
+    """The shipped kernels/ folder of the installed package (one sub-folder per variant);
+    `harness.candidates.discovery.kernel_dirs()` lists every folder searched."""
     return Path(__file__).resolve().parents[1] / "kernels"
 
 
@@ -92,11 +99,22 @@ def discover(kinds: Iterable[str] = DEFAULT_KINDS) -> list[Candidate]:
         for kind in kinds:
             for cand in _from_source(kind):
                 if cand.name in found:
-                    raise ValueError(f"two candidates are named {cand.name!r} "
-                                     f"({found[cand.name].kind} and {cand.kind})")
+                    raise DiscoveryError(
+                        f"two candidates are named {cand.name!r}: "
+                        f"{origin(found[cand.name])} and {origin(cand)}")
                 found[cand.name] = cand
         _cache[kinds] = [found[n] for n in sorted(found)]
     return list(_cache[kinds])
+
+
+def origin(candidate: Candidate) -> str:
+    """Where a candidate comes from: its kernel folder's origin and path, its entry point
+    or --candidate, or the harness itself (models, peers)."""
+    where = candidate.meta.get("origin")
+    if where is None:
+        return "built in"
+    path = candidate.meta.get("manifest_path")
+    return f"{where}: {path}" if path else str(where)
 
 
 def load_errors() -> list[Any]:
@@ -133,7 +151,11 @@ def candidate_from_dir(folder: str | Path) -> Candidate:
 
 
 def unavailable_reason(candidate: Candidate) -> str | None:
-    """None when this machine can run `candidate`: CPU always, CUDA only with a GPU."""
+    """None when this machine can run `candidate`: CPU always, CUDA only with a GPU; a
+    candidate with its own `unavailable_reason()` (Python candidates) is asked first."""
+    own = getattr(candidate, "unavailable_reason", None)
+    if callable(own):
+        return own()
     if candidate.device == "cpu":
         return None
     import torch

@@ -57,8 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from harness.cli._discoveryopt import run_command
+
     try:
-        return int(args.func(args) or 0)
+        return int(run_command(args) or 0)
     except UsageError as e:
         print(f"fa-harness {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from harness.cli import UsageError
 from harness.cli._dbopt import add_db_option
+from harness.cli._discoveryopt import add_discovery_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also write the run record here (e.g. a CI artifact)")
     p.add_argument("--secret", type=int, default=0, help="input secret (0: public inputs)")
     add_db_option(p)
+    add_discovery_options(p)
     p.set_defaults(func=cmd_ci)
 
 

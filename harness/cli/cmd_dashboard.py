@@ -44,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--port {args.port} is not a TCP port (1-65535)")
     if not APP.exists():
         raise UsageError(f"the dashboard app is missing: {APP}")
+    import importlib.util
+
+    if importlib.util.find_spec("streamlit") is None:
+        raise UsageError("the dashboard needs Streamlit: pip install 'fa-harness[dashboard]'")
     # `python -m harness.dashboard.serve` must find the dashboard package from any directory.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)

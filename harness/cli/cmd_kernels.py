@@ -13,6 +13,7 @@ import re
 from rich.markup import escape
 
 from harness.cli import EXIT_FAIL, EXIT_OK, UsageError
+from harness.cli._discoveryopt import add_discovery_options
 
 ARCH_RE = re.compile(r"^sm_\d+[af]?$")
 
@@ -26,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                           "(default sm_80,sm_90)")
     p.add_argument("--planted", action="store_true", help="also list the planted-bug models")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_discovery_options(p)
     p.set_defaults(func=run)
 
 
@@ -40,12 +42,13 @@ def _fmt_set(values, all_values=None) -> str:
 
 def describe(c) -> dict:
     """What a candidate declares, as plain data (the table's and --json's rows)."""
-    from harness.candidates.registry import unavailable_reason
+    from harness.candidates.registry import origin, unavailable_reason
     from harness.core.cases import DTYPE_SHORT, MaskKind
 
     s = c.support
     return {
         "name": c.name, "kind": c.kind, "device": c.device, "algorithm": c.algorithm,
+        "origin": origin(c),
         "dtypes": ",".join(DTYPE_SHORT.get(d, d) for d in sorted(s.dtypes)),
         "head_dims": _fmt_set(s.head_dims),
         "masks": _fmt_set(s.masks, MaskKind),
@@ -112,12 +115,16 @@ def _print_table(rows: list[dict], errors: list[str], notes: list[str]) -> None:
     console = wide_console()
     t = Table(title="candidates")
     cols = ("name", "kind", "device", "algorithm", "dtypes", "head_dims", "masks", "gqa",
-            "lse", "available")
+            "lse", "available", "origin")
     for col in cols:  # names stay whole; the long lists fold
         t.add_column(col.replace("_", " "), no_wrap=col in ("name", "kind", "device"),
                      overflow="fold")
     for r in rows:
-        cells = {**r, "available": "yes" if r["available"] == "yes" else "no (needs CUDA)"}
+        avail = r["available"]
+        cells = {**r, "available": "yes" if avail == "yes" else
+                 "no (needs CUDA)" if avail.startswith("needs a CUDA GPU") else f"no: {avail}",
+                 # The shipped variants' folder is the same for all; --json has the paths.
+                 "origin": "shipped" if r["origin"].startswith("shipped:") else r["origin"]}
         t.add_row(*(("yes" if cells[c] else "no") if isinstance(cells[c], bool)
                     else escape(str(cells[c])) for c in cols))
     console.print(t)

@@ -21,6 +21,7 @@ from typing import Any
 from rich.markup import escape
 
 from harness.cli import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
+from harness.cli._discoveryopt import add_discovery_options
 
 MAX_FAILURES_SHOWN = 20
 
@@ -62,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="first run every CUDA variant under compute-sanitizer (memcheck, "
                         "racecheck, initcheck, synccheck) on a few small cases; a finding "
                         "fails the run")
+    add_discovery_options(p)
     p.set_defaults(func=run)
 
 

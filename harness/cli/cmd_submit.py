@@ -12,6 +12,7 @@ import sys
 import time
 
 from harness.cli import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
+from harness.cli._discoveryopt import add_discovery_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Validate a variant folder (manifest.toml + .cu) or a single .cu with a "
                     "'/* fa-harness manifest ... */' header, and queue it for a worker. A "
                     "rejected submission is recorded with verdict 'rejected' and exits 2.")
-    p.add_argument("path", help="variant folder or single .cu file")
+    p.add_argument("path", help="variant folder, single .cu file, or the name of a "
+                                "discovered variant (see `fa-harness kernels`)")
     p.add_argument("--name", help="display name (default: the manifest's name)")
     p.add_argument("--wait", action="store_true", help="wait for the verdict and print it")
     p.add_argument("--wait-timeout", type=float, default=None, metavar="S",
@@ -29,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--token", help="submission token (default: FA_HARNESS_TOKEN); when "
                                    "given it must be valid and names the submitter")
     p.add_argument("--compile-timeout", type=float, default=None, metavar="S")
+    add_discovery_options(p)
     p.set_defaults(func=_submit)
 
 
@@ -40,7 +43,15 @@ def _submit(args: argparse.Namespace) -> int:
     from harness.submissions.tokens import TokenError, verify_token
 
     if not Path(args.path).exists():
-        raise UsageError(f"{args.path}: no such file or folder")  # a typo is not a submission
+        # Not a path: the name of a discovered variant (--kernels-dir, FA_HARNESS_KERNELS,
+        # pyproject.toml), else a typo, which is not a submission.
+        from harness.candidates.discovery import variant_path
+
+        found = variant_path(args.path)
+        if found is None:
+            raise UsageError(f"{args.path}: no such file or folder, nor a discovered "
+                             f"variant of that name")
+        args.path = str(found)
     try:
         db = open_db(args.db)
     except DatabaseError as e:

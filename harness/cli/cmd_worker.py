@@ -7,6 +7,7 @@ import signal
 import sys
 
 from harness.cli import EXIT_FAIL, EXIT_OK, UsageError
+from harness.cli._discoveryopt import add_discovery_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop-at-first-failure", action="store_true")
     p.add_argument("--quick", action="store_true",
                    help="fewer timing samples (demos): 5 samples, at most 2 s per case")
+    add_discovery_options(p)
     p.set_defaults(func=_worker, _parser=p)
 
 
@@ -108,6 +110,9 @@ def _argv(args: argparse.Namespace) -> list[str]:
         v = getattr(args, a.dest, None)
         if isinstance(a, argparse._StoreTrueAction):
             out += [a.option_strings[0]] if v else []
+        elif isinstance(a, argparse._AppendAction):  # --kernels-dir, --candidate: repeated
+            for item in v or []:
+                out += [a.option_strings[0], str(item)]
         elif v is not None and v != a.default:
             out += [a.option_strings[0], str(v)]
     return out

@@ -16,7 +16,7 @@ import torch
 
 from harness.core.cases import Case, Inputs, MaskKind
 
-Kind = Literal["model", "cuda", "peer"]
+Kind = Literal["model", "cuda", "peer", "python"]
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,11 @@ def open_db(url: str | None = None, *, create: bool = True, readonly: bool = Fal
             raise DatabaseUnavailable(f"cannot create {path.parent}: {exc}") from None
     try:
         engine = make_engine(url, readonly=readonly)
-    except (SQLAlchemyError, ImportError, ValueError) as exc:
+    except ImportError as exc:  # the base install has no PostgreSQL driver
+        raise DatabaseError(f"database URL {shown} needs a driver that is not installed "
+                            f"({exc.name or exc}); for PostgreSQL: "
+                            f"pip install 'fa-harness[postgres]'") from None
+    except (SQLAlchemyError, ValueError) as exc:
         raise DatabaseError(f"bad database URL {shown}: {exc}") from None
     try:
         with engine.connect() as conn:

@@ -1,0 +1,193 @@
+"""Python candidates: any Python-callable attention (a Triton kernel, a torch extension,
+`flash_attn_func`, `flex_attention`) judged like every other candidate.
+
+The protocol (docs/python-candidates.md has a worked example):
+
+    from harness.candidates.python_candidate import PythonKernel
+
+    def my_attention(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale):
+        ...
+        return out            # or (out, lse) when the declaration says lse="-inf"/"+inf"
+
+    candidate = PythonKernel(name="my_attn", fn=my_attention, device="cuda",
+                             dtypes=("float16",), head_dims=(64, 128),
+                             masks=("none", "causal_br", "causal_tl"), gqa=True,
+                             lse="-inf", deterministic=True)
+
+Arguments: q (B, H, Nq, d), k and v (B, Hkv, Nk, d) in the case dtype on `device`
+(H a multiple of Hkv: grouped-query attention); `mask_kind` one of none, causal_br
+(bottom-right aligned: key j is visible to query i iff j <= i + causal_offset), causal_tl
+(top-left: causal_offset is 0), key_padding, random; `mask` a boolean tensor
+broadcastable to (B, 1, Nq, Nk), True = visible, for key_padding and random (else None);
+`key_lengths` int32 (B,) valid keys per batch entry for key_padding (else None); `scale`
+the softmax scale (1/sqrt(d)). It returns out (B, H, Nq, d) in the case dtype on the
+same device, and with `lse` declared, (out, lse) with lse (B, H, Nq) float32, natural log,
+for a fully masked row out = 0 and lse = the declared value. An optional `prepare`
+with the same arguments returns a call of no arguments (work done in `prepare`, such as
+building a block mask, stays outside the timed call).
+
+It is registered by an entry point in the group `fa_harness.candidates` (its value
+names a `PythonKernel`, a list of them, or a function of no arguments returning either)
+or named on the command line as `--candidate module:attr`. The harness copies the
+returned tensors into its poisoned, guarded output buffers, so the same buffer checks,
+tolerance rule, timing method, records and gate apply; the candidate runs in an isolated
+child process, so a crash or a hang is a verdict. A result of the wrong type, shape,
+dtype or device is the case's `error` verdict, naming what was expected.
+
+This is trusted code: it runs in the CI of the team that wrote it. Submissions, which
+are not trusted, stay CUDA source only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from harness.core.candidate import Candidate, Support
+from harness.core.cases import DTYPES, Case, Inputs, MaskKind
+
+
+class CandidateOutputError(RuntimeError):
+    """A Python candidate returned something other than what the protocol asks for."""
+
+
+@dataclass(frozen=True)
+class PythonKernel:
+    """A Python candidate's declaration: the callable and what it supports."""
+
+    name: str
+    fn: Callable[..., Any]
+    device: Literal["cpu", "cuda"] = "cuda"
+    dtypes: tuple[str, ...] = ("float16", "bfloat16")
+    head_dims: tuple[int, ...] | None = None  # None: any head dim
+    masks: tuple[str, ...] = tuple(m.value for m in MaskKind)
+    gqa: bool = True
+    lse: Literal["-inf", "+inf"] | None = None  # None: returns out only
+    deterministic: bool = True
+    algorithm: str = "ideal"  # harness.core.iomodel key for the byte estimate
+    description: str = ""
+    # None when it can run here, else the reason (one line), e.g. "needs triton".
+    available: Callable[[], str | None] | None = None
+    tiles: dict[str, int] = field(default_factory=dict)
+    # Optional: prepare(q, k, v, **same keywords) -> a call of no arguments returning what
+    # fn returns. Work done here (building a block mask, a plan) is outside the timed
+    # call, as the SDPA peers prepare their masks outside theirs.
+    prepare: Callable[..., Callable[[], Any]] | None = None
+
+    def problems(self) -> list[str]:
+        """What is wrong with the declaration (empty when it is valid)."""
+        out = []
+        if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
+            out.append(f"name {self.name!r} must be letters, digits, '_' or '-'")
+        if not callable(self.fn):
+            out.append("fn is not callable")
+        if self.device not in ("cpu", "cuda"):
+            out.append(f"device {self.device!r} is not 'cpu' or 'cuda'")
+        bad = [d for d in self.dtypes if d not in DTYPES]
+        if bad or not self.dtypes:
+            out.append(f"dtypes {list(self.dtypes)} must be among {sorted(DTYPES)}")
+        known = {m.value for m in MaskKind}
+        if not self.masks or any(m not in known for m in self.masks):
+            out.append(f"masks {list(self.masks)} must be among {sorted(known)}")
+        if self.lse not in (None, "-inf", "+inf"):
+            out.append(f"lse {self.lse!r} must be None, '-inf' or '+inf'")
+        if self.head_dims is not None and not all(isinstance(d, int) and d > 0
+                                                  for d in self.head_dims):
+            out.append("head_dims must be positive integers (or None for any)")
+        return out
+
+
+@dataclass
+class PythonCandidate(Candidate):
+    kernel: PythonKernel | None = None
+    origin: str = ""
+
+    def unavailable_reason(self) -> str | None:
+        if self.kernel is not None and self.kernel.available is not None:
+            try:
+                reason = self.kernel.available()
+            except Exception as e:  # a broken availability probe is a reason, not a crash
+                reason = f"availability check raised {type(e).__name__}: {e}"
+            if reason:
+                return reason
+        if self.device == "cuda" and not torch.cuda.is_available():
+            return "needs a CUDA GPU (none available here)"
+        return None
+
+    def _args(self, case: Case, inputs: Inputs) -> dict[str, Any]:
+        return {"mask_kind": case.mask.value, "mask": inputs.mask,
+                "key_lengths": inputs.key_lengths, "causal_offset": case.causal_offset,
+                "scale": case.head_dim ** -0.5}
+
+    def timed_call(self, case: Case, inputs: Inputs, out: torch.Tensor,
+                   lse: torch.Tensor | None) -> Callable[[], object]:
+        """The call the timing method measures: the candidate's own call, no copy."""
+        assert self.kernel is not None
+        fn, q, k, v, kw = self.kernel.fn, inputs.q, inputs.k, inputs.v, self._args(case, inputs)
+        if self.kernel.prepare is not None:
+            return self.kernel.prepare(q, k, v, **kw)
+        return lambda: fn(q, k, v, **kw)
+
+    def run(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None
+            ) -> None:
+        result = self.timed_call(case, inputs, out, lse)()
+        got_out, got_lse = self._split(result)
+        _expect(got_out, "out", out)
+        out.copy_(got_out)
+        if lse is not None:
+            _expect(got_lse, "lse", lse)
+            lse.copy_(got_lse)
+
+    def _split(self, result: Any) -> tuple[Any, Any]:
+        if self.support.writes_lse:
+            if not (isinstance(result, tuple | list) and len(result) == 2):
+                raise CandidateOutputError(
+                    f"returned {type(result).__name__}, expected (out, lse): the candidate "
+                    f"declares lse={self.kernel.lse if self.kernel else None!r}")
+            return result[0], result[1]
+        if isinstance(result, tuple | list):
+            raise CandidateOutputError("returned a tuple, expected the out tensor alone "
+                                       "(the candidate declares no lse)")
+        return result, None
+
+
+def _expect(t: Any, what: str, like: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise CandidateOutputError(f"{what} is {type(t).__name__}, expected a torch.Tensor")
+    if tuple(t.shape) != tuple(like.shape):
+        raise CandidateOutputError(f"{what} has shape {tuple(t.shape)}, expected "
+                                   f"{tuple(like.shape)}")
+    if t.dtype != like.dtype:
+        raise CandidateOutputError(f"{what} has dtype {t.dtype}, expected {like.dtype}")
+    if t.device != like.device:
+        raise CandidateOutputError(f"{what} is on {t.device}, expected {like.device}")
+
+
+def to_candidate(k: PythonKernel, origin: str) -> PythonCandidate:
+    support = Support(dtypes=frozenset(k.dtypes),
+                      head_dims=frozenset(k.head_dims) if k.head_dims is not None else None,
+                      masks=frozenset(MaskKind(m) for m in k.masks), gqa=k.gqa,
+                      writes_lse=k.lse is not None, masked_lse=k.lse or "-inf",
+                      deterministic=k.deterministic)
+    return PythonCandidate(name=k.name, kind="python", device=k.device, algorithm=k.algorithm,
+                           support=support, description=k.description, isolate=True,
+                           tiles=dict(k.tiles), meta={"origin": origin}, kernel=k,
+                           origin=origin)
+
+
+def kernels_of(obj: Any, where: str) -> list[PythonKernel]:
+    """The PythonKernels an entry point or `module:attr` names (see the module doc)."""
+    if not isinstance(obj, PythonKernel | list | tuple) and callable(obj):
+        obj = obj()
+    items = list(obj) if isinstance(obj, list | tuple) else [obj]
+    if not items or not all(isinstance(x, PythonKernel) for x in items):
+        raise TypeError(f"{where} is not a PythonKernel (nor a list of them, nor a function "
+                        f"returning one)")
+    for x in items:
+        probs = x.problems()
+        if probs:
+            raise TypeError(f"{where}: candidate {x.name!r}: {'; '.join(probs)}")
+    return items

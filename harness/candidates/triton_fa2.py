@@ -1,0 +1,183 @@
+"""The project's own Triton FlashAttention-2 forward kernel, a Python candidate
+(harness.candidates.python_candidate) registered by the project's entry point in
+`fa_harness.candidates`.
+
+One program per (query block, batch x head): Q stays in registers, K/V blocks stream
+through with the online softmax (exp2, running max and sum in fp32), the output is
+normalised once at the end. Every mask kind of the grids: causal (either alignment,
+through `causal_offset`; key blocks past the diagonal are never loaded), key padding
+(the per-batch key count bounds the loop), and an arbitrary boolean mask read tile by
+tile. GQA maps query head h to key/value head h // group. Any head dim up to 256 (the
+tile is the next power of two, the tail masked). A fully masked row writes out = 0 and
+LSE = -inf. No atomics: deterministic.
+
+Needs Triton and a CUDA GPU. With `TRITON_INTERPRET=1` it runs in Triton's interpreter
+on the CPU (slow; how the kernel is checked on machines without a GPU; bf16 dots are
+done in fp32 there, see DOT_F32). Without
+Triton, or on a CPU machine without the interpreter, it reports itself unavailable in
+one line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import cache
+
+import torch
+
+from harness.candidates.python_candidate import PythonKernel
+
+MAX_HEAD_DIM = 256
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def fa2_fwd(Q, K, V, Out, Lse, MASK, KLEN,
+                sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
+                slb, slh, smb, smm, smn,
+                H, GROUP, NQ, NK, OFFSET, scale_log2,
+                HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PADDING: tl.constexpr,
+                DENSE: tl.constexpr, DOT_F32: tl.constexpr):
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = pid_bh // H
+        h = pid_bh % H
+        hk = h // GROUP
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < HEAD_D
+        row_ok = offs_m < NQ
+        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        kv_len = NK
+        if PADDING:
+            kv_len = tl.load(KLEN + b)
+        hi = kv_len
+        if CAUSAL:
+            # Keys past the last row's diagonal are invisible to the whole block.
+            hi = tl.minimum(hi, tl.maximum((pid_m + 1) * BLOCK_M + OFFSET, 0))
+        for start_n in range(0, hi, BLOCK_N):
+            cols = start_n + offs_n
+            col_ok = cols < kv_len
+            kt = tl.load(K + b * skb + hk * skh + cols[None, :] * skn + offs_d[:, None],
+                         mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+            if DOT_F32:
+                s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) * scale_log2
+            else:
+                s = tl.dot(q, kt) * scale_log2
+            valid = col_ok[None, :] & row_ok[:, None]
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= offs_m[:, None] + OFFSET)
+            if DENSE:
+                mk = tl.load(MASK + b * smb + offs_m[:, None] * smm + cols[None, :] * smn,
+                             mask=row_ok[:, None] & col_ok[None, :], other=0)
+                valid = valid & (mk != 0)
+            s = tl.where(valid, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # A row with nothing visible yet keeps max -inf: subtract 0 instead (p = 0).
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            vb = tl.load(V + b * svb + hk * svh + cols[:, None] * svn + offs_d[None, :],
+                         mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+            if DOT_F32:
+                acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype).to(tl.float32),
+                                                    vb.to(tl.float32))
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+            m_i = m_new
+        live = l_i > 0.0
+        l_safe = tl.where(live, l_i, 1.0)
+        out = tl.where(live[:, None], acc / l_safe[:, None], 0.0)
+        tl.store(Out + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :],
+                 out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        lse = tl.where(live, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        tl.store(Lse + b * slb + h * slh + offs_m, lse, mask=row_ok)
+
+    return fa2_fwd
+
+
+def _tiles(block_d: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a head-dim tile."""
+    if _interpret():
+        return 32, 32, 4, 1
+    if block_d <= 64:
+        return 128, 64, 4, 3
+    if block_d <= 128:
+        return 128, 64, 8, 3
+    return 64, 32, 8, 2
+
+
+def triton_fa2_fn(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale):
+    B, H, Nq, d = q.shape
+    Hk, Nk = k.shape[1], k.shape[2]
+    if d > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {d} > {MAX_HEAD_DIM}")
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    out = torch.empty_like(q)
+    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    block_d = max(16, 1 << (d - 1).bit_length())
+    block_m, block_n, warps, stages = _tiles(block_d)
+    dense = mask_kind == "random"
+    padding = mask_kind == "key_padding"
+    if dense:
+        m = mask.expand(-1, 1, Nq, Nk) if mask.shape[2] == 1 else mask
+        m = m.contiguous().view(torch.uint8)
+        smb = m.stride(0) if m.shape[0] != 1 else 0
+        sm = (smb, m.stride(2), m.stride(3))
+    else:
+        m, sm = out, (0, 0, 0)  # unused pointer
+    klen = key_lengths.to(device=q.device, dtype=torch.int32) if padding else lse
+    grid = (math.ceil(Nq / block_m), B * H)
+    _kernel()[grid](
+        q, k, v, out, lse, m, klen,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1), *sm,
+        H, H // Hk, Nq, Nk, causal_offset, scale * 1.4426950408889634,
+        HEAD_D=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
+        CAUSAL=mask_kind in ("causal_br", "causal_tl"), PADDING=padding, DENSE=dense,
+        # Triton's CPU interpreter computes bf16 dots wrongly (bits read as another type);
+        # there, and only there, the operands go to fp32 (rounded to bf16 first, as on
+        # the GPU). The compiled kernel uses the tensor cores' bf16 dot.
+        DOT_F32=_interpret() and q.dtype == torch.bfloat16,
+        num_warps=warps, num_stages=stages)
+    return out, lse
+
+
+def _device() -> str:
+    return "cpu" if _interpret() and not torch.cuda.is_available() else "cuda"
+
+
+def _available() -> str | None:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "needs Triton (not installed here)"
+    if _device() == "cuda" and not torch.cuda.is_available():
+        return "needs a CUDA GPU (or TRITON_INTERPRET=1 for Triton's CPU interpreter)"
+    return None
+
+
+def triton_candidates() -> list[PythonKernel]:
+    return [PythonKernel(
+        name="triton_fa2", fn=triton_fa2_fn, device=_device(),  # type: ignore[arg-type]
+        dtypes=("float16", "bfloat16"), head_dims=None, gqa=True, lse="-inf",
+        deterministic=True, algorithm="fa2", tiles={"block_q": 128},
+        description="Triton FlashAttention-2 forward (the project's own), every mask kind",
+        available=_available)]
