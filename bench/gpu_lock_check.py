@@ -36,6 +36,9 @@ def worker(db: str, *extra: str) -> subprocess.Popen:
 
 def check_lock(out: Path) -> bool:
     db = str(Path(tempfile.mkdtemp()) / "q.sqlite")
+    # `worker` never creates a database (a typo must not start an empty queue): make it.
+    subprocess.run([sys.executable, "-m", "harness", "db", "upgrade", "--db", db], env=ENV,
+                   check=True, capture_output=True)
     holder = worker(db)  # no --drain: holds the GPU, polling the empty queue
     time.sleep(8)  # started, GPU locked, polling the empty queue
     second = worker(db, "--drain")

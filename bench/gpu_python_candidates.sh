@@ -41,9 +41,9 @@ step gpu_tests 40 python3 -m pytest -q -p no:cacheprovider -m gpu -rfEs \
   tests/test_python_candidates.py -k triton_fa2
 # The full grid, one run (and record) per candidate, so a slow compile of one cannot
 # cost the other its record.
-step full_triton 40 $FA run --grid full --kernels triton_fa2 --device cuda \
+step full_triton ${FULL_TRITON_S:-150} $FA run --grid full --kernels triton_fa2 --device cuda \
   --no-progress --timeout 60 --record "$OUT/full-triton-record.json"
-step full_flex 70 $FA run --grid full --kernels flex_attention --device cuda \
+step full_flex ${FULL_FLEX_S:-200} $FA run --grid full --kernels flex_attention --device cuda \
   --no-progress --timeout 60 --record "$OUT/full-flex-record.json"
 step masks 10 python3 - "$OUT/masks.json" "$OUT"/full-*-record.json <<'PY'
 import collections, json, sys
@@ -63,7 +63,7 @@ json.dump(out, open(sys.argv[1], "w"), indent=1)
 for k, v in out.items():
     print(f"{k:32s} {v}")
 PY
-step perf 55 $FA run --grid perf --cases '*-d128-fp16-*' \
+step perf ${PERF_S:-150} $FA run --grid perf --cases '*-d128-fp16-*' \
   --kernels flex_attention,triton_fa2,sdpa_flash --device cuda --min-time 0.1 \
   --no-progress --timeout 60 --record "$OUT/perf-record.json"
 echo "records: $(ls "$OUT"/*-record.json 2>/dev/null | tr '\n' ' ')"

@@ -27,6 +27,17 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
+
+@pytest.fixture(autouse=True)
+def _sandbox_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the verdicts of a GPU worker, not the sandbox (tested on its
+    own in test_submit_hostile.py): on a GPU host without bubblewrap they accept the
+    resource-limits backend, as an operator there would have to."""
+    import shutil
+
+    if shutil.which("bwrap") is None:
+        monkeypatch.setenv("FA_HARNESS_SANDBOX", "rlimits")
+
 DATA = Path(__file__).parent / "data" / "submissions"
 SMALL = [Case(1, 2, 2, 37, 53, 64, "float16", MaskKind.CAUSAL_BR),
          Case(2, 4, 2, 128, 217, 64, "bfloat16", MaskKind.KEY_PADDING),
@@ -95,7 +106,7 @@ def _baseline() -> Candidate:
 
 
 def test_side_stream_work_seen_as_unwritten():
-    from harness.submissions.scoring import (
+    from harness.submissions.timed import (
         CheatDetected,
         CudaCallTimer,
         ScoringOptions,
@@ -113,7 +124,7 @@ def test_side_stream_work_seen_as_unwritten():
 
 def test_honest_peer_passes_timed_checks():
     """The same checks do not flag an honest candidate (the baseline itself)."""
-    from harness.submissions.scoring import CudaCallTimer, ScoringOptions, timed_calls
+    from harness.submissions.timed import CudaCallTimer, ScoringOptions, timed_calls
 
     base = _baseline()
     opts = ScoringOptions(min_samples=5, min_time_s=0.05, max_time_s=2.0, warmup_calls=1)

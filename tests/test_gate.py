@@ -161,7 +161,7 @@ def test_gate_times_on_a_gpu(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     # a small budget: the plan times the cheapest cases and lists the rest as left out
-    opts = _opts(tmp_path, grids=["perf"], kernels=["sdpa_flash"], budget_min=0.3)
+    opts = _opts(tmp_path, grids=["perf"], kernels=["sdpa_flash"], budget_min=1.0)
     ex = gate.execute(opts, log=_quiet)
     assert ex.meta["gpu"] and ex.meta["gpu"]["model_key"] != "cpu"
     timed = [r for r in ex.results if r.status == "passed"]
