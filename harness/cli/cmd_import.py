@@ -17,6 +17,7 @@ from harness.cli import UsageError
 from harness.cli._dbopt import add_db_option, open_or_fail
 
 if TYPE_CHECKING:
+    from harness.records.db.database import Database
     from harness.records.record import RunRecord
 
 
@@ -105,6 +106,19 @@ def load_all(paths: list[str]) -> tuple[list[tuple[Path, RunRecord]], list[str]]
     return records, notes
 
 
+def _judge(db: Database, run_ids: list[int]) -> None:
+    """Verdicts of each newly stored run against its baseline (what `ci` does)."""
+    from harness.records.baseline import judge_runs
+
+    for j in judge_runs(db, run_ids):
+        flagged = {k: n for k, n in j.counts.items() if k not in ("same", "new")}
+        if j.base_run_id is None:
+            continue
+        what = ", ".join(f"{k} {n}" for k, n in flagged.items()) or "no change"
+        print(f"run {j.run_id} vs run {j.base_run_id} ({j.baseline}): "
+              + (j.note or what))
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     from harness.records.db.store import DatabaseError, import_spool, store_record
     from harness.records.record import RecordError
@@ -113,6 +127,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         db = open_or_fail(args.db)
         try:
             ids, problems = import_spool(db)
+            _judge(db, ids)
         finally:
             db.close()
         for p in problems:
@@ -127,6 +142,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         print(note)
     db = open_or_fail(args.db)
     new = 0
+    stored: list[int] = []
     try:
         from sqlalchemy import select
 
@@ -137,7 +153,9 @@ def cmd_import(args: argparse.Namespace) -> int:
                 known = s.execute(select(Run.id).where(Run.uuid == rec.uuid)).scalar()
             run_id = store_record(db, rec)
             new += known is None
+            stored.append(run_id)
             print(f"{f}: run {run_id}" + (" (already stored)" if known is not None else ""))
+        _judge(db, stored)
     except DatabaseError as exc:
         raise UsageError(str(exc)) from None
     finally:

@@ -84,8 +84,14 @@ def _submit_page(ctx: data.Ctx) -> None:
         st.error(f"The Submit page failed to load: {type(e).__name__}: {e}")
         return
     render = scope.get("render")
-    if callable(render):
-        render(ctx.url) if signature(render).parameters else render()
+    # A statement, not a conditional expression: Streamlit's magic would write the
+    # expression's value (None) on the page.
+    if not callable(render):
+        return
+    if signature(render).parameters:
+        render(ctx.url)
+    else:
+        render()
 
 
 def _page(key: str, title: str, icon: str, fn: Callable[[], None], default: bool) -> st.Page:

@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 import pandas as pd
 import streamlit as st
 
+from harness.dashboard import flags as flag_list
 from harness.dashboard import ui
 from harness.dashboard.data import Ctx
 from harness.dashboard.queries import FLAGGED
@@ -88,6 +89,6 @@ def render(ctx: Ctx) -> None:
                                "gpu": detail.get("gpu_model_key") or ""})
             st.markdown(f"Baseline: [run #{b}]({ui.run_href(b)}) · [compare](./?{query})")
         st.dataframe(comps["verdict"].value_counts().rename("count"))
-        flagged = comps[comps["verdict"].isin(FLAGGED)]
-        if len(flagged):
-            st.dataframe(flagged, hide_index=True)
+        if comps["verdict"].isin(FLAGGED).any():
+            st.markdown("#### Flagged verdicts")
+            flag_list.show(ctx, ctx.q("flagged_in_runs", (run_id,)))
