@@ -9,9 +9,8 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
-from sqlalchemy import create_engine, text
-
 import realdata
+from sqlalchemy import create_engine, text
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "harness" / "dashboard" / "app.py"
