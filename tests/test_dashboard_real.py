@@ -249,3 +249,48 @@ def test_submit_page_limits(dbs: dict[str, str], monkeypatch) -> None:
     at = app(dbs["submissions"], monkeypatch, page="submit")
     assert "1 MiB each, 2 MiB in all" in texts(at.caption)
     assert "None" not in [str(m.value) for m in at.markdown]
+
+
+def test_sigterm_stops_the_server(dbs: dict[str, str], tmp_path: Path) -> None:
+    """SIGTERM to `fa-harness dashboard` (what a service manager or CI step sends) stops
+    the Streamlit server itself: nothing is left answering on the port."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from harness.dashboard.headless import free_port
+
+    exe = shutil.which("fa-harness", path=str(Path(sys.executable).parent)) or shutil.which(
+        "fa-harness")
+    assert exe, "the fa-harness command is not installed"
+    port = free_port()
+    log = (tmp_path / "dash.log").open("wb")
+    proc = subprocess.Popen([exe, "dashboard", "--db", dbs["results"], "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    health = f"http://127.0.0.1:{port}/_stcore/health"
+
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(health, timeout=1) as r:  # noqa: S310 - localhost
+                return r.read().strip() == b"ok"
+        except OSError:
+            return False
+
+    try:
+        deadline = time.monotonic() + 90
+        while not answers():
+            assert proc.poll() is None, (tmp_path / "dash.log").read_text()
+            assert time.monotonic() < deadline, "the dashboard did not start"
+            time.sleep(0.3)
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        assert not answers(), "the server still answers after SIGTERM"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()

@@ -57,10 +57,10 @@ def history_chart(df: pd.DataFrame, metric: str, title: str) -> alt.LayerChart:
     y_title = "TFLOP/s (median, IQR band)" if metric == "tflops" else "time ms (median, IQR band)"
     x = _x_commits(df)
     color = alt.Color("series:N", title="variant | GPU | grid",
+                      scale=alt.Scale(scheme="category10"),
                       legend=alt.Legend(orient="bottom", labelLimit=400))
     base = alt.Chart(df).encode(x=x)
-    y = alt.Y("band_lo:Q", title=y_title, scale=alt.Scale(zero=False),
-              axis=alt.Axis(format="~g"))
+    y = alt.Y("band_lo:Q", title=y_title, scale=alt.Scale(zero=False))
     band = base.mark_area(opacity=0.2).encode(y=y, y2="band_hi:Q", color=color,
                                               detail="series:N")
     best = base.mark_line(strokeDash=[3, 3], opacity=0.6).encode(y="best:Q", color=color,
