@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -41,9 +42,13 @@ _STATE = """() => {
   return {title: h1 ? h1.innerText.trim() : null,
           running: !!document.querySelector('[data-testid="stStatusWidget"]'),
           exceptions: document.querySelectorAll('[data-testid="stException"]').length,
-          // A data grid is a canvas laid out after the data arrives: narrow until drawn.
+          // A data grid is a canvas drawn after the data arrives; until then a narrow or
+          // flat placeholder.
+          // Tables in a collapsed expander have no box and are not counted.
           tables_pending: [...document.querySelectorAll('[data-testid="stDataFrame"]')]
-            .filter(e => e.getBoundingClientRect().width < 100).length,
+            .filter(e => { const r = e.getBoundingClientRect();
+                           return e.offsetParent !== null && (r.width < 100 || r.height < 60);
+                         }).length,
           charts: [...document.querySelectorAll('.vega-embed canvas, .vega-embed svg')]
             .filter(e => e.getBoundingClientRect().width > 50
                          && e.getBoundingClientRect().height > 50).length};
@@ -77,6 +82,26 @@ def _drawn(png: bytes) -> tuple[float, int]:
     return max(ImageStat.Stat(img).var), ink
 
 
+def _settle(page, title: str, want: int, timeout_s: float = 90.0) -> dict:
+    """Poll until the page is done: a traceback shown, or the title, the charts and every
+    visible table drawn with Streamlit idle for 2 s in a row (the running indicator shows
+    only after a moment, so one idle look is not enough)."""
+    deadline = time.monotonic() + timeout_s
+    calm = 0
+    state: dict = {}
+    while time.monotonic() < deadline:
+        state = page.evaluate(_STATE)
+        if state["exceptions"]:
+            return state
+        done = (state["title"] == title and not state["running"]
+                and state["charts"] >= want and state["tables_pending"] == 0)
+        calm = calm + 1 if done else 0
+        if calm >= 8:
+            return state
+        time.sleep(0.25)
+    return state
+
+
 @pytest.mark.parametrize(("name", "title", "want", "query"), PAGES,
                          ids=[p[0] for p in PAGES])
 def test_page_in_chromium(name: str, title: str, want: int, query: str, server,
@@ -85,14 +110,7 @@ def test_page_in_chromium(name: str, title: str, want: int, query: str, server,
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
         page.goto(f"{server.base}/?page={page_key}" + (f"&{query}" if query else ""))
-        page.wait_for_function(
-            f"""() => {{ const s = ({_STATE})();
-                return s.exceptions > 0 || (s.title === {title!r} && !s.running
-                                            && s.charts >= {want}
-                                            && s.tables_pending === 0); }}""",
-            timeout=90_000)
-        page.wait_for_timeout(1500)  # let the charts finish drawing
-        state = page.evaluate(_STATE)
+        state = _settle(page, title, want)
         SHOTS.mkdir(exist_ok=True)
         shot = SHOTS / f"{name}.png"
         page.screenshot(path=str(shot), full_page=True)
