@@ -107,7 +107,7 @@ def _settle(page, title: str, want: int, timeout_s: float = 90.0) -> dict:
 def test_page_in_chromium(name: str, title: str, want: int, query: str, server,
                           browser) -> None:
     page_key = name.split("-")[0]
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = browser.new_page(viewport={"width": 1400, "height": 1800})
     try:
         page.goto(f"{server.base}/?page={page_key}" + (f"&{query}" if query else ""))
         state = _settle(page, title, want)

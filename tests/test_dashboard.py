@@ -229,11 +229,12 @@ def test_leaderboard_ranks_as_the_cli(db: str, monkeypatch: pytest.MonkeyPatch) 
 def test_run_page(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     run_id = sql(db, "SELECT run_id FROM results WHERE status = 'failed' LIMIT 1")[0][0]
     at = app(db, monkeypatch, page="run", run=str(run_id))
-    env = at.dataframe[0].value.set_index("field")["value"]
+    tables = [d.value for d in at.dataframe]
+    env = next(t for t in tables if "field" in t.columns).set_index("field")["value"]
     assert env["driver"] == "580.159.04"
-    resources = at.dataframe[1].value
+    resources = next(t for t in tables if "registers" in t.columns)
     assert resources.set_index("variant").loc["fa2_tc", "registers"] == 168
-    fails = at.dataframe[2].value
+    fails = next(t for t in tables if "message" in t.columns)
     assert len(fails) >= 1 and "base_err" in fails.iloc[0]["message"]
 
 
