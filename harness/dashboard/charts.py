@@ -87,16 +87,18 @@ def history_chart(df: pd.DataFrame, metric: str, title: str) -> alt.LayerChart:
 
 def err_ratio_chart(df: pd.DataFrame, y: str, title: str, bound: float = 2.0) -> alt.LayerChart:
     """`df` in commit order (seq, label), one line per grid (`grid`)."""
+    top = float(df[y].max()) if df[y].notna().any() else bound
     base = alt.Chart(df).encode(x=_x_commits(df))
     line = base.mark_line(point=True).encode(
         y=alt.Y(f"{y}:Q", title="error ratio (out_err / base_err)",
-                scale=alt.Scale(domainMin=0)),
+                scale=alt.Scale(domain=[0, max(bound * 1.25, top * 1.1)])),
         color=alt.Color("grid:N", title="grid"),
         tooltip=["run_id:Q", "commit:N", "grid:N", alt.Tooltip("when:N", title="run time"),
                  alt.Tooltip(f"{y}:Q", format=".3f")])
     rule = alt.Chart(pd.DataFrame({"bound": [bound]})).mark_rule(
         color=RED, strokeDash=[6, 3]).encode(y="bound:Q")
-    return alt.layer(line, rule).properties(title=title, height=260)
+    # Streamlit fits the whole chart, axis labels included, into the height.
+    return alt.layer(line, rule).properties(title=title, height=380)
 
 
 def roofline_chart(points: pd.DataFrame, bw_gbps: float | None,
