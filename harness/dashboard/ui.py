@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlencode
@@ -75,8 +76,6 @@ def pick_gpu(names: dict[str, str], label: str = "GPU", name: str = "gpu", *,
 def gpu_key(name: str) -> str:
     """The model-key spelling of a GPU name (`NVIDIA H200` -> `nvidia-h200`), as the
     records store it (`harness.records.record.gpu_model_key`)."""
-    import re
-
     return re.sub(r"[^a-z0-9]+", "-", name.strip().lower()).strip("-")
 
 
