@@ -7,7 +7,8 @@ variant-case pairs) plus their comparison verdicts, in SQLite and in PostgreSQL.
 
 For each backend it reports:
   - the bulk load (rows, seconds, database size);
-  - the first (cold-cache) render of Overview and of History, timed in a fresh process
+  - the first (cold-cache) render of Overview, History, Compare, Roofline, Correctness and
+    Run, timed in a fresh process
     through Streamlit's AppTest after the app's modules are imported (as in a running
     server), and the warm (cached) re-render; target: each first render under 2 s;
   - a real server (`streamlit run`) driven by headless Chromium: navigation to drawn chart
@@ -49,6 +50,7 @@ t0 = time.perf_counter()
 import altair, pandas, streamlit  # noqa: F401  (a running server has these loaded)
 from streamlit.testing.v1 import AppTest
 import harness.dashboard.page_overview, harness.dashboard.page_history, harness.dashboard.charts  # noqa: F401
+import harness.dashboard.page_compare, harness.dashboard.page_roofline, harness.dashboard.page_correctness, harness.dashboard.page_run  # noqa: F401
 imports = time.perf_counter() - t0
 app, views = sys.argv[1], json.loads(sys.argv[2])
 out = {"imports_s": imports}
@@ -106,6 +108,12 @@ def views(spec: SynthSpec) -> list[tuple[str, dict[str, str]]]:
         ("overview", {}),
         ("history_default", {"page": "history"}),
         ("history_link", {"page": "history", "variant": "fa2_tc", "case": bf16, "gpu": H200}),
+        ("history_two_variants", {"page": "history", "variant": "fa2_tc,fa2_cuda", "case": bf16,
+                                  "gpu": H200}),
+        ("compare", {"page": "compare"}),
+        ("roofline", {"page": "roofline"}),
+        ("correctness", {"page": "correctness"}),
+        ("run", {"page": "run"}),
         ("overview_warm", {}),
     ]
 
@@ -185,10 +193,10 @@ def main() -> int:
     ok = True
     for backend in backends:
         rr = report[backend]["render"]
-        for view in ("overview", "history_default", "history_link"):
+        for view in [v for v, _ in views(spec) if not v.endswith("_warm")]:
             flag = "ok" if rr[view]["s"] < 2.0 and not rr[view]["problems"] else "SLOW/FAIL"
             ok &= flag == "ok"
-            print(f"{backend:10s} first render {view:16s} {rr[view]['s']:6.2f} s  {flag}")
+            print(f"{backend:10s} first render {view:20s} {rr[view]['s']:6.2f} s  {flag}")
         b = report[backend].get("browser", {})
         if "server_peak_rss_mb" in b:
             flag = "ok" if b["server_peak_rss_mb"] < 1024 else "OVER"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -54,8 +53,13 @@ def run(args: argparse.Namespace) -> int:
     if args.db:
         # Pages loaded as separate scripts (Submit) resolve the database themselves.
         env["FA_HARNESS_DB"] = args.db
-    print(f"fa-harness dashboard: http://{args.address}:{args.port}/", file=sys.stderr)
-    try:
-        return subprocess.call(command(args), env=env)
-    except KeyboardInterrupt:
-        return 130
+    print(f"fa-harness dashboard: http://{args.address}:{args.port}/", file=sys.stderr,
+          flush=True)
+    sys.stdout.flush()
+    # The server replaces this process rather than running as its child: SIGTERM or
+    # Ctrl-C sent to `fa-harness dashboard` (by a service manager, a CI step, a shell)
+    # reaches Streamlit itself, which shuts down; a parent waiting on a child would die
+    # alone and leave the server serving.
+    cmd = command(args)
+    os.execve(cmd[0], cmd, env)
+    return 0  # not reached

@@ -18,6 +18,7 @@ from harness.cli import UsageError
 from harness.cli._dbopt import add_db_option, open_or_fail
 
 if TYPE_CHECKING:
+    from harness.records.db.database import Database
     from harness.records.record import RunRecord
 
 
@@ -111,6 +112,7 @@ def _import_spool(url: str | None) -> int:
     waiting: list[str] = []
     try:
         ids, problems = import_spool(db, waiting=waiting)
+        _judge(db, ids)
     except DatabaseError as exc:
         raise UsageError(str(exc)) from None
     finally:
@@ -121,6 +123,19 @@ def _import_spool(url: str | None) -> int:
         print(f"not imported: {p}")
     print(f"imported {len(ids)} spooled record(s)")
     return 2 if problems else 0
+
+
+def _judge(db: Database, run_ids: list[int]) -> None:
+    """Verdicts of each newly stored run against its baseline (what `ci` does)."""
+    from harness.records.baseline import judge_runs
+
+    for j in judge_runs(db, run_ids):
+        flagged = {k: n for k, n in j.counts.items() if k not in ("same", "new")}
+        if j.base_run_id is None:
+            continue
+        what = ", ".join(f"{k} {n}" for k, n in flagged.items()) or "no change"
+        print(f"run {j.run_id} vs run {j.base_run_id} ({j.baseline}): "
+              + (j.note or what))
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -138,6 +153,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     db = open_or_fail(args.db)
     try:
         stored = store_records(db, [rec for _, rec in records])
+        _judge(db, [run_id for run_id, _ in stored])
     except DatabaseError as exc:
         raise UsageError(f"{exc}; nothing stored") from None
     finally:

@@ -3,9 +3,10 @@
     fa-harness dashboard [--db URL] [--port N]
     streamlit run dashboard/app.py [-- --db URL]
 
-Views are deep-linkable: `?page=history&variant=fa2_tc&case=...&gpu=...`, `?page=run&run=42`,
-`?page=compare&gpu=...&base=<run or commit>&new=<run or commit>`. Every page path
-(`/history`, `/run`, ...) takes the same parameters.
+Views are deep-linkable: `?page=history&variant=fa2_mma[,other]&case=...&gpu=nvidia-h200`,
+`?page=run&run=42`, `?page=compare&gpu=...&base=<run or commit>&new=<run or commit>`
+(`base_gpu=` for a base run on another GPU model). GPUs are named by model key or by the
+name the GPU reports. Every page path (`/history`, `/run`, ...) takes the same parameters.
 """
 
 from __future__ import annotations
@@ -84,8 +85,14 @@ def _submit_page(ctx: data.Ctx) -> None:
         st.error(f"The Submit page failed to load: {type(e).__name__}: {e}")
         return
     render = scope.get("render")
-    if callable(render):
-        render(ctx.url) if signature(render).parameters else render()
+    # A statement, not a conditional expression: Streamlit's magic would write the
+    # expression's value (None) on the page.
+    if not callable(render):
+        return
+    if signature(render).parameters:
+        render(ctx.url)
+    else:
+        render()
 
 
 def _page(key: str, title: str, icon: str, fn: Callable[[], None], default: bool) -> st.Page:

@@ -38,40 +38,67 @@ def history_frame(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     return out
 
 
+FLAGGED = ("regression", "correctness_regression", "precision_drift")
+GOOD = ("improvement", "correctness_fixed")
+
+
+def _x_commits(df: pd.DataFrame) -> alt.X:
+    """The x axis of a history: one tick per commit in commit order (`label`, from
+    commits.in_commit_order: the date of its first run and the short commit)."""
+    order = list(dict.fromkeys(df.sort_values("seq")["label"]))
+    return alt.X("label:N", sort=order, title="commit (first-parent order; date of first run)",
+                 axis=alt.Axis(labelAngle=-40, labelLimit=160, labelOverlap=True))
+
+
 def history_chart(df: pd.DataFrame, metric: str, title: str) -> alt.LayerChart:
-    """`df` from history_frame, plus `href` (link to the run) and `verdict` (may be None)."""
+    """`df` from history_frame in commit order (commits.in_commit_order: seq, label), plus
+    `series` (one line each: variant, GPU, grid), `href` (where a click goes: the run, or
+    the Compare of a flagged point's base and new runs), `when` and `verdict`."""
     y_title = "TFLOP/s (median, IQR band)" if metric == "tflops" else "time ms (median, IQR band)"
-    base = alt.Chart(df).encode(x=alt.X("created_at:T", title="run time (UTC)"))
-    band = base.mark_area(opacity=0.25, color="#4c78a8").encode(
-        y=alt.Y("band_lo:Q", title=y_title, scale=alt.Scale(zero=False)), y2="band_hi:Q")
-    best = base.mark_line(strokeDash=[3, 3], color="#9ecae9").encode(y="best:Q")
-    line = base.mark_line(color="#4c78a8").encode(y="value:Q")
-    tooltip = [alt.Tooltip("commit_short:N", title="commit"), alt.Tooltip("run_id:Q", title="run"),
+    x = _x_commits(df)
+    color = alt.Color("series:N", title="variant | GPU | grid",
+                      scale=alt.Scale(scheme="category10"),
+                      legend=alt.Legend(orient="bottom", labelLimit=400))
+    base = alt.Chart(df).encode(x=x)
+    y = alt.Y("band_lo:Q", title=y_title, scale=alt.Scale(zero=False))
+    band = base.mark_area(opacity=0.2).encode(y=y, y2="band_hi:Q", color=color,
+                                              detail="series:N")
+    best = base.mark_line(strokeDash=[3, 3], opacity=0.6).encode(y="best:Q", color=color,
+                                                                 detail="series:N")
+    line = base.mark_line().encode(y="value:Q", color=color, detail="series:N")
+    tooltip = [alt.Tooltip("series:N"), alt.Tooltip("commit_short:N", title="commit"),
+               alt.Tooltip("when:N", title="run time"), alt.Tooltip("run_id:Q", title="run"),
                alt.Tooltip("branch:N"), alt.Tooltip("status:N"),
                alt.Tooltip("value:Q", format=".4g", title=metric),
                alt.Tooltip("median_ms:Q", format=".4g"), alt.Tooltip("iqr_ms:Q", format=".3g"),
                alt.Tooltip("min_ms:Q", format=".4g"), alt.Tooltip("verdict:N")]
-    points = base.mark_circle(size=45, color="#4c78a8", cursor="pointer").encode(
-        y="value:Q", href="href:N", tooltip=tooltip)
-    flagged = df[df["verdict"].isin(["regression", "correctness_regression", "precision_drift"])]
-    better = df[df["verdict"].isin(["improvement", "correctness_fixed"])]
-    marks = alt.Chart(flagged).mark_point(shape="triangle-down", size=160, color=RED,
+    points = base.mark_circle(size=50, cursor="pointer").encode(
+        y="value:Q", color=color, href="href:N", tooltip=tooltip)
+    flagged = df[df["verdict"].isin(FLAGGED)]
+    better = df[df["verdict"].isin(GOOD)]
+    marks = alt.Chart(flagged).mark_point(shape="triangle-down", size=220, color=RED,
                                           filled=True, cursor="pointer").encode(
-        x="created_at:T", y="value:Q", href="href:N", tooltip=tooltip)
-    goods = alt.Chart(better).mark_point(shape="triangle-up", size=140, color=GREEN,
+        x=x, y="value:Q", href="href:N", tooltip=tooltip)
+    goods = alt.Chart(better).mark_point(shape="triangle-up", size=160, color=GREEN,
                                          filled=True, cursor="pointer").encode(
-        x="created_at:T", y="value:Q", href="href:N", tooltip=tooltip)
+        x=x, y="value:Q", href="href:N", tooltip=tooltip)
     return alt.layer(band, best, line, points, marks, goods).properties(title=title, height=380)
 
 
 def err_ratio_chart(df: pd.DataFrame, y: str, title: str, bound: float = 2.0) -> alt.LayerChart:
-    base = alt.Chart(df).encode(x=alt.X("created_at:T", title="run time (UTC)"))
+    """`df` in commit order (seq, label), one line per grid (`grid`)."""
+    top = float(df[y].max()) if df[y].notna().any() else bound
+    base = alt.Chart(df).encode(x=_x_commits(df))
     line = base.mark_line(point=True).encode(
-        y=alt.Y(f"{y}:Q", title="error ratio (out_err / base_err)"),
-        tooltip=["run_id:Q", "commit:N", alt.Tooltip(f"{y}:Q", format=".3f")])
+        y=alt.Y(f"{y}:Q", title="error ratio (out_err / base_err)",
+                scale=alt.Scale(domain=[0, max(bound * 1.25, top * 1.1)])),
+        color=alt.Color("grid:N", title="grid"),
+        tooltip=["run_id:Q", "commit:N", "grid:N", alt.Tooltip("when:N", title="run time"),
+                 alt.Tooltip(f"{y}:Q", format=".3f")])
     rule = alt.Chart(pd.DataFrame({"bound": [bound]})).mark_rule(
         color=RED, strokeDash=[6, 3]).encode(y="bound:Q")
-    return alt.layer(line, rule).properties(title=title, height=260)
+    # Streamlit fits the whole chart, axis labels included, into the height.
+    return alt.layer(line, rule).properties(title=title, height=380)
 
 
 def roofline_chart(points: pd.DataFrame, bw_gbps: float | None,
@@ -88,14 +115,15 @@ def roofline_chart(points: pd.DataFrame, bw_gbps: float | None,
         for label, peak in (peaks.items() if peaks else [("memory", math.inf)]):
             for x in xs:
                 rows.append({"intensity": x, "ceiling": min(peak, x * bw_gbps / 1000.0),
-                             "roof": f"{label} ({peak:.0f} TFLOP/s)"
-                             if math.isfinite(peak) else f"{bw_gbps:.0f} GB/s"})
+                             "roof": f"{bw_gbps:,.0f} GB/s, {label} matmul {peak:,.0f} TFLOP/s"
+                             if math.isfinite(peak) else f"{bw_gbps:,.0f} GB/s"})
         roof = pd.DataFrame(rows)
         layers.append(alt.Chart(roof).mark_line(color="#555", strokeDash=[4, 2]).encode(
             x="intensity:Q", y="ceiling:Q", detail="roof:N", tooltip=["roof:N"]))
     elif peaks:
         for label, peak in peaks.items():
-            layers.append(alt.Chart(pd.DataFrame({"peak": [peak], "roof": [label]}))
+            layers.append(alt.Chart(pd.DataFrame({"peak": [peak],
+                                                  "roof": [f"{label} matmul {peak:,.0f} TFLOP/s"]}))
                           .mark_rule(color="#555", strokeDash=[4, 2])
                           .encode(y="peak:Q", tooltip=["roof:N", "peak:Q"]))
     scatter = alt.Chart(points).mark_circle(size=60, opacity=0.8).encode(
@@ -103,6 +131,7 @@ def roofline_chart(points: pd.DataFrame, bw_gbps: float | None,
                 title="arithmetic intensity (FLOP / byte)"),
         y=alt.Y("tflops:Q", scale=alt.Scale(type="log"), title="achieved TFLOP/s"),
         color=alt.Color("variant:N"),
+        shape=alt.Shape("dtype:N") if "dtype" in points else alt.Undefined,
         tooltip=["variant:N", "case_id:N", alt.Tooltip("tflops:Q", format=".1f"),
                  alt.Tooltip("intensity:Q", format=".1f")])
     layers.append(scatter)
@@ -110,16 +139,23 @@ def roofline_chart(points: pd.DataFrame, bw_gbps: float | None,
 
 
 def correctness_heatmap(df: pd.DataFrame, bound: float = 2.0) -> alt.Chart:
-    """variant x case cells coloured by error ratio; failures outlined in red."""
+    """One row per variant, one column per case, coloured by error ratio; a result that
+    did not pass is a red cell with a thick black outline, whatever its ratio."""
     data = df.assign(shown=df["err_ratio"].clip(upper=2 * bound),
                      failed=~df["status"].isin(["passed", "skipped"]))
-    return alt.Chart(data).mark_rect(stroke="white").encode(
-        x=alt.X("case_id:N", title="case", sort=None, axis=alt.Axis(labelLimit=220)),
-        y=alt.Y("variant:N", title="variant"),
+    # A failure without a ratio (crash, timeout) still needs a colour.
+    data.loc[data["failed"] & data["shown"].isna(), "shown"] = 2 * bound
+    cases = list(dict.fromkeys(data["case_id"]))
+    return alt.Chart(data).mark_rect().encode(
+        x=alt.X("case_id:N", title=f"case ({len(cases)})", sort=cases,
+                axis=alt.Axis(labelAngle=-60, labelLimit=260, labelFontSize=10)),
+        y=alt.Y("variant:N", title=None, sort="ascending",
+                axis=alt.Axis(labelLimit=240, labelFontSize=12)),
         color=alt.Color("shown:Q", title="error ratio",
                         scale=alt.Scale(domain=[0, bound, 2 * bound],
                                         range=["#2ca02c", "#ffdd57", "#d62728"])),
-        strokeWidth=alt.condition("datum.failed", alt.value(2), alt.value(0.5)),
+        stroke=alt.condition("datum.failed", alt.value("black"), alt.value("white")),
+        strokeWidth=alt.condition("datum.failed", alt.value(2.5), alt.value(0.5)),
         tooltip=["variant:N", "case_id:N", "status:N",
                  alt.Tooltip("err_ratio:Q", format=".3f"), "message:N"],
-    ).properties(height=max(160, 28 * df["variant"].nunique()))
+    ).properties(height=alt.Step(30))

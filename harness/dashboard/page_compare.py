@@ -1,4 +1,6 @@
-"""Compare: two runs (or two commits on one GPU) side by side, with stored verdicts."""
+"""Compare: two runs side by side (by run id or commit), on one GPU with the stored
+verdicts, or across two GPU models with the time ratio only (timings of different GPU
+models get no regression verdict)."""
 
 from __future__ import annotations
 
@@ -22,56 +24,108 @@ def _resolve(ctx: Ctx, name: str, gpu: str | None) -> int | None:
     return run_id
 
 
-def render(ctx: Ctx) -> None:
-    st.title("Compare")
-    gpus = ctx.q("gpus")
-    gpu = ui.pick("GPU", gpus, "gpu") if gpus else None
+def _runs(ctx: Ctx, gpu: str | None, *named: int | None) -> tuple[list[int], dict[int, str]]:
     runs = ctx.q("runs_list", gpu, 500)
-    if len(runs) < 1:
-        st.info("No runs on this GPU.")
-        return
-    new_id = _resolve(ctx, "new", gpu)
-    base_id = _resolve(ctx, "base", gpu)
-    # Runs named by the link but older than the picker's window still get an entry.
-    extra = [r for r in (new_id, base_id) if r is not None and r not in set(runs["id"])]
+    # Runs named by the link but outside the picker's window still get an entry.
+    extra = [r for r in named if r is not None and r not in set(runs["id"])]
     rows = [ctx.q("run_detail", r) for r in extra]
     if rows:
         runs = pd.concat([runs, pd.DataFrame(rows)[runs.columns]], ignore_index=True)
     labels = {int(r["id"]): ui.run_label(r) for _, r in runs.iterrows()}
-    ids = list(labels)
-    if new_id is None:
-        new_id = ids[0]
-    if base_id is None:
-        base_id = ids[1] if len(ids) > 1 and ids[0] == new_id else ids[0]
+    return list(labels), labels
+
+
+def _gpu_of_run(ctx: Ctx, run_id: int | None) -> str | None:
+    return None if run_id is None else (ctx.q("run_detail", run_id) or {}).get("gpu_model_key")
+
+
+def render(ctx: Ctx) -> None:
+    st.title("Compare")
+    names = ctx.q("gpu_names")
+    if not names:
+        st.info("No runs recorded.")
+        return
+    # Runs named by id decide their GPU; `gpu=` (and `base_gpu=` for the base run, when
+    # it is on another GPU model) pick the rest.
+    new_id = _resolve(ctx, "new", ui.param("gpu") if ui.param("gpu") in names else None)
+    base_gpu_param = ui.param("base_gpu") or ui.param("gpu")
+    base_id = _resolve(ctx, "base", base_gpu_param if base_gpu_param in names else None)
+    new_gpu0 = _gpu_of_run(ctx, new_id)
+    base_gpu0 = _gpu_of_run(ctx, base_id)
+    if new_gpu0 and ui.param("gpu") is None:
+        st.query_params["gpu"] = new_gpu0
+    if base_gpu0 and base_gpu0 != (ui.param("gpu") or new_gpu0):
+        st.query_params["base_gpu"] = base_gpu0
+
     c1, c2 = st.columns(2)
-    base_id = c1.selectbox("Base run", ids, index=ids.index(base_id), format_func=labels.get)
-    new_id = c2.selectbox("New run", ids, index=ids.index(new_id), format_func=labels.get)
+    new_gpu = ui.pick_gpu(names, "New run's GPU", "gpu", where=c2)
+    base_gpu = ui.pick_gpu(names, "Base run's GPU", "base_gpu", default=new_gpu, where=c1)
+    if base_gpu == new_gpu:
+        ui.set_params(base_gpu=None)
+    new_ids, new_labels = _runs(ctx, new_gpu, new_id)
+    base_ids, base_labels = _runs(ctx, base_gpu, base_id)
+    if not new_ids or not base_ids:
+        st.info("No runs on this GPU.")
+        return
+    if new_id not in new_labels:
+        new_id = new_ids[0]
+    if base_id not in base_labels:
+        later = [r for r in base_ids if r != new_id]
+        base_id = later[0] if later else base_ids[0]
+    base_id = c1.selectbox("Base run", base_ids, index=base_ids.index(base_id),
+                           format_func=base_labels.get)
+    new_id = c2.selectbox("New run", new_ids, index=new_ids.index(new_id),
+                          format_func=new_labels.get)
     ui.set_params(base=base_id, new=new_id)
     if base_id == new_id:
         st.warning("Base and new are the same run; pick two different runs.")
+    cross = base_gpu != new_gpu
 
     base = ctx.q("run_results", base_id)
     new = ctx.q("run_results", new_id)
     keys = ["variant", "case_id"]
     cols = ["status", "median_ms", "tflops", "err_ratio"]
-    both = pd.merge(base[keys + cols], new[keys + cols], on=keys, how="outer",
+    both = pd.merge(base[keys + cols], new[keys + cols], on=keys, how="inner",
                     suffixes=(" base", " new"))
+    only_base = len(base) - len(both)
+    only_new = len(new) - len(both)
+    if both.empty:
+        st.warning(f"These runs share no (variant, case): run #{base_id} has {len(base)} "
+                   f"result(s), run #{new_id} has {len(new)}, none of the same variant on "
+                   "the same case (another grid, or other variants). Pick runs of the same "
+                   "grid.")
+        _links(base_id, new_id)
+        return
     both["time ratio new/base"] = both["median_ms new"] / both["median_ms base"]
-    comps = ctx.q("run_comparisons", new_id)
-    stored = comps[comps["base_run_id"] == base_id] if len(comps) else comps
-    if len(stored):
-        both = both.merge(stored[["variant", "case_id", "verdict", "p_value"]], on=keys,
-                          how="left")
-    else:
+    if cross:
         both["verdict"] = None
-        st.info("No verdicts are stored for this pair of runs (verdicts are recorded when a "
-                "run is compared against its baseline); the time ratios below are raw.")
+        both["p_value"] = np.nan
+        st.info(f"Runs on two GPU models ({names.get(base_gpu, base_gpu)} vs "
+                f"{names.get(new_gpu, new_gpu)}): time ratios per case only; regression "
+                "verdicts are only given within one GPU model.")
+    else:
+        comps = ctx.q("run_comparisons", new_id)
+        stored = comps[comps["base_run_id"] == base_id] if len(comps) else comps
+        if len(stored):
+            both = both.merge(stored[["variant", "case_id", "verdict", "p_value"]], on=keys,
+                              how="left")
+        else:
+            both["verdict"] = None
+            both["p_value"] = np.nan
+            st.info("No verdicts are stored for this pair of runs (verdicts are recorded "
+                    "when a run is compared against its baseline: `fa-harness ci`, "
+                    "`fa-harness import`); the time ratios below are raw.")
+    if only_base or only_new:
+        st.caption(f"{len(both)} shared (variant, case) pair(s); {only_base} only in the base "
+                   f"run, {only_new} only in the new run (not shown).")
 
     counts = both["verdict"].value_counts()
     cols_m = st.columns(4)
     cols_m[0].metric("pairs", len(both))
-    cols_m[1].metric("regressions", int(counts[counts.index.isin(FLAGGED)].sum()))
-    cols_m[2].metric("improvements", int(counts[counts.index.isin(GOOD)].sum()))
+    cols_m[1].metric("regressions", "-" if cross else
+                     int(counts[counts.index.isin(FLAGGED)].sum()))
+    cols_m[2].metric("improvements", "-" if cross else
+                     int(counts[counts.index.isin(GOOD)].sum()))
     ratio = both["time ratio new/base"].dropna()
     ratio = ratio[ratio > 0]
     geo = f"{float(np.exp(np.log(ratio).mean())):.3f}" if len(ratio) else "-"
@@ -80,6 +134,14 @@ def render(ctx: Ctx) -> None:
     order = both["verdict"].isin(FLAGGED).map({True: 0, False: 1})
     both = both.assign(_o=order).sort_values(["_o", "time ratio new/base"],
                                              ascending=[True, False]).drop(columns="_o")
-    st.dataframe(both, hide_index=True)
+    first = ["verdict", "time ratio new/base", "variant", "case_id", "p_value"]
+    both = both[first + [c for c in both.columns if c not in first]]
+    st.dataframe(both, hide_index=True, column_config={
+        "time ratio new/base": st.column_config.NumberColumn(format="%.3f"),
+        "p_value": st.column_config.NumberColumn("p", format="%.2g")})
+    _links(base_id, new_id)
+
+
+def _links(base_id: int, new_id: int) -> None:
     st.markdown(f"[base run #{base_id}]({ui.run_href(base_id)}) · "
                 f"[new run #{new_id}]({ui.run_href(new_id)})")

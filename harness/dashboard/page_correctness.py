@@ -3,9 +3,12 @@ history of a variant (the tolerance rule bounds the ratio at 2)."""
 
 from __future__ import annotations
 
+import json
+
+import pandas as pd
 import streamlit as st
 
-from harness.dashboard import charts, ui
+from harness.dashboard import charts, commits, ui
 from harness.dashboard.data import Ctx
 from harness.dashboard.page_roofline import pick_gpu_and_run
 
@@ -31,13 +34,15 @@ def render(ctx: Ctx) -> None:
         return
     if len(res) <= HEATMAP_MAX_CELLS:
         st.altair_chart(charts.correctness_heatmap(res), width="stretch")
-        st.caption("Error ratio = max|out - ref| / max|naive same-precision - ref|; the "
-                   "tolerance is 2. Thick outline: not passed.")
+        st.caption("One row per variant, one column per case. Error ratio = max|out - ref| / "
+                   "max|naive same-precision - ref|; the tolerance is 2. Black outline: not "
+                   "passed.")
     bad = res[~res["status"].isin(["passed", "skipped"])]
     if len(bad):
         st.subheader(f"Not passed ({len(bad)})")
         st.dataframe(bad[["variant", "case_id", "status", "err_ratio", "message"]],
-                     hide_index=True)
+                     hide_index=True,
+                     column_config={"message": st.column_config.TextColumn(width="large")})
     else:
         st.success("Every case passed or was skipped with a reason.")
 
@@ -47,6 +52,19 @@ def render(ctx: Ctx) -> None:
     if gpu and variant:
         hist = ctx.q("err_ratio_history", variant, gpu)
         if len(hist):
+            hist = commits.in_commit_order(hist)
+            hist["grid"] = hist["grids"].map(_grid)
+            hist["when"] = pd.to_datetime(hist["created_at"]).dt.strftime("%Y-%m-%d %H:%M UTC")
             st.altair_chart(charts.err_ratio_chart(hist, "max_err_ratio",
                                                    f"worst error ratio of {variant} on {gpu}"),
                             width="stretch")
+            st.caption("In commit order, one line per grid; dashed: the tolerance.")
+
+
+def _grid(text: object) -> str:
+    """The grids of a run, from their JSON text (err_ratio_history groups by it)."""
+    try:
+        grids = json.loads(text) if isinstance(text, str) else text
+    except ValueError:
+        return str(text)
+    return "+".join(map(str, grids)) if isinstance(grids, list) and grids else "-"

@@ -1,63 +1,125 @@
-"""History: one variant x case x GPU over commits, with the noise band and the verdicts."""
+"""History: one case over commits (first-parent order), for one or several variants and
+GPUs, one line per (variant, GPU, grid), with the noise band and the stored verdicts."""
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
-from harness.dashboard import charts, ui
+from harness.dashboard import charts, commits, ui
 from harness.dashboard.data import Ctx
 from harness.dashboard.queries import FLAGGED
 
 METRICS = {"tflops": "TFLOP/s", "median_ms": "time (ms)"}
 
 
+def pick_many(label: str, options: list[str], name: str, *, fmt=str, where=st) -> list[str]:
+    """A multiselect backed by a comma-separated query parameter (first option when the
+    link names none); names the link gives that are not options are reported."""
+    wanted = [w.strip() for w in (ui.param(name) or "").split(",") if w.strip()]
+    chosen = [w for w in wanted if w in options]
+    unknown = [w for w in wanted if w not in options]
+    if unknown:
+        where.warning(f"`{name}={','.join(unknown)}` from the link is not in this database.")
+    chosen = chosen or options[:1]
+    picked = where.multiselect(label, options, default=chosen, format_func=fmt)
+    ui.set_params(**{name: ",".join(picked)})
+    return list(picked)
+
+
+def grid_name(grids: object) -> str:
+    if isinstance(grids, (list, tuple)):
+        return "+".join(str(g) for g in grids) or "-"
+    return str(grids) if grids else "-"
+
+
+def _verdicts(ctx: Ctx, variant: str, case_id: str) -> pd.DataFrame:
+    """One verdict per run (a flagged one wins over an improvement), with its base run."""
+    flags = ctx.q("series_flags", variant, case_id)
+    if flags.empty:
+        return pd.DataFrame(columns=["verdict", "base_run_id"], index=pd.Index([], name="run_id"))
+    flags = flags.assign(bad=flags["verdict"].isin(FLAGGED)).sort_values("bad")
+    return flags.drop_duplicates("run_id", keep="last").set_index("run_id")[
+        ["verdict", "base_run_id"]]
+
+
 def render(ctx: Ctx) -> None:
     st.title("History")
-    variants, cases, gpus = ctx.q("variant_names"), ctx.q("case_ids"), ctx.q("gpus")
-    if not (variants and cases and gpus):
+    variants, cases, names = ctx.q("variant_names"), ctx.q("case_ids"), ctx.q("gpu_names")
+    if not (variants and cases and names):
         st.info("No variant, case or GPU recorded yet.")
         return
+    # A link may spell the GPU by its reported name (`NVIDIA H200`).
+    gpu_param = ui.param("gpu")
+    if gpu_param and "," not in gpu_param and gpu_param not in names:
+        match = {v.lower(): k for k, v in names.items()}.get(gpu_param.lower()) or (
+            ui.gpu_key(gpu_param) if ui.gpu_key(gpu_param) in names else None)
+        if match:
+            st.query_params["gpu"] = match
     c1, c2, c3, c4 = st.columns([2, 3, 2, 1])
-    variant = ui.pick("Variant", variants, "variant", where=c1)
+    chosen_variants = pick_many("Variants", variants, "variant", where=c1)
     case_id = ui.pick("Case", cases, "case", where=c2)
-    gpu = ui.pick("GPU", gpus, "gpu", where=c3)
+    gpus = pick_many("GPUs", sorted(names), "gpu", fmt=lambda k: names.get(k) or k, where=c3)
     metric = ui.pick("Metric", list(METRICS), "metric", fmt=METRICS.__getitem__, where=c4)
     branches = ctx.q("branches")
     branch = None
     if len(branches) > 1:
         choice = ui.pick("Branch", ["all", *branches], "branch")
         branch = None if choice == "all" else choice
-
-    df = ctx.q("series", variant, case_id, gpu, branch)
-    if df.empty:
-        st.info(f"No results for {variant} on {case_id} on {gpu}.")
+    if not chosen_variants or not gpus or case_id is None:
+        st.info("Pick at least one variant and one GPU.")
         return
-    flags = ctx.q("series_flags", variant, case_id)
-    # One verdict per run: a flagged one wins over an improvement.
-    if len(flags):
-        flags = flags.assign(bad=flags["verdict"].isin(FLAGGED)).sort_values("bad")
-        verdict = flags.drop_duplicates("run_id", keep="last").set_index("run_id")["verdict"]
-    else:
-        verdict = {}
-    frame = charts.history_frame(df, metric)
-    frame["verdict"] = frame["run_id"].map(verdict)
-    frame["href"] = frame["run_id"].map(ui.run_href)
+
+    parts = []
+    for variant in chosen_variants:
+        verdicts = _verdicts(ctx, variant, case_id)
+        for gpu in gpus:
+            df = ctx.q("series", variant, case_id, gpu, branch)
+            if df.empty:
+                continue
+            df = df.assign(variant=variant, gpu=gpu)
+            df["grid"] = df["grids"].map(grid_name)
+            df["verdict"] = df["run_id"].map(verdicts["verdict"])
+            df["base_run_id"] = df["run_id"].map(verdicts["base_run_id"])
+            parts.append(df)
+    if not parts:
+        st.info(f"No results for {', '.join(chosen_variants)} on {case_id} on "
+                f"{', '.join(names.get(g, g) for g in gpus)}.")
+        return
+    raw = pd.concat(parts, ignore_index=True)
+    frame = commits.in_commit_order(charts.history_frame(raw, metric))
+    frame["series"] = frame["variant"] + " | " + frame["gpu"] + " | " + frame["grid"]
+    frame["when"] = pd.to_datetime(frame["created_at"]).dt.strftime("%Y-%m-%d %H:%M UTC")
+    frame["run"] = frame["run_id"].map(ui.run_href)
+    flagged = frame["verdict"].isin(FLAGGED) & frame["base_run_id"].notna()
+    frame["compare"] = None
+    frame.loc[flagged, "compare"] = [ui.compare_href(b, n) for b, n in
+                                     zip(frame.loc[flagged, "base_run_id"],
+                                         frame.loc[flagged, "run_id"], strict=True)]
+    # A click on a flagged point opens the Compare of its base and new runs.
+    frame["href"] = frame["compare"].where(flagged, frame["run"])
     timed = frame[frame["value"].notna()]
-    title = f"{variant} | {case_id} | {gpu}"
+    title = f"{case_id} | {', '.join(chosen_variants)} | {', '.join(gpus)}"
     if timed.empty:
         st.info("These results carry no timing.")
     else:
         st.altair_chart(charts.history_chart(timed, metric, title), width="stretch")
-        st.caption("Band: interquartile range of the samples around the median; dotted: "
-                   "best sample. Red: regression verdicts, green: improvements. "
-                   "Click a point to open its run.")
+        st.caption("In commit order (each run's recorded parent commit; ticks: date of the "
+                   "commit's first run and the short commit). One line per variant, GPU and "
+                   "grid. Band: interquartile range of the samples around the median; dotted: "
+                   "best sample. Red: regression verdicts (click: Compare of its base and "
+                   "new runs), green: improvements; other points open their run.")
     bad = frame[frame["verdict"].isin(FLAGGED)]
-    link = ui.RUN_LINK
+    links = {"run": ui.RUN_LINK, "compare": ui.COMPARE_LINK}
     if len(bad):
         st.subheader(f"Flagged runs ({len(bad)})")
-        st.dataframe(bad[["created_at", "commit_short", "verdict", "value", "status", "href"]],
-                     hide_index=True, column_config={"href": link})
+        shown = bad.assign(base_commit=bad["base_run_id"].map(
+            lambda b: ui.short((ctx.q("run_detail", int(b)) or {}).get("commit"))
+            if pd.notna(b) else "?"))
+        shown["commits"] = shown["base_commit"] + ".." + shown["commit_short"]
+        st.dataframe(shown[["verdict", "series", "commits", "when", "value", "status", "run",
+                            "compare"]], hide_index=True, column_config=links)
     with st.expander(f"All {len(frame)} points"):
-        st.dataframe(frame[["created_at", "commit_short", "branch", "status", "value",
-                            "median_ms", "iqr_ms", "min_ms", "err_ratio", "verdict", "href"]],
-                     hide_index=True, column_config={"href": link})
+        st.dataframe(frame[["label", "series", "when", "branch", "status", "value",
+                            "median_ms", "iqr_ms", "min_ms", "err_ratio", "verdict", "run",
+                            "compare"]], hide_index=True, column_config=links)

@@ -22,13 +22,30 @@ def render(ctx: Ctx) -> None:
     if ranked.empty:
         st.info("No submission has been scored yet.")
     else:
+        st.markdown(
+            "**How the ranking works:** coverage ranks before score. A submission timed on "
+            "every case of the perf grid ranks above any submission timed on only part of "
+            "it, whatever their scores; among equal coverage, the higher score ranks first. "
+            "Score: the geometric mean of the speedups over the SDPA flash baseline on the "
+            "timed cases (higher is better).")
         ranked = ranked.assign(rank=ranked["rank"].astype(int), run=ranked["run_id"].map(
             lambda r: ui.run_href(int(r)) if r == r and r is not None else None))
-        st.dataframe(ranked[["rank", "name", "submitter", "score", "coverage", "finished_at",
-                             "run"]],
-                     hide_index=True, column_config={"run": ui.RUN_LINK})
+        st.dataframe(ranked[["rank", "name", "submitter", "coverage", "score", "gpu",
+                             "finished_at", "run"]],
+                     hide_index=True, column_config={
+                         "run": ui.RUN_LINK, "gpu": "GPU",
+                         "coverage": st.column_config.TextColumn(
+                             "coverage", help="perf cases timed / cases in the perf grid"),
+                         "score": st.column_config.NumberColumn(
+                             "score", format="%.3fx", help="geometric-mean speedup")})
     others = subs[subs["rank"].isna()]
     if len(others):
         st.subheader(f"Other submissions ({len(others)})")
-        st.dataframe(others[["id", "name", "submitter", "status", "verdict", "message",
-                             "failing_cases", "created_at"]], hide_index=True)
+        st.dataframe(others[["id", "name", "submitter", "status", "verdict", "gpu",
+                             "failing_cases", "created_at"]], hide_index=True,
+                     column_config={"gpu": "GPU"})
+        said = others[others["message"].notna() & others["message"].astype(str).str.len().gt(0)]
+        if len(said):
+            st.markdown("##### Messages")
+            # A table wraps long text where a data grid cuts it off.
+            st.table(said[["id", "name", "verdict", "message"]].set_index("id"))

@@ -1,11 +1,13 @@
-"""Overview: the latest run per GPU and branch, its pass/fail counts and flagged
-regressions, and the best TFLOP/s of every variant."""
+"""Overview: the latest run of each grid (perf, decode, smoke, ...) per GPU and branch, its
+pass/fail counts and flagged regressions (with their commit range), and the best TFLOP/s
+of every variant."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
+from harness.dashboard import flags as flag_list
 from harness.dashboard import ui
 from harness.dashboard.data import Ctx
 
@@ -29,8 +31,10 @@ def render(ctx: Ctx) -> None:
     counts = ctx.q("status_counts", ids)
     flags = ctx.q("flagged_in_runs", ids)
 
-    st.subheader("Latest run per GPU and branch")
+    st.subheader("Latest run per grid, GPU and branch")
     table = latest.rename(columns={"id": "run_id"}).copy()
+    table["grid"] = table["grids"].map(
+        lambda g: "+".join(map(str, g)) if isinstance(g, list) and g else "-")
     by_status = (counts.pivot_table(index="run_id", columns="status", values="n",
                                     aggfunc="sum", fill_value=0)
                  if len(counts) else pd.DataFrame(index=pd.Index([], name="run_id")))
@@ -44,7 +48,7 @@ def render(ctx: Ctx) -> None:
     table["commit"] = table["commit"].map(ui.short)
     table["run"] = table["run_id"].map(ui.run_href)
     st.dataframe(
-        table[["gpu_model_key", "branch", "commit", "created_at", "passed", "failed",
+        table[["grid", "gpu_model_key", "branch", "commit", "created_at", "passed", "failed",
                "skipped", "crashed/timeout/error/invalid", "regressions flagged", "run"]],
         hide_index=True, column_config={"run": RUN_LINK, "gpu_model_key": "GPU"})
 
@@ -52,16 +56,15 @@ def render(ctx: Ctx) -> None:
     if flags.empty:
         st.success("No regression, correctness regression or precision drift in the latest runs.")
     else:
-        gpu_of = dict(zip(latest["id"], latest["gpu_model_key"], strict=True))
-        shown = flags.assign(gpu=flags["run_id"].map(gpu_of),
-                             run=flags["run_id"].map(ui.run_href))
         st.error(f"{len(flags)} flagged verdict(s) in the latest runs.")
-        grouped = (shown.groupby(["gpu", "variant", "verdict", "run"], as_index=False)
+        grouped = (flags.groupby(["gpu_model_key", "variant", "verdict", "run_id"],
+                                 as_index=False)
                    .agg(cases=("case_id", "size"), worst_ratio=("ratio", "max")))
-        st.dataframe(grouped, hide_index=True, column_config={"run": RUN_LINK})
-        with st.expander("Every flagged case"):
-            st.dataframe(shown[["gpu", "variant", "case_id", "verdict", "ratio", "p_value",
-                                "run"]], hide_index=True, column_config={"run": RUN_LINK})
+        grouped["run"] = grouped["run_id"].map(ui.run_href)
+        st.dataframe(grouped.drop(columns="run_id"), hide_index=True,
+                     column_config={"run": RUN_LINK, "gpu_model_key": "GPU"})
+        with st.expander("Every flagged case: commit range, commits, history", expanded=True):
+            flag_list.show(ctx, flags)
 
     st.subheader("Best TFLOP/s per variant (passing cases of the latest runs)")
     best = ctx.q("best_tflops", ids)

@@ -34,23 +34,54 @@ def pick_run(ctx: Ctx, gpu: str | None) -> int | None:
 
 
 def pick_gpu_and_run(ctx: Ctx) -> tuple[str | None, int | None]:
-    """The GPU picker and, next to it, `pick_run` over that GPU's runs."""
-    gpus = ctx.q("gpus")
+    """The GPU picker and, next to it, `pick_run` over that GPU's runs. A link naming a
+    run (`?run=67`) opens that run's GPU; picking another GPU then leaves the run."""
+    names = ctx.q("gpu_names")
+    token = ui.param("run")
+    wanted = ctx.q("resolve_run", token, None) if token else None
+    run_gpu = None
+    if wanted is not None:
+        run_gpu = (ctx.q("run_detail", wanted) or {}).get("gpu_model_key")
+    fresh = not st.session_state.get("_fa_rendered")
+    if run_gpu and fresh and ui.param("gpu") != run_gpu:
+        st.query_params["gpu"] = run_gpu
+    st.session_state["_fa_rendered"] = True
     c1, c2 = st.columns([1, 1])
     with c1:
-        gpu = ui.pick("GPU", gpus, "gpu") if gpus else None
+        gpu = ui.pick_gpu(names) if names else None
+    if run_gpu and gpu and gpu != run_gpu:
+        st.query_params.pop("run", None)  # the GPU was changed away from the linked run
     with c2:
         run_id = pick_run(ctx, gpu)
     return gpu, run_id
 
 
 def ceilings(calibration: dict | None) -> tuple[float | None, dict[str, float]]:
+    """Copy bandwidth (GB/s) and the matmul ceiling of each dtype (TFLOP/s) the runner
+    measured: `matmul_tflops_by_dtype` ({"float16": ..., "bfloat16": ...}), else the single
+    `matmul_tflops` (of float16), else older per-dtype keys."""
     cal = calibration or {}
     bw = cal.get("copy_gbps")
-    peaks = {label: float(cal[key]) for label, key in
-             (("fp16 matmul", "matmul_tflops_fp16"), ("bf16 matmul", "matmul_tflops_bf16"))
-             if isinstance(cal.get(key), (int, float))}
-    return (float(bw) if isinstance(bw, (int, float)) else None), peaks
+    peaks: dict[str, float] = {}
+    by_dtype = cal.get("matmul_tflops_by_dtype")
+    if isinstance(by_dtype, dict):
+        peaks = {str(k): float(v) for k, v in by_dtype.items()
+                 if isinstance(v, (int, float)) and v > 0}
+    if not peaks:
+        for dtype, key in (("float16", "matmul_tflops_fp16"), ("bfloat16", "matmul_tflops_bf16"),
+                           ("float16", "matmul_tflops")):
+            if isinstance(cal.get(key), (int, float)) and dtype not in peaks:
+                peaks[dtype] = float(cal[key])
+    return (float(bw) if isinstance(bw, (int, float)) and bw > 0 else None), peaks
+
+
+def roof_of(dtypes: pd.Series, intensity: pd.Series, bw: float | None,
+            peaks: dict[str, float]) -> pd.Series:
+    """The roof over each point: its own dtype's matmul ceiling (the highest one when its
+    dtype was not calibrated), capped by intensity x copy bandwidth."""
+    top = max(peaks.values()) if peaks else np.inf
+    peak = dtypes.map(peaks).astype("float64").fillna(top)
+    return np.minimum(peak, intensity * (bw or np.inf) / 1000.0)
 
 
 def render(ctx: Ctx) -> None:
@@ -79,18 +110,20 @@ def render(ctx: Ctx) -> None:
     if not bw and not peaks:
         st.caption("This run recorded no calibration, so no ceilings are drawn.")
     title = f"run #{run_id} {ui.short(detail.get('commit'))} on {detail.get('gpu_name')}"
-    st.altair_chart(charts.roofline_chart(pts[["intensity", "tflops", "variant", "case_id"]],
-                                          bw, peaks, title), width="stretch")
+    st.altair_chart(charts.roofline_chart(
+        pts[["intensity", "tflops", "variant", "case_id", "dtype"]], bw, peaks, title),
+        width="stretch")
     if bw or peaks:
-        peak = max(peaks.values()) if peaks else np.inf
-        roof = np.minimum(peak, pts["intensity"] * (bw or np.inf) / 1000.0)
-        pts = pts.assign(of_roof=pts["tflops"] / roof)
+        pts = pts.assign(of_roof=pts["tflops"] / roof_of(pts["dtype"], pts["intensity"],
+                                                         bw, peaks))
         summary = (pts.groupby("variant")
                    .agg(cases=("case_id", "size"), best_tflops=("tflops", "max"),
                         median_of_roof=("of_roof", "median"), best_of_roof=("of_roof", "max"))
                    .sort_values("best_tflops", ascending=False))
-        st.caption(f"Ceilings: copy {bw or '-'} GB/s, "
-                   + ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in peaks.items()))
+        st.caption(f"Ceilings measured by the runner: copy {ui.fmt_num(bw)} GB/s; matmul "
+                   + (", ".join(f"{k} {ui.fmt_num(v)} TFLOP/s" for k, v in peaks.items())
+                      or "not calibrated")
+                   + ". Fraction of roof: each point against its own dtype's roof.")
         st.dataframe(summary.round(3))
     else:
         st.dataframe(pd.DataFrame(pts.groupby("variant")["tflops"].max()).round(1))

@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 import pandas as pd
 import streamlit as st
 
+from harness.dashboard import flags as flag_list
 from harness.dashboard import ui
 from harness.dashboard.data import Ctx
 from harness.dashboard.queries import FLAGGED
@@ -51,6 +52,21 @@ def render(ctx: Ctx) -> None:
     cols[3].metric("not passed", int(sum(v for k, v in counts.items()
                                          if k not in ("passed", "skipped"))))
 
+    # What regressed comes first: it is why a run page is opened from a CI summary.
+    comps = ctx.q("run_comparisons", run_id)
+    if len(comps):
+        st.markdown("#### Verdicts against the baseline")
+        base = comps["base_run_id"].dropna()
+        if len(base):
+            b = int(base.mode().iloc[0])
+            query = urlencode({"page": "compare", "base": b, "new": run_id,
+                               "gpu": detail.get("gpu_model_key") or ""})
+            st.markdown(f"Baseline: [run #{b}]({ui.run_href(b)}) · [compare](./?{query})")
+        st.dataframe(comps["verdict"].value_counts().rename("count"))
+        if comps["verdict"].isin(FLAGGED).any():
+            st.markdown("#### Flagged verdicts")
+            flag_list.show(ctx, ctx.q("flagged_in_runs", (run_id,)))
+
     st.markdown("#### Environment")
     env = pd.DataFrame({"field": list(ENV_FIELDS),
                         "value": [str(detail.get(f)) if detail.get(f) is not None else "-"
@@ -77,17 +93,3 @@ def render(ctx: Ctx) -> None:
     else:
         st.error(f"{len(fails)} result(s) did not pass.")
         st.dataframe(fails, hide_index=True)
-
-    comps = ctx.q("run_comparisons", run_id)
-    if len(comps):
-        st.markdown("#### Verdicts against the baseline")
-        base = comps["base_run_id"].dropna()
-        if len(base):
-            b = int(base.mode().iloc[0])
-            query = urlencode({"page": "compare", "base": b, "new": run_id,
-                               "gpu": detail.get("gpu_model_key") or ""})
-            st.markdown(f"Baseline: [run #{b}]({ui.run_href(b)}) · [compare](./?{query})")
-        st.dataframe(comps["verdict"].value_counts().rename("count"))
-        flagged = comps[comps["verdict"].isin(FLAGGED)]
-        if len(flagged):
-            st.dataframe(flagged, hide_index=True)

@@ -29,9 +29,14 @@ def _recent(engine, token_id: int) -> list[dict]:  # noqa: ANN001 - Engine
     return [dict(r._mapping) for r in rows]
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB"
+
+
 def render(db_url: str | None = None) -> None:
     from harness.records.db import DatabaseError, open_db
     from harness.submissions import submit
+    from harness.submissions.sources import MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES
     from harness.submissions.tokens import TokenError, verify_token
 
     st.title("Submit a kernel")
@@ -44,7 +49,14 @@ def render(db_url: str | None = None) -> None:
     token = st.text_input("Submission token", type="password",
                           help="Ask an administrator: `fa-harness token create --name YOU`")
     name = st.text_input("Display name (optional)")
-    uploads = st.file_uploader("Kernel files", type=ACCEPTED_TYPES, accept_multiple_files=True)
+    limits = (f"at most {MAX_FILES} files, {_mib(MAX_FILE_BYTES)} each, "
+              f"{_mib(MAX_TOTAL_BYTES)} in all")
+    # The uploader's own size line reads its limit in whole megabytes: 1 (the per-file
+    # limit, 1 MiB); the real limits are checked again on the server by `submit`.
+    uploads = st.file_uploader("Kernel files", type=ACCEPTED_TYPES, accept_multiple_files=True,
+                               max_upload_size=max(1, MAX_FILE_BYTES >> 20),
+                               help=f"`.cu`, `.cuh`, `manifest.toml`: {limits}.")
+    st.caption(f"Limits: {limits} (checked again when the submission is validated).")
     if not st.button("Submit", type="primary"):
         return
     if not token:

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Engine, Select, and_, case, distinct, func, inspect, select
+from sqlalchemy import Engine, Select, String, and_, case, cast, distinct, func, inspect, select
+from sqlalchemy.orm import aliased
 
 from harness.dashboard.schema import CaseRow, Comparison, Result, Run, Submission, Variant
 from harness.submissions.ranking import COLUMNS, leaderboard_rows
@@ -39,7 +40,10 @@ _BY_VERDICT = "INDEXED BY ix_comparisons_verdict"
 def _frame(engine: Engine, stmt: Select[Any]) -> pd.DataFrame:
     with engine.connect() as conn:
         res = conn.execute(stmt)
-        return pd.DataFrame(res.fetchall(), columns=list(res.keys()))
+        # Plain tuples: a SQLAlchemy Row has attributes named after its columns, and pandas
+        # takes a row's `.dtype` (the case's dtype column, "float16") as the dtype to
+        # convert every value of the frame to.
+        return pd.DataFrame([tuple(r) for r in res.fetchall()], columns=list(res.keys()))
 
 
 # --- catalogue: small tables -------------------------------------------------------------
@@ -63,6 +67,14 @@ def gpus(engine: Engine) -> list[str]:
         return sorted(conn.execute(stmt).scalars())
 
 
+def gpu_names(engine: Engine) -> dict[str, str]:
+    """GPU model key -> the name the GPU reports (`nvidia-h200` -> `NVIDIA H200`)."""
+    stmt = (select(Run.gpu_model_key, func.max(Run.gpu_name))
+            .where(Run.gpu_model_key.is_not(None)).group_by(Run.gpu_model_key))
+    with engine.connect() as conn:
+        return {k: (n or k) for k, n in conn.execute(stmt)}
+
+
 def branches(engine: Engine) -> list[str]:
     stmt = select(Run.branch).distinct().where(Run.branch.is_not(None))
     with engine.connect() as conn:
@@ -82,7 +94,7 @@ def case_ids(engine: Engine) -> list[str]:
 def runs_list(engine: Engine, gpu: str | None = None, limit: int = 500) -> pd.DataFrame:
     """The most recent runs (newest first), optionally on one GPU model."""
     stmt = select(Run.id, Run.commit, Run.branch, Run.created_at, Run.gpu_model_key,
-                  Run.gpu_name, Run.source)
+                  Run.gpu_name, Run.source, Run.grids)
     if gpu:
         stmt = stmt.where(Run.gpu_model_key == gpu)
     return _frame(engine, stmt.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit))
@@ -111,16 +123,20 @@ def resolve_run(engine: Engine, token: str, gpu: str | None = None) -> int | Non
 
 
 def latest_runs(engine: Engine) -> pd.DataFrame:
-    """The newest run of every (GPU model, branch)."""
+    """The newest run of every (GPU model, branch, grids): a perf run and a decode run of
+    one commit are both shown, neither hides the other."""
+    # The grids list as text: JSON values have no equality on PostgreSQL.
+    grids = cast(Run.grids, String)
     rn = func.row_number().over(
-        partition_by=(Run.gpu_model_key, Run.branch),
+        partition_by=(Run.gpu_model_key, Run.branch, grids),
         order_by=(Run.created_at.desc(), Run.id.desc()),
     ).label("rn")
     sub = select(Run.id, Run.commit, Run.branch, Run.gpu_model_key, Run.gpu_name,
-                 Run.created_at, Run.source, rn).subquery()
+                 Run.created_at, Run.source, Run.grids, grids.label("grids_key"), rn).subquery()
     stmt = (select(sub.c.id, sub.c.commit, sub.c.branch, sub.c.gpu_model_key, sub.c.gpu_name,
-                   sub.c.created_at, sub.c.source)
-            .where(sub.c.rn == 1).order_by(sub.c.gpu_model_key, sub.c.branch))
+                   sub.c.created_at, sub.c.source, sub.c.grids)
+            .where(sub.c.rn == 1)
+            .order_by(sub.c.gpu_model_key, sub.c.branch, sub.c.grids_key))
     return _frame(engine, stmt)
 
 
@@ -135,15 +151,37 @@ def status_counts(engine: Engine, run_ids: Sequence[int]) -> pd.DataFrame:
 
 
 def flagged_in_runs(engine: Engine, run_ids: Sequence[int]) -> pd.DataFrame:
-    """Regression-type verdicts recorded for these runs."""
+    """Regression-type verdicts recorded for these runs, with the commits of both runs
+    (the base..new range the regression came in)."""
     if not run_ids:
         return pd.DataFrame(columns=["run_id", "base_run_id", "variant", "case_id", "verdict",
-                                     "ratio", "p_value"])
+                                     "ratio", "p_value", "gpu_model_key", "commit",
+                                     "base_commit"])
+    new, base = aliased(Run), aliased(Run)
     stmt = (select(Comparison.run_id, Comparison.base_run_id, Comparison.variant,
-                   Comparison.case_id, Comparison.verdict, Comparison.ratio, Comparison.p_value)
+                   Comparison.case_id, Comparison.verdict, Comparison.ratio, Comparison.p_value,
+                   new.gpu_model_key, new.commit, base.commit.label("base_commit"))
+            .join(new, new.id == Comparison.run_id)
+            .outerjoin(base, base.id == Comparison.base_run_id)
             .where(Comparison.run_id.in_(list(run_ids)), Comparison.verdict.in_(FLAGGED))
             .order_by(Comparison.run_id, Comparison.variant, Comparison.case_id))
     return _frame(engine, stmt)
+
+
+def repository_urls(engine: Engine, run_ids: Sequence[int]) -> dict[int, str]:
+    """The repository web address each of these runs recorded (`env.repository_url`, set by
+    `fa-harness ci` from the CI system), for commit links; runs without one are left out."""
+    if not run_ids:
+        return {}
+    stmt = select(Run.id, Run.env).where(Run.id.in_(list(run_ids)))
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    out = {}
+    for run_id, env in rows:
+        url = (env or {}).get("repository_url") if isinstance(env, dict) else None
+        if isinstance(url, str) and url.startswith(("https://", "http://")):
+            out[int(run_id)] = url.rstrip("/")
+    return out
 
 
 def recent_flags(engine: Engine, limit: int = 50) -> pd.DataFrame:
@@ -185,7 +223,8 @@ def series(engine: Engine, variant: str, case_id: str, gpu: str,
            branch: str | None = None) -> pd.DataFrame:
     """One (variant, case, GPU) over time: one row per run, oldest first."""
     case_pk = select(CaseRow.id).where(CaseRow.case_id == case_id).scalar_subquery()
-    stmt = (select(Run.id.label("run_id"), Run.commit, Run.branch, Run.created_at,
+    stmt = (select(Run.id.label("run_id"), Run.commit, Run.parent_commit, Run.branch,
+                   Run.created_at, Run.grids, Run.gpu_model_key,
                    Variant.source_hash, Result.status, Result.median_ms, Result.min_ms,
                    Result.iqr_ms, Result.rel_noise, Result.tflops, Result.flops,
                    Result.err_ratio, Result.out_err, Result.base_err)
@@ -212,13 +251,15 @@ def series_flags(engine: Engine, variant: str, case_id: str) -> pd.DataFrame:
 def err_ratio_history(engine: Engine, variant: str, gpu: str) -> pd.DataFrame:
     """Worst error ratio and failure count of one variant per run on one GPU."""
     failed = func.sum(case((Result.status.in_(NOT_OK), 1), else_=0))
-    stmt = (select(Run.id.label("run_id"), Run.commit, Run.created_at,
+    stmt = (select(Run.id.label("run_id"), Run.commit, Run.parent_commit, Run.created_at,
+                   cast(Run.grids, String).label("grids"),
                    func.max(Result.err_ratio).label("max_err_ratio"),
                    failed.label("not_ok"), func.count().label("cases"))
             .join(Run, Run.id == Result.run_id)
             .join(Variant, Variant.id == Result.variant_id)
             .where(Variant.name == variant, Run.gpu_model_key == gpu)
-            .group_by(Run.id, Run.commit, Run.created_at)
+            .group_by(Run.id, Run.commit, Run.parent_commit, Run.created_at,
+                      cast(Run.grids, String))
             .order_by(Run.created_at, Run.id))
     return _frame(engine, stmt)
 
@@ -298,6 +339,15 @@ def leaderboard(engine: Engine) -> pd.DataFrame:
     """Every submission: the scored ones ranked exactly as `fa-harness leaderboard` ranks
     them (`harness.submissions.ranking`), then the others, newest first, with rank NaN."""
     if not has_table(engine, Submission.__tablename__):
-        return pd.DataFrame(columns=list(COLUMNS))
-    return pd.DataFrame(leaderboard_rows(engine, include_all=True, limit=1000),
+        return pd.DataFrame(columns=[*COLUMNS, "gpu"])
+    subs = pd.DataFrame(leaderboard_rows(engine, include_all=True, limit=1000),
                         columns=list(COLUMNS))
+    # The GPU a submission was scored on is that of its scoring run.
+    run_ids = sorted({int(r) for r in subs["run_id"].dropna()})
+    gpu_of: dict[int, str] = {}
+    if run_ids:
+        with engine.connect() as conn:
+            gpu_of = {int(i): (n or k) for i, n, k in conn.execute(
+                select(Run.id, Run.gpu_name, Run.gpu_model_key).where(Run.id.in_(run_ids)))}
+    subs["gpu"] = subs["run_id"].map(lambda r: gpu_of.get(int(r)) if pd.notna(r) else None)
+    return subs

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import pandas as pd
 import streamlit as st
@@ -11,7 +14,8 @@ import streamlit as st
 T = TypeVar("T")
 
 # Query parameters every view understands; a link built from them reopens the same view.
-PARAMS = ("page", "run", "variant", "case", "gpu", "base", "new", "branch", "metric")
+PARAMS = ("page", "run", "variant", "case", "gpu", "base", "new", "branch", "metric",
+          "base_gpu")
 
 
 def param(name: str) -> str | None:
@@ -53,6 +57,28 @@ def pick(label: str, options: Sequence[T], name: str, *, default: T | None = Non
     return choice
 
 
+def pick_gpu(names: dict[str, str], label: str = "GPU", name: str = "gpu", *,
+             default: str | None = None, where: Any = st) -> str | None:
+    """A GPU picker over model keys (`nvidia-h200`), shown by the name the GPU reports.
+    A link may name the GPU either way: `gpu=NVIDIA%20H200` opens `nvidia-h200`."""
+    keys = sorted(names)
+    wanted = param(name)
+    if wanted is not None and wanted not in keys:
+        alias = {v.strip().lower(): k for k, v in names.items()}
+        alias.update({gpu_key(v): k for k, v in names.items()})
+        match = alias.get(wanted.lower()) or alias.get(gpu_key(wanted))
+        if match is not None:
+            st.query_params[name] = match
+    return pick(label, keys, name, default=default, fmt=lambda k: names.get(k) or k,
+                where=where)
+
+
+def gpu_key(name: str) -> str:
+    """The model-key spelling of a GPU name (`NVIDIA H200` -> `nvidia-h200`), as the
+    records store it (`harness.records.record.gpu_model_key`)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.strip().lower()).strip("-")
+
+
 def short(commit: str | None) -> str:
     return (commit or "?")[:10]
 
@@ -62,7 +88,28 @@ def run_href(run_id: int) -> str:
     return f"./?page=run&run={int(run_id)}"
 
 
+def compare_href(base_id: int, new_id: int) -> str:
+    return f"./?page=compare&base={int(base_id)}&new={int(new_id)}"
+
+
+def history_href(variant: str, case_id: str, gpu: str | None) -> str:
+    query = {"page": "history", "variant": variant, "case": case_id}
+    if gpu:
+        query["gpu"] = gpu
+    return "./?" + urlencode(query)
+
+
 RUN_LINK = st.column_config.LinkColumn("run", display_text=r"run=(\d+)")
+COMPARE_LINK = st.column_config.LinkColumn("compare", display_text="base vs new")
+HISTORY_LINK = st.column_config.LinkColumn("history", display_text="history")
+COMMIT_LINK = st.column_config.LinkColumn(display_text=r"/commit/([0-9a-f]{10})")
+
+
+def fmt_num(x: float | None, spec: str = ",.0f") -> str:
+    """A number for a caption (`4,251`), `-` when missing."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return format(x, spec)
 
 
 def run_label(row: pd.Series | dict[str, Any]) -> str:

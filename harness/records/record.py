@@ -101,7 +101,9 @@ def _git(args: Sequence[str], cwd: str | Path | None) -> str | None:
 
 
 def git_metadata(cwd: str | Path | None = None) -> dict[str, Any]:
-    """commit, parent, branch, dirty of the run.
+    """commit, parent, branch, dirty of the run, and the repository's web address when the
+    CI system names it (GitHub: GITHUB_SERVER_URL/GITHUB_REPOSITORY; GitLab: CI_PROJECT_URL),
+    so that a regression's commits can be linked.
 
     Explicit FA_HARNESS_COMMIT / _PARENT / _BRANCH win, then the CI system's variables
     (GitHub Actions, GitLab CI; shallow CI checkouts often cannot name the parent), then the
@@ -122,7 +124,11 @@ def git_metadata(cwd: str | Path | None = None) -> dict[str, Any]:
         status = _git(["status", "--porcelain", "--untracked-files=no"], cwd)
         head = _git(["rev-parse", "HEAD"], cwd)
         dirty = bool(status) if head == commit else None
-    return {"commit": commit, "parent": parent, "branch": branch, "dirty": dirty}
+    server, repo = env.get("GITHUB_SERVER_URL"), env.get("GITHUB_REPOSITORY")
+    url = (f"{server.rstrip('/')}/{repo.strip('/')}" if server and repo
+           else env.get("CI_PROJECT_URL"))
+    return {"commit": commit, "parent": parent, "branch": branch, "dirty": dirty,
+            "repository_url": url or None}
 
 
 def _dist_version(*names: str) -> str | None:
@@ -245,6 +251,8 @@ class RunRecord:
             env = environment()
             if git.get("dirty") is not None:
                 env["git_dirty"] = git["dirty"]
+            if git.get("repository_url"):
+                env["repository_url"] = git["repository_url"]
         kernels = {k: dict(v) for k, v in (meta.get("kernels") or {}).items()}
         entries = [entry_from_result(r, kernels.get(r.kernel)) for r in results]
         for e in entries:

@@ -1,0 +1,159 @@
+"""Dashboard fixtures built from the project's real committed H200 records (results/).
+
+Each database is filled the way a user fills one: `fa-harness import` of record files.
+The variations are derived from the real records, so every field the dashboard reads
+has the shape real runs give it (calibration keys, GPU model keys, grids, parents):
+  - "results": exactly `fa-harness import results/` (one GPU, perf + decode, no verdicts);
+  - "history": results/ plus a child commit whose perf run is slower for one kernel and
+    fails one case (import computes the regression verdicts), a decode run with only fp16
+    cases, a run without calibration, a re-run of the first commit made later, and a
+    run on another GPU model; the child commit's records name their repository;
+  - "one_grid": only the perf record;
+  - "submissions": a migrated database with submissions and no run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+PERF = RESULTS / "h200-20261129T201729Z-perf.json"
+DECODE = RESULTS / "h200-20261129T201729Z-decode.json"
+CHILD = "5a1c0ffee0ddba11deadbeef0123456789abcdef"
+REPO_URL = "https://github.com/example/fa-harness"
+SLOWED = "fa2_simt"  # the kernel the child commit makes slower
+BROKEN_CASE_KERNEL = "fa2_mma"  # and the kernel that fails one case there
+
+
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def _when(rec: dict[str, Any], hours: float) -> str:
+    t = datetime.fromisoformat(rec["created_at"].replace("Z", "+00:00")).astimezone(UTC)
+    return (t + timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def derive(rec: dict[str, Any], *, hours: float, commit: str | None = None,
+           parent: str | None = None) -> dict[str, Any]:
+    out = copy.deepcopy(rec)
+    out["uuid"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{rec['uuid']}/{hours}/{commit}"))
+    out["created_at"] = _when(rec, hours)
+    if commit is not None:
+        out["commit"], out["parent"] = commit, parent
+    return out
+
+
+def slower(rec: dict[str, Any], kernel: str, factor: float) -> None:
+    for e in rec["results"]:
+        if e["kernel"] != kernel or e.get("median_ms") is None:
+            continue
+        for key in ("median_ms", "min_ms", "iqr_ms"):
+            if e.get(key) is not None:
+                e[key] *= factor
+        e["samples_ms"] = [s * factor for s in e.get("samples_ms") or []]
+        if e.get("tflops"):
+            e["tflops"] /= factor
+
+
+def fail_one(rec: dict[str, Any], kernel: str) -> str:
+    e = next(e for e in rec["results"] if e["kernel"] == kernel)
+    e["status"] = "failed"
+    errs = e["errors"]
+    errs["out_err"] = errs["base_err"] * 9.0
+    errs["ratio"] = 9.0
+    e["message"] = (f"max error {errs['out_err']:.3e} > 2 x {errs['base_err']:.3e} + "
+                    f"{errs['floor']:.3e} (ratio 9.00)")
+    return e["case_id"]
+
+
+def history_records() -> list[dict[str, Any]]:
+    perf, decode = load(PERF), load(DECODE)
+    first = perf["commit"]
+    child_perf = derive(perf, hours=24, commit=CHILD, parent=first)
+    slower(child_perf, SLOWED, 1.3)
+    fail_one(child_perf, BROKEN_CASE_KERNEL)
+    child_decode = derive(decode, hours=24.1, commit=CHILD, parent=first)
+    # Every result of the newest decode run has one dtype (what pandas tripped over).
+    child_decode["results"] = [e for e in child_decode["results"]
+                               if e["case"]["dtype"] == "float16"]
+    for r in (child_perf, child_decode):
+        r["env"] = dict(r.get("env") or {}, repository_url=REPO_URL)
+    # A re-run of the first commit made after the child: commit order puts it first.
+    rerun = derive(decode, hours=30)
+    uncalibrated = derive(perf, hours=31, commit=CHILD, parent=first)
+    uncalibrated["calibration"] = None
+    uncalibrated["branch"] = "no-calibration"
+    other_gpu = derive(perf, hours=2)
+    other_gpu["gpu"] = dict(other_gpu["gpu"], name="NVIDIA H100 80GB HBM3",
+                            model_key="nvidia-h100-80gb-hbm3", uuid="GPU-other")
+    slower(other_gpu, "sdpa_flash", 1.7)
+    return [child_perf, child_decode, rerun, uncalibrated, other_gpu]
+
+
+def write(records: list[dict[str, Any]], directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, r in enumerate(records):
+        (directory / f"derived-{i:02d}.json").write_text(json.dumps(r))
+    return directory
+
+
+def fa_import(url: str, *paths: Path) -> str:
+    from harness.cli import main
+
+    rc = main(["import", *map(str, paths), "--db", url])
+    assert rc == 0, f"fa-harness import exited {rc}"
+    return url
+
+
+def build(kind: str, directory: Path) -> str:
+    """A SQLite database of `kind` (see the module docstring) under `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite:///{directory / f'{kind}.sqlite'}"
+    if kind == "results":
+        return fa_import(url, RESULTS)
+    if kind == "history":
+        fa_import(url, RESULTS)
+        return fa_import(url, write(history_records(), directory / "derived"))
+    if kind == "one_grid":
+        return fa_import(url, PERF)
+    if kind == "submissions":
+        return with_submissions(url)
+    raise ValueError(kind)
+
+
+def with_submissions(url: str) -> str:
+    from harness.records.db import open_db
+    from harness.records.db.models import Submission
+
+    db = open_db(url)
+    t0 = datetime(2026, 11, 30, tzinfo=UTC)
+    long_message = ("output differs from the reference on case b4h16-1024x1024-d128-bf16-causal:"
+                    " max error 3.1e-02 > 2 x 2.4e-03 + 1.1e-03 (ratio 12.8); the first wrong "
+                    "element is in the last key block, where the causal mask is partial")
+    blank = {"score": None, "message": None, "failing_cases": None, "detail": None}
+    try:
+        with db.engine.begin() as conn:
+            conn.execute(Submission.__table__.insert(), [{**blank, **row} for row in [
+                {"name": "full_grid", "submitter": "ana", "source": "{}", "source_hash": "a",
+                 "status": "done", "verdict": "scored", "score": 2.1, "created_at": t0,
+                 "finished_at": t0 + timedelta(minutes=5),
+                 "detail": {"coverage": {"timed": 48, "of": 48}}},
+                {"name": "easy_cases_only", "submitter": "cy", "source": "{}",
+                 "source_hash": "b", "status": "done", "verdict": "scored", "score": 9.0,
+                 "created_at": t0, "finished_at": t0 + timedelta(minutes=7),
+                 "detail": {"coverage": {"timed": 2, "of": 48}}},
+                {"name": "wrong_mask", "submitter": "eve", "source": "{}", "source_hash": "c",
+                 "status": "done", "verdict": "incorrect", "created_at": t0,
+                 "finished_at": t0 + timedelta(minutes=2), "message": long_message,
+                 "failing_cases": ["b4h16-1024x1024-d128-bf16-causal"]},
+            ]])
+    finally:
+        db.close()
+    return url
