@@ -3,8 +3,10 @@
 Each database is filled the way a user fills one: `fa-harness import` of record files.
 The variations are derived from the real records, so every field the dashboard reads
 has the shape real runs give it (calibration keys, GPU model keys, grids, parents):
-  - "results": exactly `fa-harness import results/` (one GPU, perf + decode, no verdicts);
-  - "history": results/ plus a child commit whose perf run is slower for one kernel and
+  - "results": exactly `fa-harness import results/` (one GPU, every committed run; the
+    verdicts import computes between them);
+  - "history": the first two committed records (the perf and decode runs of 2026-11-29,
+    whose run ids 1 and 2 the tests name) plus a child commit whose perf run is slower for one kernel and
     fails one case (import computes the regression verdicts), a decode run with only fp16
     cases, a run without calibration, a re-run of the first commit made later, and a
     run on another GPU model; the child commit's records name their repository;
@@ -119,7 +121,7 @@ def build(kind: str, directory: Path) -> str:
     if kind == "results":
         return fa_import(url, RESULTS)
     if kind == "history":
-        fa_import(url, RESULTS)
+        fa_import(url, DECODE, PERF)
         return fa_import(url, write(history_records(), directory / "derived"))
     if kind == "one_grid":
         return fa_import(url, PERF)

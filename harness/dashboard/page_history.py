@@ -56,6 +56,11 @@ def render(ctx: Ctx) -> None:
             ui.gpu_key(gpu_param) if ui.gpu_key(gpu_param) in names else None)
         if match:
             st.query_params["gpu"] = match
+    # Without a link naming them, open on the newest timed (variant, case): it draws.
+    pair = ctx.q("timed_pair")
+    if pair is not None:
+        variants = [pair[0], *(v for v in variants if v != pair[0])]
+        cases = [pair[1], *(c for c in cases if c != pair[1])]
     c1, c2, c3, c4 = st.columns([2, 3, 2, 1])
     chosen_variants = pick_many("Variants", variants, "variant", where=c1)
     case_id = ui.pick("Case", cases, "case", where=c2)

@@ -91,6 +91,22 @@ def case_ids(engine: Engine) -> list[str]:
         return list(conn.execute(select(CaseRow.case_id).order_by(CaseRow.case_id)).scalars())
 
 
+def timed_pair(engine: Engine) -> tuple[str, str] | None:
+    """(variant, case) of the newest timed result: History opens on a line that can be
+    drawn, not on the alphabetically first pair (a correctness-only smoke case of a
+    variant that is never timed draws nothing)."""
+    stmt = (select(Variant.name, CaseRow.case_id)
+            .join(Result, Result.variant_id == Variant.id)
+            .join(CaseRow, CaseRow.id == Result.case_pk)
+            .join(Run, Run.id == Result.run_id)
+            .where(Result.median_ms.is_not(None))
+            .order_by(Run.created_at.desc(), Run.id.desc(), Variant.name, CaseRow.case_id)
+            .limit(1))
+    with engine.connect() as conn:
+        row = conn.execute(stmt).first()
+    return (row[0], row[1]) if row else None
+
+
 def runs_list(engine: Engine, gpu: str | None = None, limit: int = 500) -> pd.DataFrame:
     """The most recent runs (newest first), optionally on one GPU model."""
     stmt = select(Run.id, Run.commit, Run.branch, Run.created_at, Run.gpu_model_key,
