@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A foreign CUDA process holds the GPU while a real worker scores one honest submission
-# (a step of bench/gpu_issue15.sh; needs OUT and FA_HARNESS_HOME from it).
+# (a step of bench/h200_workers.sh; needs OUT and FA_HARNESS_HOME from it).
 set -u
 db=$FA_HARNESS_HOME/shared.sqlite
 python3 -c "import time, torch; x = torch.ones(1 << 20, device='cuda'); torch.cuda.synchronize(); time.sleep(40)" &

@@ -1,6 +1,6 @@
 """The compute-sanitizer stage without a GPU: the report parser on reports in the layouts
 compute-sanitizer prints (tests/data/sanitizer, written after NVIDIA's documentation and
-published captures; the GPU script bench/gpu_issue14.sh saves real ones), the choice of
+published captures; the GPU script bench/h200_submissions.sh saves real ones), the choice of
 cases, and the path where the tool is absent."""
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Hostile submissions and trustworthy verdicts on the H200 (at most 4 minutes). From the
 # project root on the GPU machine, after `source .whl/prelude.sh`:
-#     bash bench/gpu_issue14.sh
-# Writes under $OUT (default /tmp/gpu-issue14): env.txt, sanitize.json (every tool on the
+#     bash bench/h200_submissions.sh
+# Writes under $OUT (default /tmp/h200-submissions): env.txt, sanitize.json (every tool on the
 # racy kernel, the far out-of-bounds writer and the honest kernel, with raw reports), demo.json (the corpus submitted and scored by a worker:
 # verdict, message, sanitizer stage and its wall time per submission), floor.json (cuDNN's
 # decode judged as a submission), and one log per step.
 set -uo pipefail
-OUT=${OUT:-/tmp/gpu-issue14}
+OUT=${OUT:-/tmp/h200-submissions}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export FA_HARNESS_HOME=${FA_HARNESS_HOME:-$(mktemp -d)}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The per-commit gate on the H200, proven end to end. From the project root on the GPU
 # machine (after `source .whl/prelude.sh`), with the commit being measured:
-#     FA_HARNESS_COMMIT=<sha> bash bench/gpu_issue12.sh [gate] [compare] [launch] [gputests]
+#     FA_HARNESS_COMMIT=<sha> bash bench/h200_gate.sh [gate] [compare] [launch] [gputests]
 # Default: gate compare launch (about 7-8 minutes; one call, since compare needs the gate's
 # database). Stages:
 #   gate      (a) `fa-harness ci` with no options, timed: its summary, record, wall time
@@ -12,11 +12,11 @@
 #                 fa2_mma
 #   launch    (d) bench/launch_overhead.py, uncached (before) then cached (after)
 #   gputests  the GPU test suite, serially, with the 25 slowest tests (not in the default)
-# Everything lands in $WORK (default /tmp/gpu-issue12); $OUT gets at most 8 files:
+# Everything lands in $WORK (default /tmp/h200-gate); $OUT gets at most 8 files:
 # gate-summary.md, gate-record.json, same-commit-summary.md, slowed-summary.md,
 # launch.json, times.txt, logs.tgz.
 set -uo pipefail
-WORK=${WORK:-/tmp/gpu-issue12}
+WORK=${WORK:-/tmp/h200-gate}
 OUT=${OUT:-$WORK/out}
 mkdir -p "$WORK" "$OUT"
 if [ -f .whl/prelude.sh ] && [ -z "${FA_PRELUDE_DONE:-}" ]; then source .whl/prelude.sh; fi
