@@ -62,6 +62,8 @@ def _worker(args: argparse.Namespace) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0")
     if args.gpu == "all":
         return _all_gpus(args)
+    if args.gpu is not None:
+        _check_gpu(str(args.gpu))
     try:
         # the queue lives in an existing database: a typo must not start an empty one
         db = open_db(args.db, create=False)
@@ -99,6 +101,27 @@ def _worker(args: argparse.Namespace) -> int:
         db.close()
     print(f"worker {config.name}: {n} job(s) finished", file=sys.stderr)
     return EXIT_OK
+
+
+def _check_gpu(spec: str) -> None:
+    """--gpu N must name a GPU of this machine (checked before anything is opened); a UUID
+    is resolved by the worker itself."""
+    text = spec.strip()
+    if text.startswith("-") and text[1:].isdigit():
+        raise UsageError(f"--gpu must be >= 0, got {text}")
+    if not text.isdigit():
+        return
+    try:
+        from harness.measure.gpuinfo import visible_gpus
+
+        count = len(visible_gpus())
+    except Exception:  # noqa: BLE001 - no NVML library or driver: ask CUDA
+        import torch
+
+        count = torch.cuda.device_count()
+    if int(text) >= count:
+        raise UsageError(f"--gpu {text}: this machine has {count} GPU(s)"
+                         + (f" (0..{count - 1})" if count else ""))
 
 
 def _argv(args: argparse.Namespace) -> list[str]:
