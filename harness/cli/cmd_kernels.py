@@ -114,8 +114,14 @@ def _print_table(rows: list[dict], errors: list[str], notes: list[str]) -> None:
 
     console = wide_console()
     t = Table(title="candidates")
-    cols = ("name", "kind", "device", "algorithm", "dtypes", "head_dims", "masks", "gqa",
-            "lse", "available", "origin")
+    cols: tuple[str, ...] = ("name", "kind", "device", "algorithm", "dtypes", "head_dims",
+                             "masks", "gqa", "lse", "available", "origin")
+    # Eleven columns do not fit a narrow terminal: keep the whole names and what decides
+    # a run (kind, availability, origin), and say where the rest is.
+    narrow = console.width < 140
+    if narrow:
+        cols = ("name", "kind", "available", "origin")
+        t.caption = "what each supports: a wider terminal, or --json"
     for col in cols:  # names stay whole; the long lists fold
         t.add_column(col.replace("_", " "), no_wrap=col in ("name", "kind", "device"),
                      overflow="fold")
