@@ -12,10 +12,11 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export FA_HARNESS_HOME=${FA_HARNESS_HOME:-$(mktemp -d)}
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/cupy-cache}
-# Without a working bubblewrap on the GPU machine, compiles there run under resource limits
-# only (the backend is recorded in env.txt); the preprocessor report and the message filter
-# still refuse the attacks (tests/test_submit_hostile.py runs them under both backends).
-bwrap --unshare-all --ro-bind / / true 2>/dev/null || export FA_HARNESS_SANDBOX=rlimits
+# Without a working bubblewrap on the GPU machine (bench/gpu_bwrap.sh can bring one),
+# compiles there run under resource limits only (the backend is recorded in env.txt); the
+# preprocessor report and the message filter still refuse the attacks
+# (tests/test_submit_hostile.py runs them under both backends).
+source bench/gpu_bwrap.sh
 
 step() {  # step NAME TIMEOUT_S CMD...: run, log to $OUT/NAME.log, print its tail
   local name=$1 limit=$2; shift 2
@@ -37,7 +38,7 @@ cat "$OUT/env.txt"
 # 1. compute-sanitizer directly: findings, one-line summaries, wall time per tool.
 step sanitize 50 python3 bench/sanitize_corpus.py --json "$OUT/sanitize.json"
 # 2. The cost of an honest fast kernel: cuDNN decode as a submission is never invalid.
-step floor 35 python3 bench/floor_decode.py --json "$OUT/floor.json"
+[ -z "${SKIP_FLOOR:-}" ] && step floor 35 python3 bench/floor_decode.py --json "$OUT/floor.json"
 # 3. The corpus through submit + worker: smoke correctness with race-check repeats, the
 #    sanitizer stage, 2 perf cases. Rejections at validation cost no GPU time.
 step demo 150 python3 bench/submissions_demo.py --correctness-grid smoke --max-perf-cases 2 \

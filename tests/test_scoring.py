@@ -237,3 +237,29 @@ def test_a_sanitizer_finding_is_incorrect_before_anything_is_timed():
                           sanitizer=lambda: SanitizeReport("findings", [finding], ["c"]))
     assert rep.verdict == "incorrect" and rep.message == finding.summary
     assert rep.detail["sanitizer"]["status"] == "findings" and "perf" not in rep.detail
+
+
+class IllegalAccess(Honest):
+    def cheat(self, n, case, inputs, out, lse) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_a_crash_is_named_by_the_sanitizer_run_afterwards(monkeypatch):
+    from harness.submissions import scoring
+    from harness.submissions.sanitize import SanitizeReport, ToolReport
+
+    monkeypatch.setattr(scoring, "context_usable", lambda device: False)
+    finding = ToolReport("memcheck", "findings", 4, "memcheck: 4 errors: Invalid __global__ "
+                         "write of size 2 bytes at far_writer.cu:97 (1,363,425 bytes after "
+                         "an allocation of 32 bytes)")
+    runs = []
+
+    def sanitizer():
+        runs.append(1)
+        return SanitizeReport("findings", [finding], ["c"])
+
+    rep = score_candidate(IllegalAccess(), _options(), secret=3, baseline=Honest(name="base"),
+                          sanitizer=sanitizer)
+    assert rep.verdict == "crashed" and len(runs) == 1
+    assert "illegal memory access" in rep.message and finding.summary in rep.message
+    assert rep.detail["sanitizer"]["status"] == "findings"

@@ -24,6 +24,9 @@ import torch
 from harness.candidates.python_candidate import PythonKernel
 
 _compiled: dict[str, Any] = {}
+# The path (compiled, compiled with small tiles, eager) that worked for a shape, so every
+# later call of that shape, timed ones included, goes straight to it.
+_chosen: dict[tuple, int] = {}
 
 
 def _flex(device: str):
@@ -88,18 +91,72 @@ def flex_prepare(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale)
     except ImportError:  # torch before AuxRequest
         AuxRequest = None
 
-    def call():
+    def attempt(fn, kernel_options):
         with warnings.catch_warnings():
             # The CPU path warns that it is not compiled; older keywords are deprecated.
             warnings.simplefilter("ignore")
+            extra = {} if kernel_options is None else {"kernel_options": kernel_options}
             if AuxRequest is not None:
-                out, aux = flex(q, k, v, block_mask=block_mask, scale=scale,
-                                enable_gqa=gqa, return_aux=AuxRequest(lse=True))
+                out, aux = fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa,
+                              return_aux=AuxRequest(lse=True), **extra)
                 return out, aux.lse
-            return flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa,
-                        return_lse=True)
+            return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa,
+                      return_lse=True, **extra)
+
+    if q.device.type != "cuda":
+        return lambda: attempt(flex, None)
+    # Inductor's default tile for some shapes finds no kernel that compiles and fits
+    # (NoValidChoicesError: head dims like 59 or 111 padded up, with a mask tensor to
+    # read). The peer then runs as a user of flex_attention would make it run: smaller
+    # tiles, else torch's eager flex_attention (same function, scores materialised). The
+    # path is chosen at the first call and kept, so a timed call never retries; a CUDA
+    # error is never caught here (the context is gone: it is the case's verdict).
+    from torch.nn.attention.flex_attention import flex_attention as eager
+
+    paths = [(flex, None), (flex, _SMALL_TILES), (eager, None)]
+    key = (q.dtype, tuple(q.shape), tuple(k.shape), mask_kind)
+
+    def call():
+        if key in _chosen:
+            return attempt(*paths[_chosen[key]])
+        for n, (fn, opts) in enumerate(paths):
+            try:
+                result = attempt(fn, opts)
+            except Exception as e:  # noqa: BLE001 - only compile failures are retried
+                if n == len(paths) - 1 or not _compile_failure(e):
+                    raise
+                _note_fallback(q, k, mask_kind, e, paths[n + 1])
+                continue
+            _chosen[key] = n
+            return result
+        raise AssertionError("unreachable")
 
     return call
+
+
+# Tiles small enough for any head dim up to 256 in the shared memory of an sm_80+ GPU.
+_SMALL_TILES = {"BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1, "num_warps": 4}
+
+
+def _compile_failure(e: BaseException) -> bool:
+    """An Inductor/Triton failure to build a kernel (not a CUDA runtime error)."""
+    from harness.core.faults import is_cuda_fatal
+
+    if is_cuda_fatal(str(e)):
+        return False
+    mod = type(e).__module__ or ""
+    return mod.startswith(("torch._inductor", "torch._dynamo", "triton")) or \
+        "NoValidChoicesError" in str(e)
+
+
+def _note_fallback(q, k, mask_kind: str, e: BaseException, nxt: tuple) -> None:
+    import sys
+
+    how = "tiles 32x32" if nxt[1] else "torch's eager flex_attention"
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+    print(f"flex_attention: the compiled kernel failed for d={q.shape[-1]} {mask_kind} "
+          f"{q.dtype} Nq={q.shape[2]} Nk={k.shape[2]} ({type(e).__name__}: {first}); "
+          f"using {how}", file=sys.stderr, flush=True)
 
 
 def flex_attention_fn(q, k, v, **kw):

@@ -35,12 +35,23 @@ def _interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+# Triton compiles one kernel per distinct pattern of its integer arguments (equal to 1,
+# divisible by 16), and the grids vary every size: left alone, a full-grid run compiles
+# a few hundred kernels. Sizes, offsets and the LSE and mask strides are never
+# specialised (they bound loops and masks, where the hint buys nothing). The q/k/v/out
+# strides are specialised only when all of them are multiples of 16 (head dims 64, 96,
+# 128, ...: the divisibility hints give vectorised loads there, and every case of such a
+# head dim has the same pattern); otherwise (head dims like 40 or 59) none is.
+_SHAPE_ARGS = ["H", "GROUP", "NQ", "NK", "OFFSET", "slb", "slh", "smb", "smm"]
+_STRIDE_ARGS = ["sqb", "sqh", "sqm", "skb", "skh", "skn", "svb", "svh", "svn",
+                "sob", "soh", "som"]
+
+
 @cache
-def _kernel():
+def _kernel(aligned: bool):
     import triton
     import triton.language as tl
 
-    @triton.jit
     def fa2_fwd(Q, K, V, Out, Lse, MASK, KLEN,
                 sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
                 slb, slh, smb, smm, smn,
@@ -109,7 +120,8 @@ def _kernel():
         lse = tl.where(live, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
         tl.store(Lse + b * slb + h * slh + offs_m, lse, mask=row_ok)
 
-    return fa2_fwd
+    return triton.jit(fa2_fwd, do_not_specialize=_SHAPE_ARGS + ([] if aligned else
+                                                                _STRIDE_ARGS))
 
 
 def _tiles(block_d: int) -> tuple[int, int, int, int]:
@@ -144,7 +156,8 @@ def triton_fa2_fn(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale
         m, sm = out, (0, 0, 0)  # unused pointer
     klen = key_lengths.to(device=q.device, dtype=torch.int32) if padding else lse
     grid = (math.ceil(Nq / block_m), B * H)
-    _kernel()[grid](
+    aligned = all(st % 16 == 0 for t in (q, k, v, out) for st in t.stride()[:3])
+    _kernel(aligned)[grid](
         q, k, v, out, lse, m, klen,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),

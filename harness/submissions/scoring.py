@@ -8,7 +8,9 @@ Stages (`score_candidate`):
    `race_repeats` times and compared bitwise unless the manifest declares the kernel
    nondeterministic, the oracle computed after the kernel ran and kept on the CPU. Any
    failure: verdict `incorrect`, failing cases listed. A crash (CUDA error) or hang ends
-   the run: `crashed` / `timeout` (the hang is detected by the worker's per-case deadline).
+   the run: `crashed` / `timeout` (the hang is detected by the worker's per-case deadline);
+   a crash is then run under compute-sanitizer, whose finding (the faulting access, its
+   line, its distance from an allocation) joins the message.
 2. compute-sanitizer (`harness.submissions.sanitize`): memcheck, racecheck, initcheck and
    synccheck on a few small cases; any finding is `incorrect` with the tool's one-line
    summary; a missing tool is recorded as not run.
@@ -119,10 +121,14 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
             continue
         failing.append(_result_entry(r))
         if r.status is Status.ERROR and not context_usable(device):
-            return ScoreReport("crashed", f"{r.case.id}: {r.message} (the CUDA context is "
-                               f"unusable afterwards)", failing_cases=failing, detail=detail)
-        if r.status in (Status.CRASHED, Status.TIMEOUT):
-            return ScoreReport(r.status.value, f"{r.case.id}: {r.message}",
+            return _diagnosed(ScoreReport("crashed", f"{r.case.id}: {r.message} (the CUDA "
+                                          f"context is unusable afterwards)",
+                                          failing_cases=failing, detail=detail), sanitizer)
+        if r.status is Status.CRASHED:
+            return _diagnosed(ScoreReport("crashed", f"{r.case.id}: {r.message}",
+                                          failing_cases=failing, detail=detail), sanitizer)
+        if r.status is Status.TIMEOUT:
+            return ScoreReport("timeout", f"{r.case.id}: {r.message}",
                                failing_cases=failing, detail=detail)
         if options.stop_at_first_failure:
             break
@@ -228,6 +234,20 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
     return ScoreReport("scored", f"geometric mean speedup {score:.3f}x over {baseline.name} "
                        f"on {len(speedups)}/{len(perf_cases)} perf cases{marked}", score=score,
                        detail=detail)
+
+
+def _diagnosed(report: ScoreReport, sanitizer: Callable[[], Any] | None) -> ScoreReport:
+    """A crash says only that the context died ("illegal memory access"); the sanitizer,
+    in its own process (this one's context is gone), names the access: which write, at
+    which line, how far from which allocation. The verdict stays `crashed`; the finding
+    is added to the message and the detail. Not for a hang: it would hang there too."""
+    if sanitizer is None:
+        return report
+    rep = sanitizer()
+    report.detail["sanitizer"] = rep.to_dict()
+    if rep.finding is not None:
+        report.message = f"{report.message}; compute-sanitizer: {rep.finding.summary}"
+    return report
 
 
 def score_files(files: dict[str, str], options: ScoringOptions, *, secret: int,

@@ -159,9 +159,85 @@ make("cached_output.cu", "cached_output", "skips the work when called again with
         if (atomicAdd(&g_finished, 1u) == total - 1) { g_key = key; g_finished = 0; }
     }""")
 # Caught by compute-sanitizer before timing (GPU): the output is right almost always.
-make("racy_rows.cu", "racy_rows", "reads a shared value another warp writes, with no __syncthreads",
-     start="__shared__ float s_one;\n    if (threadIdx.x == 0) s_one = 1.0f;  // no __syncthreads()",
-     before="for (int c = 0; c < 8; ++c) acc[c] *= s_one;")
+# The race must survive into the machine code: a value stored once and read back (a
+# constant flag in shared memory, say) is folded by the compiler and races with nothing,
+# so the planted bug is the classic one, a tile staged in shared memory without the
+# barrier between the stores and the reads (tests/test_submit_corpus.py checks the PTX).
+RACY_LOOP = r'''extern "C" __global__ void rowwarp(FaParams p) {
+    // The block's four warps (one query row each) stage K and V in shared memory, TILE
+    // keys at a time, every thread storing a slice of each key row; then every warp reads
+    // whole rows. The __syncthreads() between the stores and the reads is missing (the
+    // one before a tile is overwritten is kept): a warp that runs ahead reads parts of
+    // key rows that another warp has not stored yet, stale from the previous tile.
+    __shared__ unsigned short sk[TILE * 256], sv[TILE * 256];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int i = blockIdx.x * 4 + warp, h = blockIdx.y, b = blockIdx.z;
+    const bool active = i < p.seqlen_q;
+    const int d = p.head_dim;
+    const int hk = h / (p.heads / p.kv_heads);
+    const long long qo = b * p.q_batch_stride + h * p.q_head_stride + (long long)i * p.q_row_stride;
+    const long long ko = b * p.k_batch_stride + hk * p.k_head_stride;
+    const long long vo = b * p.v_batch_stride + hk * p.v_head_stride;
+    const long long oo = b * p.o_batch_stride + h * p.o_head_stride + (long long)i * p.o_row_stride;
+    float qr[8], acc[8];
+    for (int c = 0; c < 8; ++c) {
+        const int dim = lane + 32 * c;
+        qr[c] = active && dim < d ? ld_x(p.q, qo + dim, p.dtype) : 0.f;
+        acc[c] = 0.f;
+    }
+    float m = __int_as_float(0xff800000u), l = 0.f;
+    const int end = active ? fa_key_end(p, b, i) : 0;
+    // The block's last row sees the most keys (causal ends grow with the row): every
+    // thread runs the same number of tiles, so the barrier below is reached by all.
+    const int block_end = fa_key_end(p, b, min(blockIdx.x * 4 + 3, p.seqlen_q - 1));
+    for (int t0 = 0; t0 < block_end; t0 += TILE) {
+        __syncthreads();  // no warp still reads the previous tile
+        for (int e = threadIdx.x; e < TILE * d; e += blockDim.x) {
+            const int r = e / d, dim = e % d;
+            if (t0 + r < p.seqlen_k) {
+                sk[r * d + dim] = static_cast<const unsigned short*>(p.k)[ko + (long long)(t0 + r) * p.k_row_stride + dim];
+                sv[r * d + dim] = static_cast<const unsigned short*>(p.v)[vo + (long long)(t0 + r) * p.v_row_stride + dim];
+            }
+        }
+        // (the missing __syncthreads())
+        const int tend = min(TILE, end - t0);
+        for (int r = 0; r < tend; ++r) {
+            const int j = t0 + r;
+            if (!fa_visible(p, b, i, j)) continue;  // uniform across the warp
+            float s = 0.f;
+            for (int c = 0; c < 8; ++c) {
+                const int dim = lane + 32 * c;
+                if (dim < d) s += qr[c] * ld_x(sk, r * d + dim, p.dtype);
+            }
+            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+            s *= p.scale;
+            const float mn = fmaxf(m, s);
+            const float corr = expf(m - mn);
+            const float pj = expf(s - mn);
+            l = l * corr + pj;
+            for (int c = 0; c < 8; ++c) {
+                const int dim = lane + 32 * c;
+                if (dim < d) acc[c] = acc[c] * corr + pj * ld_x(sv, r * d + dim, p.dtype);
+            }
+            m = mn;
+        }
+    }
+    if (!active) return;
+    for (int c = 0; c < 8; ++c) {
+        const int dim = lane + 32 * c;
+        if (dim < d) st_x(p.o, oo + dim, l > 0.f ? acc[c] / l : 0.f, p.dtype);
+    }
+    if (lane == 0 && p.lse)
+        p.lse[(long long)(b * p.heads + h) * p.seqlen_q + i] =
+            l > 0.f ? m + logf(l) : __int_as_float(0xff800000u);
+}
+'''
+racy_body = BODY[:BODY.index("CHEAT_GLOBALS")] + "#define TILE 16\n\n" + RACY_LOOP
+(HERE / "racy_rows.cu").write_text(
+    HEADER.format(name="racy_rows", desc="stages K/V tiles in shared memory without the "
+                  "__syncthreads() between the stores and the reads", entry="rowwarp",
+                  opts="[]", grid='"ceil_div(seqlen_q, rows_per_block)"', smem="0")
+    + racy_body)
 make("far_writer.cu", "far_writer", "writes one element 3 MiB past the end of O",
      after="if (i == 0 && h == 0 && b == 0 && lane == 0) "
            "static_cast<unsigned short*>(p.o)[oo + (3 << 20) / 2] = 0;")
