@@ -12,6 +12,9 @@
 #                 fa2_mma
 #   launch    (d) bench/launch_overhead.py, uncached (before) then cached (after)
 #   gputests  the GPU test suite, serially, with the 25 slowest tests (not in the default)
+#   install, gputests_a, gputests_b, launch_after, subs, full_triton, full_flex: see below
+#             (the GPU suite in two halves, the cached launch path only, the submission
+#             corpus, a Python candidate's full grid)
 # Everything lands in $WORK (default /tmp/h200-gate); $OUT gets at most 8 files:
 # gate-summary.md, gate-record.json, same-commit-summary.md, slowed-summary.md,
 # launch.json, times.txt, logs.tgz.
@@ -28,6 +31,7 @@ export FA_HARNESS_DB="sqlite:///$WORK/gate.sqlite"
 mkdir -p "$FA_HARNESS_HOME"
 FA="python3 -m harness"
 TIMES=$OUT/times.txt
+source bench/gpu_bwrap.sh >"$WORK/bwrap.txt" 2>&1; tee -a "$TIMES" <"$WORK/bwrap.txt"
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(gate compare launch)
 
@@ -90,11 +94,42 @@ for p in ("launch-before.json", "launch-after.json"):
 Path(sys.argv[2]).write_text(json.dumps({"target_us": 30, "rows": rows}, indent=1) + "\n")
 EOF
       ;;
+    install)
+      # The package's entry points (console script, pytest plugin, the Python candidates'
+      # group) exist only installed: editable, no dependencies, no build isolation (the
+      # machine reaches no registry).
+      step install 60 python3 -m pip install -q --no-deps --no-build-isolation -e .
+      ;;
     gputests)
       step gpu_tests 290 python3 -m pytest -m gpu tests -q -p no:cacheprovider --timeout 120 \
         -rfE --durations=25
       ;;
-    *) echo "unknown stage $stage (gate compare launch gputests)"; exit 2 ;;
+    gputests_a)  # the GPU tests of buffers, timing, the runner and the CUDA variants
+      step gpu_tests_a ${GPU_A_S:-150} python3 -m pytest -m gpu -q -p no:cacheprovider \
+        --timeout 120 -rfE --durations=10 tests/test_buffers.py tests/test_gpu_measure.py \
+        tests/test_runner.py tests/test_cuda_variants_gpu.py
+      ;;
+    gputests_b)  # the submissions' verdicts, the gate and the Python candidates on a GPU
+      step gpu_tests_b ${GPU_B_S:-280} python3 -m pytest -m gpu -q -p no:cacheprovider \
+        --timeout 200 -rfE --durations=15 tests/test_cheats_gpu.py tests/test_gate.py \
+        tests/test_python_candidates.py
+      ;;
+    launch_after)  # the cached path only
+      step launch_after 90 python3 bench/launch_overhead.py --kernels fa2_mma,splitkv,fa2_simt \
+        --json "$OUT/launch.json"
+      ;;
+    subs)  # the submission corpus: sanitizer on three kernels, then scored by a worker
+      SKIP_FLOOR=1 OUT=$WORK/subs step subs ${SUBS_S:-220} bash bench/h200_submissions.sh
+      cp "$WORK/subs/demo.json" "$OUT/submissions-demo.json" 2>/dev/null
+      cp "$WORK/subs/sanitize.json" "$OUT/sanitizer-corpus.json" 2>/dev/null
+      ;;
+    full_triton|full_flex)  # one Python candidate on its whole full grid, one record
+      name=${stage#full_}; kern=$([ "$name" = triton ] && echo triton_fa2 || echo flex_attention)
+      step "$stage" ${FULL_S:-240} $FA run --grid full --kernels "$kern" --device cuda \
+        --no-progress --timeout 120 --record "$WORK/$stage-record.json"
+      cp "$WORK/$stage-record.json" "$OUT/" 2>/dev/null
+      ;;
+    *) echo "unknown stage $stage (gate compare launch gputests ...)"; exit 2 ;;
   esac
 done
 tar -czf "$OUT/logs.tgz" -C "$WORK" --exclude=cupy-cache --exclude=slow --exclude=home \
