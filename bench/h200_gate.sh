@@ -115,7 +115,7 @@ EOF
         tests/test_python_candidates.py
       ;;
     launch_after)  # the cached path only
-      step launch_after 90 python3 bench/launch_overhead.py --kernels fa2_mma,splitkv,fa2_simt \
+      step launch_after 90 python3 bench/launch_overhead.py --kernels fa2_mma,splitkv,fa2_simt --paths driver,cupy \
         --json "$OUT/launch.json"
       ;;
     subs)  # the submission corpus: sanitizer on three kernels, then scored by a worker

@@ -108,3 +108,16 @@ esac
     assert sorted(c.split()[1] for c in calls) == sorted(sanitize.TOOLS)
     assert all("harness.submissions.sanitize_target" in c and "--cases" in c for c in calls)
     assert "raw" not in rep.to_dict()["tools"][0]
+
+
+def test_racecheck_gets_a_lighter_case_set():
+    from harness.core.candidate import Support
+    from harness.submissions.sanitize import racecheck_cases, sanitizer_cases
+
+    sup = Support()
+    full, race = sanitizer_cases(sup), racecheck_cases(sup)
+    assert 1 <= len(race) <= 3 < len(full)
+    assert all(c.batch == 1 and c.heads <= 2 for c in race)
+    assert any(c.seqlen_q > 64 and c.seqlen_k > 64 for c in race)  # partial tiles, >1 tile
+    blocks = sum(c.batch * c.heads * c.seqlen_q for c in race)
+    assert blocks * 4 <= sum(c.batch * c.heads * c.seqlen_q for c in full)

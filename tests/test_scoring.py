@@ -263,3 +263,14 @@ def test_a_crash_is_named_by_the_sanitizer_run_afterwards(monkeypatch):
     assert rep.verdict == "crashed" and len(runs) == 1
     assert "illegal memory access" in rep.message and finding.summary in rep.message
     assert rep.detail["sanitizer"]["status"] == "findings"
+
+
+def test_a_sanitizer_tool_that_cannot_finish_is_not_a_clean_bill():
+    from harness.submissions.sanitize import SanitizeReport, ToolReport
+
+    tools = [ToolReport("memcheck", "clean"),
+             ToolReport("racecheck", "timeout", 0, "racecheck: did not finish within 50 s")]
+    rep = score_candidate(Honest(), _options(), secret=3, baseline=Honest(name="base"),
+                          sanitizer=lambda: SanitizeReport("failed", tools, ["c"]))
+    assert rep.verdict == "incorrect" and "racecheck" in rep.message
+    assert "did not finish" in rep.message and "perf" not in rep.detail

@@ -67,6 +67,9 @@ class CudaVariant(Candidate):
     # The per-case launch cache (see `run`); off only to measure what it saves
     # (bench/launch_overhead.py --uncached).
     cache_launches: bool = True
+    # cuLaunchKernel with precomputed arguments (see `_new_state`); off only to measure
+    # CuPy's own launch path (bench/launch_overhead.py --path cupy).
+    launch_via_driver: bool = True
     _state: Any = field(default=None, init=False, repr=False, compare=False)
     # Untrusted source (submissions): build with nvcc in harness.candidates.sandbox and load
     # the cubin, instead of NVRTC inside this process.
@@ -276,7 +279,8 @@ class CudaVariant(Candidate):
         # (function handle, grid, block, shared memory, stream; the parameter block's
         # address per tensor set): CuPy's own launch converts the FaParams scalar and
         # checks its arguments on every call, which costs about 10 us per launch.
-        driver_launch = getattr(cp.cuda.driver, "launchKernel", None)
+        driver_launch = (getattr(cp.cuda.driver, "launchKernel", None)
+                         if self.launch_via_driver else None)
         launches = []
         for p in plan:
             if not p.skipped:

@@ -4,9 +4,11 @@ Each of memcheck (out-of-bounds and misaligned accesses), racecheck (shared-memo
 hazards), initcheck (reads of uninitialised global memory) and synccheck (barrier misuse)
 runs `python -m harness.submissions.sanitize_target` on a few small cases chosen from what
 the kernel declares (`sanitizer_cases`: partial tiles in both sequence lengths, every mask
-kind it supports, GQA when it supports it, each dtype). The tools run in parallel, one
-process each. Any finding is `incorrect`, with the tool's one-line summary
-(`summarize`); a missing tool is said so (`status: "unavailable"`) and scoring goes on.
+kind it supports, GQA when it supports it, each dtype; racecheck, the slow one, on a
+lighter set, `racecheck_cases`). The tools run in parallel, one process each. Any finding
+is `incorrect`, with the tool's one-line summary; so is a tool that could not finish (a
+kernel that is slow enough under a tool would otherwise never be checked by it); a
+missing tool is said so (`status: "unavailable"`) and scoring goes on.
 
 The summary is rebuilt from the parsed report (kind of access, kernel, offset, source line
 in a submission file, distance from the allocation), never copied: host backtraces and
@@ -81,6 +83,12 @@ class SanitizeReport:
     def finding(self) -> ToolReport | None:
         return next((t for t in self.tools if t.status == "findings"), None)
 
+    @property
+    def unchecked(self) -> ToolReport | None:
+        """A tool that ran but could not finish its check (timed out, or died without a
+        report): the submission is then not known to be clean."""
+        return next((t for t in self.tools if t.status in ("timeout", "failed")), None)
+
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "cases": self.cases, "wall_s": round(self.wall_s, 2),
                 "tools": [t.to_dict() for t in self.tools]}
@@ -127,6 +135,23 @@ def sanitizer_cases(support: Support, max_cases: int = 6) -> list[Case]:
             out.append(c)
     # Keep the mask variety, drop the rest past max_cases.
     return out[:max_cases]
+
+
+def racecheck_cases(support: Support) -> list[Case]:
+    """racecheck's own, lighter set. It tracks every shared-memory access of every block,
+    so a kernel that stages tiles in shared memory runs hundreds of times slower under it
+    than under the other tools (seen: past 50 s on the six cases above). A hazard is
+    between threads of one block, so one batch entry and one head group suffice: the
+    first two cases above (partial tiles, two mask kinds) and the decode row, at 1/4 of
+    the blocks."""
+    heads, kv = (2, 1) if support.gqa else (1, 1)
+    out: list[Case] = []
+    for c in sanitizer_cases(support):
+        small = Case(1, heads, kv, c.seqlen_q, c.seqlen_k, c.head_dim, c.dtype, c.mask)
+        if support.reason_unsupported(small) is None and small not in out:
+            out.append(small)
+    decode = [c for c in out if c.seqlen_q == 1]
+    return (out[:2] + decode[:1])[:3]
 
 
 # --------------------------------------------------------------------------- parsing
@@ -255,12 +280,18 @@ def sanitize(variant_path: str, support: Support, names: set[str], *,
                                               for t in tools], [c.id for c in cases])
     t0 = time.monotonic()
     _prebuild(variant_path)
+    race = racecheck_cases(support)
+
+    def one(t: str) -> ToolReport:
+        return run_tool(t, variant_path, race if t == "racecheck" else cases, names,
+                        timeout_s, exe)
+
     with ThreadPoolExecutor(max_workers=len(tools)) as pool:
-        reports = list(pool.map(lambda t: run_tool(t, variant_path, cases, names, timeout_s,
-                                                   exe), tools))
+        reports = list(pool.map(one, tools))
     status = ("findings" if any(r.status == "findings" for r in reports) else
               "failed" if any(r.status in ("failed", "timeout") for r in reports) else "clean")
-    return SanitizeReport(status, reports, [c.id for c in cases], time.monotonic() - t0)
+    ids = [c.id for c in cases] + [c.id for c in race if c not in cases]
+    return SanitizeReport(status, reports, ids, time.monotonic() - t0)
 
 
 def _prebuild(variant_path: str) -> None:

@@ -123,10 +123,12 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
         if r.status is Status.ERROR and not context_usable(device):
             return _diagnosed(ScoreReport("crashed", f"{r.case.id}: {r.message} (the CUDA "
                                           f"context is unusable afterwards)",
-                                          failing_cases=failing, detail=detail), sanitizer)
+                                          failing_cases=failing, detail=detail), sanitizer,
+                              progress)
         if r.status is Status.CRASHED:
             return _diagnosed(ScoreReport("crashed", f"{r.case.id}: {r.message}",
-                                          failing_cases=failing, detail=detail), sanitizer)
+                                          failing_cases=failing, detail=detail), sanitizer,
+                              progress)
         if r.status is Status.TIMEOUT:
             return ScoreReport("timeout", f"{r.case.id}: {r.message}",
                                failing_cases=failing, detail=detail)
@@ -151,6 +153,15 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
             return ScoreReport("incorrect", rep.finding.summary, detail=detail,
                                failing_cases=[{"case": "compute-sanitizer", "status": "failed",
                                                "message": rep.finding.summary}])
+        if rep.unchecked is not None:
+            # Not a finding, but not a clean bill either: scoring it would let a kernel
+            # that is slow under the tool skip the check.
+            t = rep.unchecked
+            msg = (f"compute-sanitizer {t.tool} could not check the submission "
+                   f"({t.summary or t.status}); it is not scored unchecked")
+            return ScoreReport("incorrect", msg, detail=detail,
+                               failing_cases=[{"case": "compute-sanitizer", "status": "failed",
+                                               "message": msg}])
 
     # 3. speed
     if baseline is None:
@@ -236,13 +247,16 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
                        detail=detail)
 
 
-def _diagnosed(report: ScoreReport, sanitizer: Callable[[], Any] | None) -> ScoreReport:
+def _diagnosed(report: ScoreReport, sanitizer: Callable[[], Any] | None,
+               progress: Progress | None = None) -> ScoreReport:
     """A crash says only that the context died ("illegal memory access"); the sanitizer,
     in its own process (this one's context is gone), names the access: which write, at
     which line, how far from which allocation. The verdict stays `crashed`; the finding
     is added to the message and the detail. Not for a hang: it would hang there too."""
     if sanitizer is None:
         return report
+    if progress is not None:
+        progress("sanitize", "after the crash")
     rep = sanitizer()
     report.detail["sanitizer"] = rep.to_dict()
     if rep.finding is not None:
@@ -276,7 +290,26 @@ def score_files(files: dict[str, str], options: ScoringOptions, *, secret: int,
             def run_sanitizer() -> Any:
                 return san.sanitize(vpath, candidate.support, san.source_names(candidate),
                                     timeout_s=options.sanitize_timeout_s)
-        return score_candidate(candidate, options, secret=secret, progress=progress,
-                               sanitizer=run_sanitizer, variant_path=vpath)
+        last = ["", ""]
+
+        def track(stage: str, case: str) -> None:
+            last[:] = [stage, case]
+            if progress is not None:
+                progress(stage, case)
+
+        try:
+            return score_candidate(candidate, options, secret=secret, progress=track,
+                                   sanitizer=run_sanitizer, variant_path=vpath)
+        except Exception as e:
+            # A fault that surfaced outside a guarded launch (the next synchronising
+            # call): the same verdict as inside one, named by the sanitizer.
+            from harness.core.faults import is_cuda_fatal
+
+            text = (str(e).strip().splitlines() or [""])[0][:1000]
+            if not is_cuda_fatal(text):
+                raise
+            where = " ".join(x for x in last if x)
+            return _diagnosed(ScoreReport("crashed", f"{type(e).__name__} during {where}: "
+                                          f"{text}"), run_sanitizer, progress)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
