@@ -136,6 +136,7 @@ def test_cached_launches_match_uncached_and_follow_new_inputs():
     case = Case(2, 4, 2, 113, 203, 64, "float16", MaskKind.RANDOM)
     cached, plain = _variant("fa2_simt"), _variant("fa2_simt")
     plain.cache_launches = False
+    plain.launch_via_driver = False  # and CuPy's own launch: the same bits again
     lse = torch.empty(2, 4, 113, dtype=torch.float32, device="cuda")
     for draw in range(3):  # each set freed before the next: the allocator reuses addresses
         inputs = make_inputs(case, "cuda", draw=draw)
@@ -151,6 +152,7 @@ def test_cached_launches_match_uncached_and_follow_new_inputs():
         torch.cuda.synchronize()
         assert torch.equal(a, b), draw
         del inputs, a, b
+    assert cached.meta["launch_path"] == "driver" and plain.meta["launch_path"] == "cupy"
     # and the check, twice with different secrets, on the cached candidate
     for secret in (0, 7):
         res = check_case(cached, case, device="cuda", secret=secret)

@@ -39,3 +39,13 @@ def test_cache_is_on_by_default():
 
     variants = [c for c in discover() if isinstance(c, CudaVariant)]
     assert variants and all(v.cache_launches for v in variants)
+
+
+def test_the_function_handle_is_found_behind_a_rawkernel():
+    from types import SimpleNamespace
+
+    from harness.candidates.cuda_candidate import _function_ptr
+
+    assert _function_ptr(SimpleNamespace(ptr=1234)) == 1234  # cupy.cuda.Function
+    assert _function_ptr(SimpleNamespace(kernel=SimpleNamespace(ptr=99))) == 99  # RawKernel
+    assert _function_ptr(SimpleNamespace()) is None

@@ -108,3 +108,25 @@ def test_cost_estimate_matches_the_committed_perf_run_wall_time():
                                                   "sdpa_cudnn") for c in perf)
     est += 4 * P.CHILD_START_S
     assert 0.75 * 187 <= est <= 1.5 * 187, est
+
+
+def test_replan_shares_what_correctness_really_left_and_keeps_the_reasons():
+    perf = get_grid("perf")
+    cands = [Cand("fa2_mma"), Cand("sdpa_flash", kind="peer"), Cand("fa1", meta={"timing": "smoke"})]
+    first = P.make_plan(cands, get_grid("smoke"), perf, budget_min=5.0)
+    # correctness took far longer than estimated: 200 of the 300 s are gone
+    again = P.replan(first, cands, perf, spent_s=200.0)
+    assert again.correctness_took_s == 200.0 and again.correctness_s == first.correctness_s
+    assert again.timed_s <= (300 - 200 - P.RESERVE_S) * P.REPLAN_FILL + 1e-6 or \
+        again.timed["fa2_mma"] == []
+    # both full candidates still timed, on fewer cases each (not one dropped whole)
+    assert 0 < len(again.timed["fa2_mma"]) < len(first.timed["fa2_mma"])
+    assert 0 < len(again.timed["sdpa_flash"]) < len(first.timed["sdpa_flash"])
+    assert len(again.timed["fa1"]) == P.SMOKE_CASES
+    reasons = {(lo.kernel, lo.reason.split(":")[0]) for lo in again.left_out}
+    assert ("fa1", "timing = smoke") in reasons
+    assert any(lo.kernel == "fa2_mma" and "budget" in lo.reason for lo in again.left_out)
+    assert again.to_dict()["correctness_took_s"] == 200.0
+    # correctness that took less than estimated gives the time back
+    early = P.replan(first, cands, perf, spent_s=5.0)
+    assert len(early.timed["fa2_mma"]) >= len(first.timed["fa2_mma"])

@@ -286,8 +286,8 @@ class CudaVariant(Candidate):
             if not p.skipped:
                 compiled.ensure_dynamic_smem(p.entry, p.shared_mem)
                 fn = compiled.function(p.entry)
-                fptr = getattr(fn, "ptr", None)
-                raw = (None if driver_launch is None or not isinstance(fptr, int) else
+                fptr = _function_ptr(fn)
+                raw = (None if driver_launch is None or fptr is None else
                        (fptr, *p.grid, *p.block, p.shared_mem, tstream.cuda_stream))
                 launches.append((fn, p, raw))
         self.meta["launch_path"] = ("driver" if launches and all(r is not None for *_, r in launches)
@@ -375,10 +375,18 @@ def _launch(cp: Any, fn: Any, p: PlannedLaunch, params: Any, stream: Any) -> str
     import ctypes
 
     arg_ptrs = (ctypes.c_void_p * 1)(params.array.ctypes.data)  # void** kernelParams
-    fptr = fn.ptr if hasattr(fn, "ptr") else fn.kernel.ptr  # Function / RawKernel
-    launch(fptr, *p.grid, *p.block, p.shared_mem, stream.ptr,
+    launch(_function_ptr(fn), *p.grid, *p.block, p.shared_mem, stream.ptr,
            ctypes.addressof(arg_ptrs), 0)
     return "driver"
+
+
+def _function_ptr(fn: Any) -> int | None:
+    """The CUfunction handle behind a CuPy kernel: `RawModule.get_function` gives a
+    RawKernel, whose `.kernel` is the loaded cupy.cuda.Function (`.ptr`)."""
+    ptr = getattr(fn, "ptr", None)
+    if ptr is None:
+        ptr = getattr(getattr(fn, "kernel", None), "ptr", None)
+    return ptr if isinstance(ptr, int) and ptr else None
 
 
 def _aligned(t: torch.Tensor, head_dim: int) -> torch.Tensor:

@@ -37,10 +37,12 @@ from harness.records.plan import (
     CHILD_START_S,
     DEFAULT_BUDGET_MIN,
     DEFAULT_MIN_TIME_S,
+    RESERVE_S,
     LeftOut,
     Plan,
     excuse_missing,
     make_plan,
+    replan,
     timed_case_cost_s,
 )
 from harness.records.record import RunRecord, environment, gpu_model_key, spool
@@ -48,6 +50,7 @@ from harness.records.record import RunRecord, environment, gpu_model_key, spool
 # Grids whose purpose is timing; without a GPU they are reported as not run.
 TIMING_GRIDS = frozenset({"perf", "decode"})
 DEFAULT_GRIDS = ("smoke", "perf", "decode")
+BASELINE = "sdpa_flash"  # the speed-up column's reference (harness.measure.perf)
 OK_STATUSES = ("passed", "skipped")
 # A case that hangs costs its candidate this much once (harness.execution.isolate stops
 # the candidate there), not the budget.
@@ -213,18 +216,27 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
         report = LineReport({c.name: len(check_cases) for c in candidates}, stream=sys.stdout)
         results += run_correctness(candidates, check_cases, secret=opts.secret,
                                    timeout_s=opts.timeout_s, on_result=report)
+    if gpu and plan.timed:
+        before = {k: len(v) for k, v in plan.timed.items()}
+        plan = replan(plan, candidates, timing_cases, time.monotonic() - t0)
+        after = {k: len(v) for k, v in plan.timed.items()}
+        if after != before:
+            log(f"re-plan: correctness took {plan.correctness_took_s:.0f} s (estimate "
+                f"{plan.correctness_s:.0f} s); timing {sum(after.values())} case(s), "
+                f"{plan.timed_s:.0f} s")
     calibration = calibration_object(notes) if gpu and plan.timed else None
     timed_results: list[CaseResult] = []
-    for cand in candidates:
+    # The speed-up column's baseline first: without it no ratio can be computed.
+    for cand in sorted(candidates, key=lambda c: c.name != BASELINE):
         cases = plan.timed.get(cand.name) or []
         if not cases:
             continue
-        # The estimate was made before anything ran: if the run so far took longer, a
+        # The estimate was made before the timing ran: if the run so far took longer, a
         # candidate whose timing would pass the budget is left out (and said so).
         spent = time.monotonic() - t0
         cost = CHILD_START_S + sum(timed_case_cost_s(cand.name, c, opts.min_time_s)
                                    for c in cases)
-        if spent + cost > plan.budget_s:
+        if spent + cost > plan.budget_s - RESERVE_S:
             plan.left_out.append(LeftOut(cand.name, f"{spent:.0f} s spent, its ~{cost:.0f} s "
                                          "would pass the budget", [c.id for c in cases]))
             plan.timed[cand.name] = []
@@ -240,7 +252,7 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
     if timed_results:
         from harness.measure.perf import add_baseline_ratios
 
-        add_baseline_ratios(timed_results, "sdpa_flash")
+        add_baseline_ratios(timed_results, BASELINE)
     results = _dedupe(results + timed_results)
     kernels = {c.name: kernel_info(c) for c in candidates}
     env = environment()

@@ -46,6 +46,9 @@ CHILD_START_S = 4.0
 # Correctness: per (candidate, case) on the GPU (small smoke shapes) and on the CPU.
 CHECK_GPU_S = 0.15
 CHECK_CPU_S = 0.5
+# A Python candidate on the GPU compiles per shape (Triton; flex_attention through
+# Inductor): its first call of each smoke case is a compile.
+CHECK_PYTHON_GPU_S = 1.5
 MIN_SAMPLES = 20
 
 # Median TFLOP/s over the committed H200 perf record (fa2_mma 245, sdpa_flash 299,
@@ -59,6 +62,27 @@ BANDWIDTH_GBPS = 2000.0
 DEFAULT_RATE_TFLOPS = 2.0
 
 PEER_TIMING = {"sdpa_flash": "full", "sdpa_math": "none"}  # other peers: "smoke"
+# Seconds kept free at the end of the budget: the process start before the clock starts
+# (torch, CUDA), the record, the database and the summary.
+RESERVE_S = 20.0
+# Once correctness has run, the estimate only has the timing left to miss: a smaller
+# margin than PLAN_FILL.
+REPLAN_FILL = 0.9
+
+
+def replan(plan: Plan, candidates: Sequence[Any], timing_cases: Sequence[Case],
+           spent_s: float) -> Plan:
+    """The timing part planned again from what is really left after correctness
+    (`spent_s` into the run): the Python candidates' per-shape compiles, a slow machine or
+    a slow kernel make correctness cost what no estimate made beforehand can know, and
+    the time left is shared out again, cheapest cases first, instead of dropping whole
+    candidates at the end. The first plan's correctness estimate is kept for the record."""
+    room = plan.budget_s - spent_s - RESERVE_S
+    new = make_plan(candidates, [], timing_cases, budget_min=plan.budget_s / 60.0,
+                    min_time_s=plan.min_time_s, gpu=True, room_s=room)
+    new.correctness_s = plan.correctness_s
+    new.correctness_took_s = spent_s
+    return new
 
 
 def timing_mode(cand: Any) -> tuple[str, int | None]:
@@ -94,6 +118,7 @@ class Plan:
     budget_s: float
     min_time_s: float
     correctness_s: float = 0.0
+    correctness_took_s: float | None = None  # measured, once the re-plan has run
     timed: dict[str, list[Case]] = field(default_factory=dict)  # candidate -> cases, in order
     timed_s: float = 0.0
     left_out: list[LeftOut] = field(default_factory=list)
@@ -119,6 +144,8 @@ class Plan:
         return {"budget_s": self.budget_s, "min_time_s": self.min_time_s,
                 "estimate_s": round(self.estimate_s, 1),
                 "correctness_s": round(self.correctness_s, 1),
+                "correctness_took_s": (None if self.correctness_took_s is None
+                                       else round(self.correctness_took_s, 1)),
                 "timed": {k: [c.id for c in v] for k, v in self.timed.items()},
                 "left_out": [{"kernel": lo.kernel, "reason": lo.reason, "cases": lo.cases}
                              for lo in self.left_out]}
@@ -133,17 +160,23 @@ def _supports(cand: Any, case: Case) -> bool:
 
 def make_plan(candidates: Sequence[Any], check_cases: Sequence[Case],
               timing_cases: Sequence[Case], *, budget_min: float = DEFAULT_BUDGET_MIN,
-              min_time_s: float = DEFAULT_MIN_TIME_S, gpu: bool = True) -> Plan:
+              min_time_s: float = DEFAULT_MIN_TIME_S, gpu: bool = True,
+              room_s: float | None = None) -> Plan:
+    """The plan of the module doc. `room_s`: the seconds timing may take, given instead of
+    derived from the budget (the re-plan once correctness has run and its real cost is
+    known, `replan`)."""
     plan = Plan(budget_s=budget_min * 60.0, min_time_s=min_time_s)
     for cand in candidates:
         on_gpu = getattr(cand, "device", "cpu") == "cuda"
         if on_gpu and not gpu:
             continue
-        per = CHECK_GPU_S if on_gpu else CHECK_CPU_S
+        per = ((CHECK_PYTHON_GPU_S if getattr(cand, "kind", "") == "python" else CHECK_GPU_S)
+               if on_gpu else CHECK_CPU_S)
         plan.correctness_s += per * len(check_cases) + (CHILD_START_S if cand.isolate else 0)
     if not gpu or not timing_cases:
         return plan
-    room = plan.budget_s * PLAN_FILL - plan.correctness_s
+    room = (plan.budget_s * PLAN_FILL - plan.correctness_s if room_s is None
+            else room_s * REPLAN_FILL)
     queues: dict[str, list[tuple[float, Case]]] = {}
     for cand in candidates:
         if getattr(cand, "device", "cpu") != "cuda":
