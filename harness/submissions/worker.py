@@ -121,19 +121,23 @@ def _rss_mb(pid: int) -> float:
     return total
 
 
-def _last_progress(path: Path) -> tuple[str, str, float | None]:
-    """(stage, case, time) of the last progress line, or ("start", "", None)."""
+def _last_progress(path: Path) -> tuple[str, str, float | None, float | None]:
+    """(stage, case, time, allowance) of the last progress line, or ("start", "", None,
+    None). The allowance is the seconds a stage announces it may take without a new line
+    (the sanitizer stage: its own timeout), else None (the case timeout applies)."""
     try:
         lines = path.read_text().splitlines()
     except OSError:
-        return "start", "", None
+        return "start", "", None, None
     for line in reversed(lines):
         try:
             d = json.loads(line)
-            return d.get("stage", ""), d.get("case", ""), float(d.get("t", 0.0))
+            allow = d.get("allow_s")
+            return (d.get("stage", ""), d.get("case", ""), float(d.get("t", 0.0)),
+                    None if allow is None else float(allow))
         except (ValueError, TypeError):
             continue
-    return "start", "", None
+    return "start", "", None, None
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -199,7 +203,7 @@ def _run_job(job: Job, config: WorkerConfig,
                                     else "")
         started = time.monotonic()
         last_change = started
-        last_seen: tuple[str, str, float | None] = ("start", "", None)
+        last_seen: tuple[str, str, float | None, float | None] = ("start", "", None, None)
         with open(stderr_path, "wb") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "harness.submissions.worker", "--child", str(job_path)],
@@ -216,10 +220,11 @@ def _run_job(job: Job, config: WorkerConfig,
                 seen = _last_progress(progress_path)
                 if seen != last_seen:
                     last_seen, last_change = seen, now
-                stage, case, _ = last_seen
+                stage, case, _, announced = last_seen
                 at = f"{stage} {case}".strip()
                 starting = last_seen[2] is None
-                allowed = config.startup_timeout_s if starting else config.case_timeout_s
+                allowed = (config.startup_timeout_s if starting else
+                           max(config.case_timeout_s, announced or 0.0))
                 if now - last_change > allowed:
                     _kill_group(proc)
                     what = "did not start" if starting else "no progress"
@@ -256,7 +261,7 @@ def _run_job(job: Job, config: WorkerConfig,
                                detail=detail, status=doc.get("status", "done"))
             except (ValueError, KeyError, TypeError) as e:
                 return Outcome("crashed", f"the scoring child wrote an unreadable result: {e}")
-        stage, case, _ = last_seen
+        stage, case, _, _ = last_seen
         code = proc.returncode
         how = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
                else f"exited with code {code}")
@@ -372,11 +377,18 @@ def child_main(job_path: str) -> int:
     progress_path = Path(doc["progress"])
     result_path = Path(doc["result"])
     state = {"stage": "start", "case": ""}
+    # The sanitizer stage runs its tools for up to their own timeout without a progress
+    # line: it announces that allowance (plus the tools' start-up), so the watchdog's
+    # case timeout does not cut it short.
+    sanitize_allow_s: list[float] = []
 
     def progress(stage: str, case: str) -> None:
         state["stage"], state["case"] = stage, case
+        line: dict[str, Any] = {"stage": stage, "case": case, "t": time.time()}
+        if stage == "sanitize" and sanitize_allow_s:
+            line["allow_s"] = sanitize_allow_s[0]
         with open(progress_path, "a") as f:
-            f.write(json.dumps({"stage": stage, "case": case, "t": time.time()}) + "\n")
+            f.write(json.dumps(line) + "\n")
 
     # torch and the scorer are imported before the first progress line: until then the
     # watchdog allows the (larger) start-up time, after it only a case's.
@@ -395,6 +407,7 @@ def child_main(job_path: str) -> int:
                 torch.cuda.set_per_process_memory_fraction(float(frac))
         scorer = _resolve(doc.get("scorer") or DEFAULT_SCORER)
         options = ScoringOptions.from_dict(doc.get("options") or {})
+        sanitize_allow_s.append(options.sanitize_timeout_s + 30.0)
         # The first progress line ends the startup allowance: importing torch and opening
         # the CUDA context above are start-up, however long a loaded machine takes.
         progress("load", "")
