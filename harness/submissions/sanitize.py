@@ -34,6 +34,8 @@ from harness.core.cases import Case, MaskKind
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 ENV_VAR = "FA_HARNESS_COMPUTE_SANITIZER"
 DEFAULT_TIMEOUT_S = 120.0
+# racecheck's report: "all" (each hazard and the analysis of them), "analysis", "hazard".
+RACECHECK_REPORT = "all"
 PREFIX = "========="
 _SUMMARY = re.compile(r"ERROR SUMMARY:\s*([\d,]+)\s+errors?")
 _RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY:\s*([\d,]+)\s+hazards?\s+displayed\s*"
@@ -243,7 +245,7 @@ def command(sanitizer: str, tool: str, variant_path: str, cases: list[Case]) -> 
     cmd = [sanitizer, "--tool", tool, "--error-exitcode", "99", "--print-limit", "20",
            "--show-backtrace", "device", "--target-processes", "all"]
     if tool == "racecheck":
-        cmd += ["--racecheck-report", "all"]
+        cmd += ["--racecheck-report", RACECHECK_REPORT]
     return cmd + [sys.executable, "-m", "harness.submissions.sanitize_target",
                   "--variant", variant_path, "--cases", ",".join(c.id for c in cases)]
 
