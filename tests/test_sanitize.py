@@ -121,3 +121,12 @@ def test_racecheck_gets_a_lighter_case_set():
     assert any(c.seqlen_q > 64 and c.seqlen_k > 64 for c in race)  # partial tiles, >1 tile
     blocks = sum(c.batch * c.heads * c.seqlen_q for c in race)
     assert blocks * 4 <= sum(c.batch * c.heads * c.seqlen_q for c in full)
+
+
+def test_racecheck_analysis_report_from_the_h200():
+    # racy_rows.cu under `--racecheck-report analysis` on the H200 (about 3 million
+    # hazards behind 6 analysed races): one line naming the write, its line, the read.
+    r = _parse("racecheck", "racecheck_analysis_h200.txt", {"racy_rows.cu"})
+    assert r.status == "findings" and r.errors == 6
+    assert r.summary == ("racecheck: 6 errors: Race reported between Write access in "
+                         "rowwarp+0x1740 at racy_rows.cu:82 and Read access")
