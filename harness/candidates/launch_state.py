@@ -1,0 +1,159 @@
+"""The state behind `CudaVariant.run`'s hot path: what a launch is (`PlannedLaunch`), the
+device's limits, the per-case launch state and the per-tensor-set parameter blocks it
+caches, and the CuPy / driver plumbing the launches go through. No planning or checking
+lives here (that is `cuda_candidate`); cupy is imported only when a launch needs it."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.core.cases import Case, Inputs
+
+
+@dataclass(frozen=True)
+class PlannedLaunch:
+    entry: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+
+    @property
+    def skipped(self) -> bool:
+        """A zero grid dimension means "nothing to do for this case" (for example the
+        split-KV combine when num_splits == 1): the launch is left out."""
+        return 0 in self.grid
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    sm_count: int
+    max_shared_optin: int  # bytes per block, static + dynamic
+    compute_capability: tuple[int, int]
+
+
+# Distinct tensor sets cached per case: the timing method's input sets (tens at most),
+# plus the check's buffers.
+MAX_CACHED_PARAM_SETS = 64
+
+
+@dataclass
+class _CaseState:
+    case: Case
+    stream_id: int
+    num_splits: int
+    workspaces: list[torch.Tensor]
+    # (CuPy function, plan, precomputed cuLaunchKernel arguments or None)
+    launches: list[tuple[Any, PlannedLaunch, tuple | None]]
+    cp: Any
+    cp_stream: Any
+    cp_device: Any
+    driver_launch: Any = None
+    params: dict[tuple, _Prepared] = field(default_factory=dict)
+
+
+@dataclass
+class _Prepared:
+    params: Any  # harness.candidates.params.BuiltParams
+    copies: list[torch.Tensor]
+    sources: tuple[torch.Tensor, ...]  # mask / key lengths the block's copies came from
+    versions: tuple[int, ...]
+    cacheable: bool
+    arg_ptrs: Any = None  # ctypes array holding the parameter block's address
+    arg_addr: int = 0
+
+    def fresh(self, inputs: Inputs) -> bool:
+        now = tuple(t for t in (inputs.mask, inputs.key_lengths) if t is not None)
+        return len(now) == len(self.sources) and all(
+            a is b and a._version == v for a, b, v in zip(now, self.sources, self.versions,
+                                                         strict=True))
+
+
+def _tensor_key(inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None) -> tuple:
+    """What the parameter block depends on: addresses and strides of every tensor, and the
+    identity of the mask / key-length tensors (whose converted copies it points to)."""
+    q, k, v = inputs.q, inputs.k, inputs.v
+    return (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+            0 if lse is None else lse.data_ptr(), q.stride(), k.stride(), v.stride(),
+            out.stride(), id(inputs.mask), id(inputs.key_lengths))
+
+
+def _launch(cp: Any, fn: Any, p: PlannedLaunch, params: Any, stream: Any) -> str:
+    """Launch with FaParams passed by value. CuPy takes a numpy structured scalar as a
+    struct argument; should a CuPy build refuse it, the driver API gets the bytes directly
+    (cuLaunchKernel copies kernel parameters before it returns)."""
+    try:
+        fn(p.grid, p.block, (params.scalar,), shared_mem=p.shared_mem, stream=stream)
+        return "cupy"
+    except TypeError:
+        launch = getattr(cp.cuda.driver, "launchKernel", None)
+        if launch is None:
+            raise
+
+    arg_ptrs = (ctypes.c_void_p * 1)(params.array.ctypes.data)  # void** kernelParams
+    launch(_function_ptr(fn), *p.grid, *p.block, p.shared_mem, stream.ptr,
+           ctypes.addressof(arg_ptrs), 0)
+    return "driver"
+
+
+def _function_ptr(fn: Any) -> int | None:
+    """The CUfunction handle behind a CuPy kernel: `RawModule.get_function` gives a
+    RawKernel, whose `.kernel` is the loaded cupy.cuda.Function (`.ptr`)."""
+    ptr = getattr(fn, "ptr", None)
+    if ptr is None:
+        ptr = getattr(getattr(fn, "kernel", None), "ptr", None)
+    return ptr if isinstance(ptr, int) and ptr else None
+
+
+def _aligned(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Kernels use 16-byte vector loads: give them a 16-byte aligned base and, when the
+    head dim allows it, strides that keep every row aligned."""
+    if t.stride(-1) != 1:
+        return t.contiguous()
+    bad_ptr = t.data_ptr() % 16 != 0
+    bad_stride = head_dim % 8 == 0 and any(t.stride(i) % 8 for i in range(3) if t.size(i) > 1)
+    if bad_ptr or bad_stride:
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+_limits_cache: dict[int, DeviceLimits] = {}
+
+
+def _device_limits(device: torch.device) -> DeviceLimits:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    hit = _limits_cache.get(idx)
+    if hit is not None:
+        return hit
+    props = torch.cuda.get_device_properties(idx)
+    optin = getattr(props, "shared_memory_per_block_optin", None)
+    if not optin:
+        cp = _cupy_module()
+        optin = cp.cuda.Device(idx).attributes["MaxSharedMemoryPerBlockOptin"]
+    lim = DeviceLimits(
+        sm_count=int(props.multi_processor_count),
+        max_shared_optin=int(optin),
+        compute_capability=(int(props.major), int(props.minor)),
+    )
+    _limits_cache[idx] = lim
+    return lim
+
+
+def _cupy_module():
+    from harness.candidates.compile import _cupy
+
+    return _cupy()
+
+
+def _cupy_stream(cp: Any, tstream: torch.cuda.Stream) -> Any:
+    """CuPy view of torch's stream, so our launches order with torch's work."""
+    from_external = getattr(cp.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        try:
+            return from_external(tstream)
+        except Exception:  # older CuPy, or a torch stream without __cuda_stream__
+            pass
+    return cp.cuda.ExternalStream(tstream.cuda_stream)
