@@ -193,3 +193,35 @@ def test_pyproject_candidates_are_found(tmp_path, monkeypatch):
     origins = {c.name: registry.origin(c) for c in registry.discover(("python",))}
     assert origins["good_sdpa"] == \
         f"pyproject.toml ({tmp_path / 'pyproject.toml'}) bad_candidates:good"
+
+
+def test_flex_falls_back_on_a_compile_failure_only_and_remembers_the_path():
+    from harness.candidates import flex
+
+    class NoValidChoicesError(RuntimeError):
+        pass
+
+    NoValidChoicesError.__module__ = "torch._inductor.select_algorithm"
+    calls = []
+
+    def attempt(fn, opts):
+        calls.append((fn, opts))
+        if fn == "compiled" and opts is None:
+            raise NoValidChoicesError("No choices to select")
+        return f"{fn}-{opts}"
+
+    paths = [("compiled", None), ("compiled", "small"), ("eager", None)]
+    notes = []
+    key = ("test-shape", id(calls))
+    assert flex.first_working(key, paths, attempt, lambda e, nxt: notes.append(nxt)) == \
+        "compiled-small"
+    assert notes == [("compiled", "small")]
+    calls.clear()
+    assert flex.first_working(key, paths, attempt, notes.append) == "compiled-small"
+    assert calls == [("compiled", "small")]  # no retry of the failing path
+
+    def cuda_fault(fn, opts):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        flex.first_working(("other", id(notes)), paths, cuda_fault, notes.append)

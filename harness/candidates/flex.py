@@ -105,33 +105,38 @@ def flex_prepare(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale)
 
     if q.device.type != "cuda":
         return lambda: attempt(flex, None)
-    # Inductor's default tile for some shapes finds no kernel that compiles and fits
-    # (NoValidChoicesError: head dims like 59 or 111 padded up, with a mask tensor to
-    # read). The peer then runs as a user of flex_attention would make it run: smaller
-    # tiles, else torch's eager flex_attention (same function, scores materialised). The
-    # path is chosen at the first call and kept, so a timed call never retries; a CUDA
-    # error is never caught here (the context is gone: it is the case's verdict).
+    # For some shapes Inductor builds no kernel at its default tile (seen on the H200:
+    # NoValidChoicesError on random and key-padding cases of the full grid). The peer then
+    # runs as a user of flex_attention would make it run: smaller tiles, else torch's
+    # eager flex_attention (same function, scores materialised). The path is chosen at
+    # the first call of a shape and kept, so a timed call never retries; a CUDA error is
+    # never caught here (the context is gone: it is the case's verdict).
     from torch.nn.attention.flex_attention import flex_attention as eager
 
     paths = [(flex, None), (flex, _SMALL_TILES), (eager, None)]
     key = (q.dtype, tuple(q.shape), tuple(k.shape), mask_kind)
+    return lambda: first_working(key, paths, attempt,
+                                 lambda e, nxt: _note_fallback(q, k, mask_kind, e, nxt))
 
-    def call():
-        if key in _chosen:
-            return attempt(*paths[_chosen[key]])
-        for n, (fn, opts) in enumerate(paths):
-            try:
-                result = attempt(fn, opts)
-            except Exception as e:  # noqa: BLE001 - only compile failures are retried
-                if n == len(paths) - 1 or not _compile_failure(e):
-                    raise
-                _note_fallback(q, k, mask_kind, e, paths[n + 1])
-                continue
-            _chosen[key] = n
-            return result
-        raise AssertionError("unreachable")
 
-    return call
+def first_working(key: tuple, paths: list[tuple[Any, Any]], attempt: Any,
+                  on_fallback: Any) -> Any:
+    """`attempt(*path)` for the path remembered for `key`, else for each path in turn
+    until one does not fail to compile (remembered from then on). Any other error, or a
+    compile failure of the last path, propagates."""
+    if key in _chosen:
+        return attempt(*paths[_chosen[key]])
+    for n, path in enumerate(paths):
+        try:
+            result = attempt(*path)
+        except Exception as e:  # noqa: BLE001 - only compile failures are retried
+            if n == len(paths) - 1 or not _compile_failure(e):
+                raise
+            on_fallback(e, paths[n + 1])
+            continue
+        _chosen[key] = n
+        return result
+    raise AssertionError("unreachable")
 
 
 # Tiles small enough for any head dim up to 256 in the shared memory of an sm_80+ GPU.
