@@ -67,7 +67,9 @@ def _config() -> WorkerConfig:
     scoring = {"correctness_cases": [c.to_dict() for c in SMALL],
                "perf_cases": [c.to_dict() for c in PERF], "stop_at_first_failure": True,
                "min_samples": 5, "min_time_s": 0.05, "max_time_s": 2.0}
-    return WorkerConfig(gpu=None, case_timeout_s=45.0, job_timeout_s=600.0,
+    # A hang costs one case timeout: 20 s is far above any honest case here (a compile
+    # of a small kernel and a few launches); the sanitizer stage has its own allowance.
+    return WorkerConfig(gpu=None, case_timeout_s=20.0, job_timeout_s=600.0,
                         scoring=scoring, secret=20251129)
 
 
