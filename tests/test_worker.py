@@ -23,6 +23,10 @@ from harness.submissions.worker import WorkerConfig, work
 
 SCORER = "tests.test_worker:fake_scorer"
 
+# A scorer module that is slow to import (a heavy scorer, a loaded machine), when asked:
+# the scoring child imports this module to find `fake_scorer`.
+time.sleep(float(os.environ.get("FA_TEST_SCORER_IMPORT_S", "0")))
+
 
 def fake_scorer(files, options, *, secret, progress) -> ScoreReport:
     """Behaves as the job's single file says (runs in the worker's child process)."""
@@ -121,6 +125,17 @@ def test_worker_survives_every_bad_job(db):
     assert v["exit4"].verdict == "crashed" and "exited with code 3" in v["exit4"].message
     assert _counts(db.engine) == before  # nothing but the submissions table changed
     assert any("timeout" in line for line in logs)
+
+
+def test_importing_the_scorer_is_start_up_not_a_hung_case(db, monkeypatch):
+    """The scorer's import takes twice the case deadline: it is start-up (allowed
+    startup_timeout_s), so the job is scored, not killed for no progress."""
+    monkeypatch.setenv("FA_TEST_SCORER_IMPORT_S", "4")
+    _add(db, "ok")
+    work(db.engine, _config(case_timeout_s=2.0, startup_timeout_s=120.0), once=True)
+    with db.sessions() as s:
+        row = s.scalars(select(Submission)).one()
+    assert (row.verdict, row.score) == ("scored", 1.5), row.message
 
 
 def test_job_deadline(db):

@@ -384,8 +384,6 @@ def child_main(job_path: str) -> int:
 
     from harness.submissions.scoring import ScoreReport, ScoringOptions
 
-    progress("load", "")
-
     try:
         frac = doc.get("gpu_memory_fraction")
         if frac:
@@ -395,8 +393,9 @@ def child_main(job_path: str) -> int:
                 torch.cuda.set_per_process_memory_fraction(float(frac))
         scorer = _resolve(doc.get("scorer") or DEFAULT_SCORER)
         options = ScoringOptions.from_dict(doc.get("options") or {})
-        # The first progress line ends the startup allowance: importing torch and opening
-        # the CUDA context above are start-up, however long a loaded machine takes.
+        # The first progress line ends the startup allowance: importing torch, the scorer
+        # module and opening the CUDA context above are start-up, however long a loaded
+        # machine takes (a line written before them would leave them only a case's time).
         progress("load", "")
         report = scorer(doc["files"], options, secret=int(doc["secret"]), progress=progress)
         if not isinstance(report, ScoreReport):
