@@ -31,6 +31,9 @@ time.sleep(float(os.environ.get("FA_TEST_SCORER_IMPORT_S", "0")))
 def fake_scorer(files, options, *, secret, progress) -> ScoreReport:
     """Behaves as the job's single file says (runs in the worker's child process)."""
     mode = files["mode.txt"].strip()
+    go = os.environ.get("FA_TEST_GO_FILE")
+    while go and not os.path.exists(go):  # held back until the test says go
+        time.sleep(0.02)
     progress("check", "case-1")
     if mode == "ok":
         env_ok = "FA_HARNESS_SECRET" not in os.environ
@@ -125,6 +128,36 @@ def test_worker_survives_every_bad_job(db):
     assert v["exit4"].verdict == "crashed" and "exited with code 3" in v["exit4"].message
     assert _counts(db.engine) == before  # nothing but the submissions table changed
     assert any("timeout" in line for line in logs)
+
+
+def test_a_crash_between_two_samples_is_blamed_on_its_case(db, monkeypatch, tmp_path):
+    """A child that writes its last progress lines and dies while the watchdog is busy
+    elsewhere (reading the memory takes a pgrep: slow on a loaded machine) is still blamed
+    on the case it was on, read from the progress file it left, not on an earlier sample."""
+    import harness.submissions.worker as worker
+
+    go = tmp_path / "go"
+    monkeypatch.setenv("FA_TEST_GO_FILE", str(go))
+
+    def rss_once_dead(pid: int) -> float:
+        """After the watchdog's first look at the progress: let the child go, return only
+        once it is dead (not yet reaped), so the watchdog never sees its last lines."""
+        go.touch()
+        give_up = time.monotonic() + 120
+        # WNOWAIT: see the exit without reaping it, so the watchdog's poll() still does.
+        while time.monotonic() < give_up and os.waitid(
+                os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            time.sleep(0.05)
+        return 0.0
+
+    monkeypatch.setattr(worker, "_rss_mb", rss_once_dead)
+    _add(db, "segv")
+    work(db.engine, _config(), once=True)
+    with db.sessions() as s:
+        row = s.scalars(select(Submission)).one()
+    assert row.verdict == "crashed"
+    assert "SIGSEGV during check case-segv" in row.message, row.message
+    assert row.failing_cases[0]["case"] == "case-segv"
 
 
 def test_importing_the_scorer_is_start_up_not_a_hung_case(db, monkeypatch):

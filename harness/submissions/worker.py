@@ -256,7 +256,10 @@ def _run_job(job: Job, config: WorkerConfig,
                                detail=detail, status=doc.get("status", "done"))
             except (ValueError, KeyError, TypeError) as e:
                 return Outcome("crashed", f"the scoring child wrote an unreadable result: {e}")
-        stage, case, _ = last_seen
+        # The watchdog reads the progress file once per round, then the memory (a pgrep,
+        # slow on a loaded machine): a child that writes its last lines and dies in
+        # between would be blamed on an earlier stage. The file as it left it names the case.
+        stage, case, _ = _last_progress(progress_path)
         code = proc.returncode
         how = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
                else f"exited with code {code}")
