@@ -23,10 +23,17 @@ from harness.submissions.worker import WorkerConfig, work
 
 SCORER = "tests.test_worker:fake_scorer"
 
+# A scorer module that is slow to import (a heavy scorer, a loaded machine), when asked:
+# the scoring child imports this module to find `fake_scorer`.
+time.sleep(float(os.environ.get("FA_TEST_SCORER_IMPORT_S", "0")))
+
 
 def fake_scorer(files, options, *, secret, progress) -> ScoreReport:
     """Behaves as the job's single file says (runs in the worker's child process)."""
     mode = files["mode.txt"].strip()
+    go = os.environ.get("FA_TEST_GO_FILE")
+    while go and not os.path.exists(go):  # held back until the test says go
+        time.sleep(0.02)
     progress("check", "case-1")
     if mode == "ok":
         env_ok = "FA_HARNESS_SECRET" not in os.environ
@@ -121,6 +128,47 @@ def test_worker_survives_every_bad_job(db):
     assert v["exit4"].verdict == "crashed" and "exited with code 3" in v["exit4"].message
     assert _counts(db.engine) == before  # nothing but the submissions table changed
     assert any("timeout" in line for line in logs)
+
+
+def test_a_crash_between_two_samples_is_blamed_on_its_case(db, monkeypatch, tmp_path):
+    """A child that writes its last progress lines and dies while the watchdog is busy
+    elsewhere (reading the memory takes a pgrep: slow on a loaded machine) is still blamed
+    on the case it was on, read from the progress file it left, not on an earlier sample."""
+    import harness.submissions.worker as worker
+
+    go = tmp_path / "go"
+    monkeypatch.setenv("FA_TEST_GO_FILE", str(go))
+
+    def rss_once_dead(pid: int) -> float:
+        """After the watchdog's first look at the progress: let the child go, return only
+        once it is dead (not yet reaped), so the watchdog never sees its last lines."""
+        go.touch()
+        give_up = time.monotonic() + 120
+        # WNOWAIT: see the exit without reaping it, so the watchdog's poll() still does.
+        while time.monotonic() < give_up and os.waitid(
+                os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            time.sleep(0.05)
+        return 0.0
+
+    monkeypatch.setattr(worker, "_rss_mb", rss_once_dead)
+    _add(db, "segv")
+    work(db.engine, _config(), once=True)
+    with db.sessions() as s:
+        row = s.scalars(select(Submission)).one()
+    assert row.verdict == "crashed"
+    assert "SIGSEGV during check case-segv" in row.message, row.message
+    assert row.failing_cases[0]["case"] == "case-segv"
+
+
+def test_importing_the_scorer_is_start_up_not_a_hung_case(db, monkeypatch):
+    """The scorer's import takes twice the case deadline: it is start-up (allowed
+    startup_timeout_s), so the job is scored, not killed for no progress."""
+    monkeypatch.setenv("FA_TEST_SCORER_IMPORT_S", "4")
+    _add(db, "ok")
+    work(db.engine, _config(case_timeout_s=2.0, startup_timeout_s=120.0), once=True)
+    with db.sessions() as s:
+        row = s.scalars(select(Submission)).one()
+    assert (row.verdict, row.score) == ("scored", 1.5), row.message
 
 
 def test_job_deadline(db):

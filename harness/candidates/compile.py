@@ -25,7 +25,7 @@ import signal
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,13 +217,22 @@ def arch_for(spec: VariantSpec, target: str) -> str | None:
 
 def compile_spec_nvcc(spec: VariantSpec, target: str,
                       timeout_s: float = NVCC_TIMEOUT_S) -> list[CompileReport]:
+    return spec_reports(spec, target, lambda arch: compile_with_timeout(
+        spec.full_source(), spec.compile_options, timeout_s, arch=arch,
+        filename=f"{spec.name}.cu"))
+
+
+def spec_reports(spec: VariantSpec, target: str,
+                 build: Callable[[str], NvccResult]) -> list[CompileReport]:
+    """One report per entry of `spec` from `build(arch)` (an nvcc run, here or in the
+    sandbox), one failed report when the build fails, or one skipped report when the
+    variant needs a newer GPU than `target`."""
     arch = arch_for(spec, target)
     if arch is None:
         need = ".".join(map(str, spec.min_compute_capability))
         return [CompileReport(spec.name, "", target, ok=True,
                               message=f"skipped: needs compute capability {need}")]
-    res = compile_with_timeout(spec.full_source(), spec.compile_options, timeout_s,
-                               arch=arch, filename=f"{spec.name}.cu")
+    res = build(arch)
     if not res.ok:
         return [CompileReport(spec.name, "", arch, ok=False, message=res.message)]
     reports = []

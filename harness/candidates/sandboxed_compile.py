@@ -27,10 +27,10 @@ from harness.candidates.compile import (
     KernelResources,
     NvccResult,
     _cupy,
-    arch_for,
     nvcc_path,
     nvrtc_arch,
     parse_ptxas,
+    spec_reports,
 )
 from harness.candidates.variants import VariantSpec
 
@@ -71,26 +71,9 @@ def nvcc_cubin(source: str, options: Sequence[str] = (), timeout_s: float = 180.
 def compile_spec_sandboxed(spec: VariantSpec, target: str, timeout_s: float = 180.0, *,
                            require_isolation: bool = True) -> list[CompileReport]:
     """`compile_spec_nvcc` in the sandbox: one report per entry, or one failed report."""
-    arch = arch_for(spec, target)
-    if arch is None:
-        need = ".".join(map(str, spec.min_compute_capability))
-        return [CompileReport(spec.name, "", target, ok=True,
-                              message=f"skipped: needs compute capability {need}")]
-    res, _ = nvcc_cubin(spec.full_source(), spec.compile_options, timeout_s, arch=arch,
-                        filename=f"{spec.name}.cu", require_isolation=require_isolation)
-    if not res.ok:
-        return [CompileReport(spec.name, "", arch, ok=False, message=res.message)]
-    reports = []
-    for entry in spec.entry_names():
-        r = res.resources.get(entry)
-        if r is None:
-            reports.append(CompileReport(spec.name, entry, arch, ok=False,
-                                         message="entry point missing from the compiled code"))
-            continue
-        reports.append(CompileReport(spec.name, entry, arch, registers=r.registers,
-                                     spill_stores=r.spill_stores, spill_loads=r.spill_loads,
-                                     shared_bytes=r.shared_bytes, stack_bytes=r.stack_bytes))
-    return reports
+    return spec_reports(spec, target, lambda arch: nvcc_cubin(
+        spec.full_source(), spec.compile_options, timeout_s, arch=arch,
+        filename=f"{spec.name}.cu", require_isolation=require_isolation)[0])
 
 
 def cubin_cache_dir() -> Path:

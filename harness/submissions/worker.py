@@ -261,7 +261,10 @@ def _run_job(job: Job, config: WorkerConfig,
                                detail=detail, status=doc.get("status", "done"))
             except (ValueError, KeyError, TypeError) as e:
                 return Outcome("crashed", f"the scoring child wrote an unreadable result: {e}")
-        stage, case, _, _ = last_seen
+        # The watchdog reads the progress file once per round, then the memory (a pgrep,
+        # slow on a loaded machine): a child that writes its last lines and dies in
+        # between would be blamed on an earlier stage. The file as it left it names the case.
+        stage, case, _, _ = _last_progress(progress_path)
         code = proc.returncode
         how = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
                else f"exited with code {code}")
@@ -396,8 +399,6 @@ def child_main(job_path: str) -> int:
 
     from harness.submissions.scoring import ScoreReport, ScoringOptions
 
-    progress("load", "")
-
     try:
         frac = doc.get("gpu_memory_fraction")
         if frac:
@@ -408,8 +409,9 @@ def child_main(job_path: str) -> int:
         scorer = _resolve(doc.get("scorer") or DEFAULT_SCORER)
         options = ScoringOptions.from_dict(doc.get("options") or {})
         sanitize_allow_s.append(options.sanitize_timeout_s + 30.0)
-        # The first progress line ends the startup allowance: importing torch and opening
-        # the CUDA context above are start-up, however long a loaded machine takes.
+        # The first progress line ends the startup allowance: importing torch, the scorer
+        # module and opening the CUDA context above are start-up, however long a loaded
+        # machine takes (a line written before them would leave them only a case's time).
         progress("load", "")
         report = scorer(doc["files"], options, secret=int(doc["secret"]), progress=progress)
         if not isinstance(report, ScoreReport):
