@@ -3,7 +3,9 @@
 `run` compiles (cached), allocates the manifest's workspaces, resolves num_splits,
 evaluates grid/block/shared memory, refuses launches the device cannot take (with a
 message, before launching anything) and launches each entry in order on torch's current
-stream through CuPy. cupy is imported only inside `run`.
+stream: through the driver's cuLaunchKernel with precomputed arguments, or CuPy's own
+launch where that is unavailable (harness.candidates.launch_state). cupy is imported
+only inside `run`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from harness.candidates.launch_state import (
     _cupy_stream,
     _device_limits,
     _function_ptr,
-    _launch,
     _Prepared,
     _tensor_key,
 )
@@ -61,7 +62,7 @@ class CudaVariant(Candidate):
     # (bench/launch_overhead.py --uncached).
     cache_launches: bool = True
     # cuLaunchKernel with precomputed arguments (see `_new_state`); off only to measure
-    # CuPy's own launch path (bench/launch_overhead.py --path cupy).
+    # CuPy's own launch path (bench/launch_overhead.py --paths driver,cupy).
     launch_via_driver: bool = True
     _state: Any = field(default=None, init=False, repr=False, compare=False)
     # Untrusted source (submissions): build with nvcc in harness.candidates.sandbox and load
@@ -219,9 +220,6 @@ class CudaVariant(Candidate):
                     else:
                         fn(p.grid, p.block, (prepared.params.scalar,),
                            shared_mem=p.shared_mem, stream=state.cp_stream)
-                except TypeError:
-                    self.meta["launch_path"] = _launch(state.cp, fn, p, prepared.params,
-                                                       state.cp_stream)
                 except Exception as e:
                     raise CudaLaunchError(f"{self.name}: launching {p.entry} grid={p.grid} "
                                           f"block={p.block} smem={p.shared_mem} failed: {e}") \

@@ -5,7 +5,6 @@ lives here (that is `cuda_candidate`); cupy is imported only when a launch needs
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,24 +78,6 @@ def _tensor_key(inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None) -> 
     return (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
             0 if lse is None else lse.data_ptr(), q.stride(), k.stride(), v.stride(),
             out.stride(), id(inputs.mask), id(inputs.key_lengths))
-
-
-def _launch(cp: Any, fn: Any, p: PlannedLaunch, params: Any, stream: Any) -> str:
-    """Launch with FaParams passed by value. CuPy takes a numpy structured scalar as a
-    struct argument; should a CuPy build refuse it, the driver API gets the bytes directly
-    (cuLaunchKernel copies kernel parameters before it returns)."""
-    try:
-        fn(p.grid, p.block, (params.scalar,), shared_mem=p.shared_mem, stream=stream)
-        return "cupy"
-    except TypeError:
-        launch = getattr(cp.cuda.driver, "launchKernel", None)
-        if launch is None:
-            raise
-
-    arg_ptrs = (ctypes.c_void_p * 1)(params.array.ctypes.data)  # void** kernelParams
-    launch(_function_ptr(fn), *p.grid, *p.block, p.shared_mem, stream.ptr,
-           ctypes.addressof(arg_ptrs), 0)
-    return "driver"
 
 
 def _function_ptr(fn: Any) -> int | None:

@@ -144,12 +144,11 @@ def sanitizer_cases(support: Support, max_cases: int = 6) -> list[Case]:
 
 
 def racecheck_cases(support: Support) -> list[Case]:
-    """racecheck's own, lighter set. It tracks every shared-memory access of every block,
-    so a kernel that stages tiles in shared memory runs hundreds of times slower under it
-    than under the other tools (seen: past 50 s on the six cases above). A hazard is
+    """racecheck's own, lighter set: it tracks every shared-memory access of every block,
+    so it is the slowest tool on a kernel that stages tiles in shared memory. A hazard is
     between threads of one block, so one batch entry and one head group suffice: the
-    first two cases above (partial tiles, two mask kinds) and the decode row, at 1/4 of
-    the blocks."""
+    first two cases above (partial tiles, two mask kinds) and the decode row, at a
+    quarter of the blocks or fewer."""
     heads, kv = (2, 1) if support.gqa else (1, 1)
     out: list[Case] = []
     for c in sanitizer_cases(support):
