@@ -12,9 +12,10 @@
 #                 fa2_mma
 #   launch    (d) bench/launch_overhead.py, uncached (before) then cached (after)
 #   gputests  the GPU test suite, serially, with the 25 slowest tests (not in the default)
-#   install, gputests_a, gputests_b, launch_after, subs, full_triton, full_flex: see below
-#             (the GPU suite in two halves, the cached launch path only, the submission
-#             corpus, a Python candidate's full grid)
+#   install, gputests_a, gputests_b, launch_after, subs, full_triton, full_flex,
+#   perf_python: see below (the GPU suite in two halves, the cached launch path only, the
+#             submission corpus, a Python candidate's full grid, both Python candidates
+#             on the perf grid next to SDPA flash)
 # Everything lands in $WORK (default /tmp/h200-gate); $OUT gets at most 8 files:
 # gate-summary.md, gate-record.json, same-commit-summary.md, slowed-summary.md,
 # launch.json, times.txt, logs.tgz.
@@ -109,6 +110,14 @@ EOF
         --timeout 120 -rfE --durations=10 tests/test_buffers.py tests/test_gpu_measure.py \
         tests/test_runner.py tests/test_cuda_variants_gpu.py
       ;;
+    gputests_py)  # the gate and the Python candidates on a GPU (a part of gputests_b)
+      step gpu_tests_py ${GPU_B_S:-200} python3 -m pytest -m gpu -q -p no:cacheprovider \
+        --timeout 150 -rfE --durations=10 tests/test_gate.py tests/test_python_candidates.py
+      ;;
+    gputests_cheats)  # the submissions' verdicts on a GPU (the rest of gputests_b)
+      step gpu_tests_cheats ${GPU_B_S:-280} python3 -m pytest -m gpu -q -p no:cacheprovider \
+        --timeout 200 -rfE --durations=15 tests/test_cheats_gpu.py
+      ;;
     gputests_b)  # the submissions' verdicts, the gate and the Python candidates on a GPU
       step gpu_tests_b ${GPU_B_S:-280} python3 -m pytest -m gpu -q -p no:cacheprovider \
         --timeout 200 -rfE --durations=15 tests/test_cheats_gpu.py tests/test_gate.py \
@@ -124,10 +133,33 @@ EOF
       cp "$WORK/subs/sanitize.json" "$OUT/sanitizer-corpus.json" 2>/dev/null
       ;;
     full_triton|full_flex)  # one Python candidate on its whole full grid, one record
+      # Compile-bound (one Inductor/Triton compile per head dim, dtype and mask kind), so
+      # one process per mask kind, side by side: correctness is not timed, and the parts
+      # are joined into one record (bench/merge_records.py names them in env.merged_from).
       name=${stage#full_}; kern=$([ "$name" = triton ] && echo triton_fa2 || echo flex_attention)
-      step "$stage" ${FULL_S:-240} $FA run --grid full --kernels "$kern" --device cuda \
-        --no-progress --timeout 120 --record "$WORK/$stage-record.json"
-      cp "$WORK/$stage-record.json" "$OUT/" 2>/dev/null
+      t0=$SECONDS; pids=()
+      for m in none causal_br causal_tl key_padding random; do
+        TORCHINDUCTOR_COMPILE_THREADS=1 timeout --kill-after=10 "${FULL_S:-240}" $FA run \
+          --grid full --kernels "$kern" --cases "*-$m" --device cuda --no-progress --no-store \
+          --timeout 120 --record "$WORK/$stage-$m.json" >"$WORK/$stage-$m.log" 2>&1 &
+        pids+=("$!")
+      done
+      for i in "${!pids[@]}"; do  # no pipe here: `wait` works only in this shell
+        wait "${pids[$i]}"; echo "$stage part $i rc=$?" | tee -a "$TIMES"
+      done
+      echo "$stage wall_s=$((SECONDS - t0)) limit_s=${FULL_S:-240} (5 processes)" | tee -a "$TIMES"
+      grep -h -e '^ok' -e '^FAIL' "$WORK/$stage"-*.log | tee -a "$TIMES"
+      if ! python3 bench/merge_records.py "$OUT/$stage-record.json" "$WORK/$stage"-*.json \
+          2>&1 | tee -a "$TIMES" | grep -q 'results from 5 records'; then
+        cat "$WORK/$stage"-*.json.partial.jsonl >"$OUT/$stage-partial.jsonl" 2>/dev/null
+      fi
+      ;;
+    perf_python)  # the two Python candidates and SDPA flash on the perf grid, one run
+      step perf_python "${PERF_S:-330}" $FA run --grid perf --kernels \
+        flex_attention,triton_fa2,sdpa_flash --device cuda --min-time 0.1 --no-progress \
+        --timeout 120 --record "$WORK/perf-python-record.json"
+      cp "$WORK/perf-python-record.json" "$OUT/" 2>/dev/null || \
+        cp "$WORK/perf-python-record.json.partial.jsonl" "$OUT/" 2>/dev/null
       ;;
     *) echo "unknown stage $stage (gate compare launch gputests ...)"; exit 2 ;;
   esac

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -98,6 +99,11 @@ def test_run_records_and_stores(fakes, capsys, tmp_path, monkeypatch):
     assert "record written" in out and "stored as run 1" in out
     data = json.loads(rec.read_text())
     assert len(data["results"]) == 3 and data["grids"] == ["smoke"]
+    # Every settled case also went to the partial file as it landed (what a job killed by
+    # its time limit leaves behind): the same cases as the record.
+    partial = [json.loads(x) for x in Path(f"{rec}.partial.jsonl").read_text().splitlines()]
+    assert sorted(r["case_id"] for r in partial) == \
+        sorted(r["case_id"] for r in data["results"])
     assert list((tmp_path / "home" / "spool").glob("*.json")) == []
     # An unreachable database: exit 2, one line, and the record waits in the spool.
     assert main(["run", "--kernels", "fake_none", "--db",

@@ -47,9 +47,11 @@ def _flex(device: str):
 
 
 def _mask_mod(mask_kind: str, mask: torch.Tensor | None, key_lengths: torch.Tensor | None,
-              causal_offset: int):
+              causal_offset: int, device: torch.device | str = "cpu"):
     if mask_kind in ("causal_br", "causal_tl"):
-        off = causal_offset
+        # A captured tensor, not a Python int: dynamo guards on a closure's int, so every
+        # new Nk - Nq of the grid would compile the kernel again.
+        off = torch.tensor(causal_offset, dtype=torch.int64, device=device)
 
         def causal(b, h, q_idx, kv_idx):
             return kv_idx <= q_idx + off
@@ -81,7 +83,7 @@ def flex_prepare(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale)
 
     B, H, Nq, _ = q.shape
     Nk = k.shape[2]
-    mod = _mask_mod(mask_kind, mask, key_lengths, causal_offset)
+    mod = _mask_mod(mask_kind, mask, key_lengths, causal_offset, q.device)
     block_mask = (None if mod is None else
                   create_block_mask(mod, B, None, Nq, Nk, device=q.device))
     flex = _flex(q.device.type)

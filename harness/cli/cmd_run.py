@@ -168,11 +168,11 @@ def run(args: argparse.Namespace) -> int:
                     fnmatch.fnmatchcase(k.id, p) for p in args.cases.split(","))]
         tty = sys.stdout.isatty()
         counts = {c.name: len(per_candidate(c) if per_candidate else cases) for c in candidates}
-        lines = None if tty else LineReport(counts)
+        keep = _keeper(args, None if tty else LineReport(counts))
         results = run_correctness(candidates, cases, secret=args.secret,
                                   repeats=args.repeats, cases_for=per_candidate,
                                   progress=not args.no_progress and tty and sys.stderr.isatty(),
-                                  timeout_s=args.timeout, on_result=lines)
+                                  timeout_s=args.timeout, on_result=keep)
         console.print(summary_table(summarize(results),
                                     title=f"correctness: grid {args.grid}, "
                                           + (f"{len(results)} (candidate, case) pairs, "
@@ -210,27 +210,36 @@ def _perf(args: argparse.Namespace, candidates: list, cases: list, console: Any)
         console.print("no GPU candidate to time")
         return []
     timing = {"rule": {"min_time_s": args.min_time}} if args.min_time is not None else None
-    partial = Path(args.record + ".partial.jsonl") if args.record else None
-    if partial is not None:
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text("")
-
     from harness.execution.report import LineReport
 
     lines = None if sys.stdout.isatty() else LineReport({c.name: len(cases) for c in timed})
-
-    def keep(res: Any) -> None:
-        if lines is not None:
-            lines.on_result(res)
-        # Each result as it lands, so a run cut short by its caller still leaves data.
-        if partial is not None:
-            with partial.open("a") as f:
-                f.write(json.dumps(res.to_dict()) + "\n")
-
+    keep = _keeper(args, lines)
     results = run_perf(timed, cases, baseline=args.baseline, ncu=args.ncu,
                        timeout_s=args.timeout, timing=timing, on_result=keep)
     print(format_table(results, args.baseline))
     return results
+
+
+def _keeper(args: argparse.Namespace, lines: Any) -> Any:
+    """The per-result callback: the CI log's line (`lines`, None on a terminal) and, with
+    --record FILE, each result appended to FILE.partial.jsonl as it lands, so a run cut
+    short by its caller (a job's time limit) still leaves every settled case."""
+    partial = Path(args.record + ".partial.jsonl") if args.record else None
+    if partial is not None:
+        try:
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text("")
+        except OSError as e:
+            raise UsageError(f"cannot write {partial}: {e}") from None
+
+    def keep(res: Any) -> None:
+        if lines is not None:
+            lines.on_result(res)
+        if partial is not None:
+            with partial.open("a") as f:
+                f.write(json.dumps(res.to_dict()) + "\n")
+
+    return keep
 
 
 def _write_json(path: Path, args: argparse.Namespace, results: list) -> None:
