@@ -225,3 +225,37 @@ def test_flex_falls_back_on_a_compile_failure_only_and_remembers_the_path():
 
     with pytest.raises(RuntimeError, match="illegal memory access"):
         flex.first_working(("other", id(notes)), paths, cuda_fault, notes.append)
+
+
+
+def test_a_candidates_notes_are_kept_with_its_result():
+    """flex_attention's fallback note (and any candidate's `notes`) lands in the case's
+    result, so a record says which path produced the number; notes are drained per case,
+    and a broken notes() is itself a note."""
+    from harness.candidates import flex
+    from harness.candidates.python_candidate import PythonKernel, to_candidate
+
+    def attention(q, k, v, **kw):
+        flex._note_fallback(q, k, kw["mask_kind"], RuntimeError("No choices"), ("e", None))
+        return torch.nn.functional.scaled_dot_product_attention(
+            q.float(), k.float(), v.float()).to(q.dtype)
+
+    def declared(notes):
+        return to_candidate(PythonKernel(name="noted", fn=attention, device="cpu",
+                                         dtypes=("float16",), masks=("none",), gqa=False,
+                                         notes=notes), "test")
+
+    cand = declared(flex.take_notes)
+    want = ["compiled kernel failed (RuntimeError: No choices); ran torch's eager "
+            "flex_attention"]
+    for _ in range(2):  # the second case has its own note, not the first one's as well
+        res = check_case(cand, CASE, device="cpu")
+        assert res.status is Status.PASSED, res.message
+        assert res.extra["notes"] == want
+
+    def broken():
+        raise KeyError("x")
+
+    res = check_case(declared(broken), CASE, device="cpu")
+    assert res.status is Status.PASSED and res.extra["notes"] == ["notes() raised KeyError: 'x'"]
+    flex.take_notes()

@@ -156,14 +156,20 @@ def _compile_failure(e: BaseException) -> bool:
         "NoValidChoicesError" in str(e)
 
 
-def _note_fallback(q, k, mask_kind: str, e: BaseException, nxt: tuple) -> None:
-    import sys
+# Fallbacks taken since the harness last asked (PythonKernel.notes): kept with the result.
+_notes: list[str] = []
 
+
+def _note_fallback(q, k, mask_kind: str, e: BaseException, nxt: tuple) -> None:
     how = "tiles 32x32" if nxt[1] else "torch's eager flex_attention"
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-    print(f"flex_attention: the compiled kernel failed for d={q.shape[-1]} {mask_kind} "
-          f"{q.dtype} Nq={q.shape[2]} Nk={k.shape[2]} ({type(e).__name__}: {first}); "
-          f"using {how}", file=sys.stderr, flush=True)
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+    _notes.append(f"compiled kernel failed ({type(e).__name__}: {first}); ran {how}")
+
+
+def take_notes() -> list[str]:
+    out = list(_notes)
+    _notes.clear()
+    return out
 
 
 def flex_attention_fn(q, k, v, **kw):
@@ -188,4 +194,4 @@ def flex_candidates() -> list[PythonKernel]:
         tiles={"block_q": 128} if device == "cuda" else {},
         description="PyTorch flex_attention (compiled on the GPU, eager on the CPU), "
                     "every mask kind as a block mask",
-        available=_available, prepare=flex_prepare)]
+        available=_available, prepare=flex_prepare, notes=take_notes)]

@@ -76,6 +76,9 @@ class PythonKernel:
     # fn returns. Work done here (building a block mask, a plan) is outside the timed
     # call, as the SDPA peers prepare their masks outside theirs.
     prepare: Callable[..., Callable[[], Any]] | None = None
+    # Optional: notes() -> the lines it has to say about its calls since the last notes()
+    # (a fallback it took); the harness keeps them with the case's result (extra.notes).
+    notes: Callable[[], list[str]] | None = None
 
     def problems(self) -> list[str]:
         """What is wrong with the declaration (empty when it is valid)."""
@@ -98,6 +101,9 @@ class PythonKernel:
                                                   for d in self.head_dims):
             out.append("head_dims must be positive integers (or None for any)")
         return out
+
+
+MAX_NOTES, MAX_NOTE_CHARS = 5, 300
 
 
 @dataclass
@@ -140,6 +146,16 @@ class PythonCandidate(Candidate):
         if lse is not None:
             _expect(got_lse, "lse", lse)
             lse.copy_(got_lse)
+
+    def take_notes(self) -> list[str]:
+        if self.kernel is None or self.kernel.notes is None:
+            return []
+        try:
+            lines = [str(x) for x in self.kernel.notes() or []]
+        except Exception as e:  # noqa: BLE001 - a broken notes() is itself a note
+            lines = [f"notes() raised {type(e).__name__}: {e}"]
+        # kept in every record of the case: a few short lines
+        return [x[:MAX_NOTE_CHARS] for x in lines[:MAX_NOTES]]
 
     def _split(self, result: Any) -> tuple[Any, Any]:
         if self.support.writes_lse:

@@ -80,3 +80,9 @@ class Candidate(ABC):
     @abstractmethod
     def run(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None) -> None:
         """Compute attention for `case` into the harness-owned `out` (and `lse`)."""
+
+    def take_notes(self) -> list[str]:
+        """What the candidate said about its runs since the last call (a fallback path it
+        took for this shape, say): kept with the case's result, so a record shows how the
+        number was obtained. Most candidates have nothing to say."""
+        return []

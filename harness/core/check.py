@@ -133,6 +133,9 @@ def check_case(candidate: Candidate, case: Case, *, device: str | torch.device, 
     try:
         # 1. The candidate, with no answer anywhere: buffer integrity after every run.
         err = _run_once(candidate, case, inputs, bufs, device)
+        notes = candidate.take_notes()
+        if notes:
+            result.extra["notes"] = notes
         if err:
             return fail(Status.ERROR, f"candidate raised {err}")
         problems = [p for p in (bufs.check_guards(), bufs.unwritten(),
@@ -170,6 +173,9 @@ def _race_check(candidate: Candidate, case: Case, inputs, bufs: OutputBuffers,
         return None
     for r in range(1, repeats):
         err = _run_once(candidate, case, inputs, bufs, device)
+        notes = candidate.take_notes()
+        if notes:
+            result.extra["notes"] = notes
         if err:
             return f"candidate raised on repeat {r}: {err}"
         problems = [p for p in (bufs.check_guards(), bufs.unwritten(),
