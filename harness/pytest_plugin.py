@@ -235,8 +235,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     import torch
 
     from harness.records.db.store import DatabaseError, open_db, store_record
-    from harness.records.gate import gpu_meta
     from harness.records.record import RunRecord, spool
+    from harness.records.run_meta import gpu_meta
 
     grid = session.config.getoption("--fa-grid")
     rec = RunRecord.from_results(results, {

@@ -210,7 +210,8 @@ def test_cuda_illegal_address_is_crashed_and_the_rest_is_not_retried():
 
 def test_run_perf_times_peers_and_renders_the_table():
     from harness.candidates.registry import get_candidate
-    from harness.measure.perf import format_table, run_perf
+    from harness.measure.perf import run_perf
+    from harness.measure.perf_table import format_table
 
     cases = [Case.from_id("b2h16-2048x2048-d128-fp16-none"),
              Case.from_id("b1h32k8-1x8192-d128-fp16-none")]

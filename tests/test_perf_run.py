@@ -10,7 +10,7 @@ import torch
 
 from harness.core.cases import Case, MaskKind
 from harness.core.results import CaseResult, Status, Timing
-from harness.measure import perf
+from harness.measure import perf, perf_table
 from harness.measure.calibrate import (
     Calibration,
     CalibrationError,
@@ -170,7 +170,7 @@ def test_baseline_ratio_and_table():
     assert rows[1].extra["vs_baseline"] == pytest.approx(2.0)
     assert rows[0].extra["vs_baseline"] == pytest.approx(1.0)
     assert "vs_baseline" not in rows[2].extra
-    text = perf.format_table(rows, "sdpa_flash", cal())
+    text = perf_table.format_table(rows, "sdpa_flash", cal())
     for needle in ("median ms", "TFLOP/s", "x sdpa_flash", "model MiB", "ideal MiB", "crashed:",
                    "ncu rd+wr MiB", "K+V GB/s", "% roofline", "2.00",
                    "1.0000", "4.0", "measured ceilings", "SIGSEGV"):

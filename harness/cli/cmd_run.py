@@ -203,7 +203,8 @@ def _print_failures(console: Any, results: list) -> None:
 def _perf(args: argparse.Namespace, candidates: list, cases: list, console: Any) -> list:
     """Time every GPU candidate over the grid (each case checked once before sampling; a
     case that fails its check is reported and not timed)."""
-    from harness.measure.perf import format_table, run_perf
+    from harness.measure.perf import run_perf
+    from harness.measure.perf_table import format_table
 
     timed = [c for c in candidates if c.device == "cuda"]
     if not timed:
@@ -273,8 +274,8 @@ def _record(args: argparse.Namespace, candidates: list, results: list) -> bool:
     database could not take it."""
     import torch
 
-    from harness.records.gate import gpu_meta, kernel_info
     from harness.records.record import RecordError, RunRecord, spool
+    from harness.records.run_meta import gpu_meta, kernel_info
 
     meta = {"source": "cli", "grids": [args.grid],
             "kernels": {c.name: kernel_info(c) for c in candidates},

@@ -45,7 +45,8 @@ from harness.records.plan import (
     replan,
     timed_case_cost_s,
 )
-from harness.records.record import RunRecord, environment, gpu_model_key, spool
+from harness.records.record import RunRecord, environment, spool
+from harness.records.run_meta import plain_dict, calibration_object, gpu_meta, kernel_info
 
 # Grids whose purpose is timing; without a GPU they are reported as not run.
 TIMING_GRIDS = frozenset({"perf", "decode"})
@@ -263,7 +264,7 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
     meta: dict[str, Any] = {"source": opts.source, "grids": list(opts.grids),
                             "kernels": kernels, "env": env}
     meta["gpu"] = gpu_meta() if gpu else None
-    meta["calibration"] = _as_dict(calibration)
+    meta["calibration"] = plain_dict(calibration)
     ids = {c.id for c in check_cases} | ({c.id for c in timing_cases} if gpu else set())
     return Execution(results, meta, notes, plan, errors, ids, not_here)
 
@@ -279,50 +280,6 @@ def _dedupe(results: list[CaseResult]) -> list[CaseResult]:
             continue
         by_key[key] = r
     return list(by_key.values())
-
-
-def kernel_info(c: Any) -> dict[str, Any]:
-    meta = dict(getattr(c, "meta", {}) or {})
-    info: dict[str, Any] = {"kind": getattr(c, "kind", None),
-                            "source_hash": str(meta.get("source_hash") or "")}
-    if meta.get("manifest") is not None:
-        info["manifest"] = meta["manifest"]
-    for key in ("registers", "spills", "shared_bytes"):
-        if meta.get(key) is not None:
-            info[key] = meta[key]
-    return info
-
-
-def gpu_meta() -> dict[str, Any] | None:
-    from harness.measure.gpuinfo import gpu_identity
-
-    ident = gpu_identity().to_dict()
-    ident.setdefault("model_key", gpu_model_key(ident.get("name")))
-    return ident
-
-
-def calibration_object(notes: list[str]) -> Any | None:
-    """This runner's calibration (harness.measure.calibrate), or None with a note why not."""
-    try:
-        from harness.measure.calibrate import load_calibration
-
-        cal = load_calibration()
-    except Exception as exc:  # noqa: BLE001 - a bad calibration file must not stop the gate
-        notes.append(f"calibration not loaded: {exc}")
-        return None
-    if cal is None:
-        notes.append("no calibration for this runner: no physical time floor applied")
-    return cal
-
-
-def _as_dict(obj: Any) -> dict[str, Any] | None:
-    if obj is None or isinstance(obj, dict):
-        return obj
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    from dataclasses import asdict, is_dataclass
-
-    return asdict(obj) if is_dataclass(obj) else {"value": str(obj)}
 
 
 # --------------------------------------------------------------------------- finishing
