@@ -46,7 +46,7 @@ from harness.records.plan import (
     timed_case_cost_s,
 )
 from harness.records.record import RunRecord, environment, spool
-from harness.records.run_meta import plain_dict, calibration_object, gpu_meta, kernel_info
+from harness.records.run_meta import calibration_object, gpu_meta, kernel_info, plain_dict
 
 # Grids whose purpose is timing; without a GPU they are reported as not run.
 TIMING_GRIDS = frozenset({"perf", "decode"})
