@@ -236,7 +236,7 @@ def test_a_candidates_notes_are_kept_with_its_result():
     from harness.candidates.python_candidate import PythonKernel, to_candidate
 
     def attention(q, k, v, **kw):
-        flex._note_fallback(q, k, kw["mask_kind"], RuntimeError("No choices"), ("e", None))
+        flex._note_fallback(RuntimeError("No choices"), ("e", None))
         return torch.nn.functional.scaled_dot_product_attention(
             q.float(), k.float(), v.float()).to(q.dtype)
 

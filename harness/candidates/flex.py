@@ -117,8 +117,7 @@ def flex_prepare(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale)
 
     paths = [(flex, None), (flex, _SMALL_TILES), (eager, None)]
     key = (q.dtype, tuple(q.shape), tuple(k.shape), mask_kind)
-    return lambda: first_working(key, paths, attempt,
-                                 lambda e, nxt: _note_fallback(q, k, mask_kind, e, nxt))
+    return lambda: first_working(key, paths, attempt, _note_fallback)
 
 
 def first_working(key: tuple, paths: list[tuple[Any, Any]], attempt: Any,
@@ -160,7 +159,8 @@ def _compile_failure(e: BaseException) -> bool:
 _notes: list[str] = []
 
 
-def _note_fallback(q, k, mask_kind: str, e: BaseException, nxt: tuple) -> None:
+def _note_fallback(e: BaseException, nxt: tuple) -> None:
+    # the case (shape, mask, dtype) is in the result the note is kept with
     how = "tiles 32x32" if nxt[1] else "torch's eager flex_attention"
     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
     _notes.append(f"compiled kernel failed ({type(e).__name__}: {first}); ran {how}")

@@ -133,9 +133,6 @@ def check_case(candidate: Candidate, case: Case, *, device: str | torch.device, 
     try:
         # 1. The candidate, with no answer anywhere: buffer integrity after every run.
         err = _run_once(candidate, case, inputs, bufs, device)
-        notes = candidate.take_notes()
-        if notes:
-            result.extra["notes"] = notes
         if err:
             return fail(Status.ERROR, f"candidate raised {err}")
         problems = [p for p in (bufs.check_guards(), bufs.unwritten(),
@@ -154,6 +151,11 @@ def check_case(candidate: Candidate, case: Case, *, device: str | torch.device, 
         verdict = check_output(case, out, lse, ref, base, writes_lse=writes_lse,
                                masked_lse=candidate.support.masked_lse, baseline=baseline)
     finally:
+        # What the candidate said of its runs (the first and any repeats), whatever the
+        # verdict: drained here, so it never lands on the next case.
+        notes = candidate.take_notes()
+        if notes:
+            result.extra["notes"] = notes
         # What the candidate wrote may be a correct answer: poisoned before it is freed.
         bufs.poison()
     result.errors = verdict.errors
@@ -173,9 +175,6 @@ def _race_check(candidate: Candidate, case: Case, inputs, bufs: OutputBuffers,
         return None
     for r in range(1, repeats):
         err = _run_once(candidate, case, inputs, bufs, device)
-        notes = candidate.take_notes()
-        if notes:
-            result.extra["notes"] = notes
         if err:
             return f"candidate raised on repeat {r}: {err}"
         problems = [p for p in (bufs.check_guards(), bufs.unwritten(),
