@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.candidates.cuda_candidate import CudaVariant, _Prepared, _tensor_key
+from harness.candidates.cuda_candidate import CudaVariant
+from harness.candidates.launch_state import PreparedParams, tensor_key
 from harness.core.cases import Case, MaskKind, make_inputs
 
 
@@ -13,19 +14,19 @@ def test_key_changes_with_any_address_or_stride_and_with_the_mask_object():
     case = Case(1, 2, 2, 8, 16, 16, "float16", MaskKind.RANDOM)
     a = make_inputs(case)
     out = torch.empty(1, 2, 8, 16, dtype=torch.float16)
-    k1 = _tensor_key(a, out, None)
-    assert _tensor_key(a, out, None) == k1
-    assert _tensor_key(a, torch.empty_like(out), None) != k1
+    k1 = tensor_key(a, out, None)
+    assert tensor_key(a, out, None) == k1
+    assert tensor_key(a, torch.empty_like(out), None) != k1
     b = make_inputs(case, draw=1)
-    assert _tensor_key(b, out, None) != k1
+    assert tensor_key(b, out, None) != k1
     t = out.transpose(2, 3).contiguous().transpose(2, 3)  # other strides
-    assert _tensor_key(a, t, None) != k1
+    assert tensor_key(a, t, None) != k1
 
 
 def test_a_prepared_block_is_stale_when_the_mask_changes():
     case = Case(1, 2, 2, 8, 16, 16, "float16", MaskKind.RANDOM)
     a = make_inputs(case)
-    p = _Prepared(params=None, copies=[], sources=(a.mask,), versions=(a.mask._version,),
+    p = PreparedParams(params=None, copies=[], sources=(a.mask,), versions=(a.mask._version,),
                   cacheable=True)
     assert p.fresh(a)
     a.mask.logical_not_()  # in place
@@ -44,8 +45,8 @@ def test_cache_is_on_by_default():
 def test_the_function_handle_is_found_behind_a_rawkernel():
     from types import SimpleNamespace
 
-    from harness.candidates.cuda_candidate import _function_ptr
+    from harness.candidates.launch_state import function_ptr
 
-    assert _function_ptr(SimpleNamespace(ptr=1234)) == 1234  # cupy.cuda.Function
-    assert _function_ptr(SimpleNamespace(kernel=SimpleNamespace(ptr=99))) == 99  # RawKernel
-    assert _function_ptr(SimpleNamespace()) is None
+    assert function_ptr(SimpleNamespace(ptr=1234)) == 1234  # cupy.cuda.Function
+    assert function_ptr(SimpleNamespace(kernel=SimpleNamespace(ptr=99))) == 99  # RawKernel
+    assert function_ptr(SimpleNamespace()) is None

@@ -19,16 +19,16 @@ import torch
 
 from harness.candidates.launch_state import (
     MAX_CACHED_PARAM_SETS,
+    CaseState,
     DeviceLimits,
     PlannedLaunch,
-    _aligned,
-    _CaseState,
-    _cupy_module,
-    _cupy_stream,
-    _device_limits,
-    _function_ptr,
-    _Prepared,
-    _tensor_key,
+    PreparedParams,
+    aligned_for_vector_loads,
+    cupy_module,
+    cupy_stream,
+    device_limits,
+    function_ptr,
+    tensor_key,
 )
 from harness.candidates.params import build_params
 from harness.candidates.variants import LoadError, VariantSpec, load_specs, size_env
@@ -204,7 +204,7 @@ class CudaVariant(Candidate):
         if state is None or state.case != case or state.stream_id != sid \
                 or not self.cache_launches:
             state = self._state = self._new_state(case, out.device, tstream)
-        key = _tensor_key(inputs, out, lse)
+        key = tensor_key(inputs, out, lse)
         prepared = state.params.get(key) if self.cache_launches else None
         if prepared is None or not prepared.fresh(inputs):
             prepared = self._prepare(case, inputs, out, lse, state)
@@ -235,12 +235,12 @@ class CudaVariant(Candidate):
                 raise CudaLaunchError(f"{self.name}: CUDA error after launches "
                                       f"{[p.entry for _, p, _r in state.launches]}: {e}") from None
 
-    def _new_state(self, case: Case, device: torch.device, tstream: Any) -> _CaseState:
+    def _new_state(self, case: Case, device: torch.device, tstream: Any) -> CaseState:
         """Compile (cached), plan, check limits and allocate workspaces for `case`."""
         from harness.candidates.compile import compile_cupy
 
         assert self.spec is not None
-        limits = _device_limits(device)
+        limits = device_limits(device)
         if self.sandboxed_build:
             from harness.candidates.sandboxed_compile import compile_cupy_sandboxed
 
@@ -265,7 +265,7 @@ class CudaVariant(Candidate):
                             self.workspace_sizes(case, num_splits=num_splits,
                                                  sm_count=limits.sm_count), strict=True)
         ]
-        cp = _cupy_module()
+        cp = cupy_module()
         # The hot path calls the driver's cuLaunchKernel with every argument precomputed
         # (function handle, grid, block, shared memory, stream; the parameter block's
         # address per tensor set): CuPy's own launch converts the FaParams scalar and
@@ -277,21 +277,21 @@ class CudaVariant(Candidate):
             if not p.skipped:
                 compiled.ensure_dynamic_smem(p.entry, p.shared_mem)
                 fn = compiled.function(p.entry)
-                fptr = _function_ptr(fn)
+                fptr = function_ptr(fn)
                 raw = (None if driver_launch is None or fptr is None else
                        (fptr, *p.grid, *p.block, p.shared_mem, tstream.cuda_stream))
                 launches.append((fn, p, raw))
         self.meta["launch_path"] = ("driver" if launches and all(r is not None for *_, r in launches)
                                     else "cupy")
         idx = device.index if device.index is not None else torch.cuda.current_device()
-        return _CaseState(case=case, stream_id=tstream.cuda_stream, num_splits=num_splits,
+        return CaseState(case=case, stream_id=tstream.cuda_stream, num_splits=num_splits,
                           workspaces=workspaces, launches=launches, cp=cp,
-                          cp_stream=_cupy_stream(cp, tstream), cp_device=cp.cuda.Device(idx),
+                          cp_stream=cupy_stream(cp, tstream), cp_device=cp.cuda.Device(idx),
                           driver_launch=driver_launch)
 
     def _prepare(self, case: Case, inputs: Inputs, out: torch.Tensor,
-                 lse: torch.Tensor | None, state: _CaseState) -> _Prepared:
-        q, k, v = (_aligned(t, case.head_dim) for t in (inputs.q, inputs.k, inputs.v))
+                 lse: torch.Tensor | None, state: CaseState) -> PreparedParams:
+        q, k, v = (aligned_for_vector_loads(t, case.head_dim) for t in (inputs.q, inputs.k, inputs.v))
         copies = [t for t, src in zip((q, k, v), (inputs.q, inputs.k, inputs.v), strict=True)
                   if t is not src]
         dev_inputs = Inputs(q, k, v, inputs.mask, inputs.key_lengths)
@@ -301,7 +301,7 @@ class CudaVariant(Candidate):
         # the kernel's only argument, passed by value; the driver copies it at launch).
         arg_ptrs = (ctypes.c_void_p * 1)(params.array.ctypes.data)
         # A re-aligned copy of q/k/v holds the contents of this call: never reused.
-        return _Prepared(params=params, copies=copies, sources=sources,
+        return PreparedParams(params=params, copies=copies, sources=sources,
                          versions=tuple(t._version for t in sources), cacheable=not copies,
                          arg_ptrs=arg_ptrs, arg_addr=ctypes.addressof(arg_ptrs))
 

@@ -40,7 +40,7 @@ MAX_CACHED_PARAM_SETS = 64
 
 
 @dataclass
-class _CaseState:
+class CaseState:
     case: Case
     stream_id: int
     num_splits: int
@@ -51,11 +51,11 @@ class _CaseState:
     cp_stream: Any
     cp_device: Any
     driver_launch: Any = None
-    params: dict[tuple, _Prepared] = field(default_factory=dict)
+    params: dict[tuple, PreparedParams] = field(default_factory=dict)
 
 
 @dataclass
-class _Prepared:
+class PreparedParams:
     params: Any  # harness.candidates.params.BuiltParams
     copies: list[torch.Tensor]
     sources: tuple[torch.Tensor, ...]  # mask / key lengths the block's copies came from
@@ -71,7 +71,7 @@ class _Prepared:
                                                          strict=True))
 
 
-def _tensor_key(inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None) -> tuple:
+def tensor_key(inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None) -> tuple:
     """What the parameter block depends on: addresses and strides of every tensor, and the
     identity of the mask / key-length tensors (whose converted copies it points to)."""
     q, k, v = inputs.q, inputs.k, inputs.v
@@ -80,7 +80,7 @@ def _tensor_key(inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None) -> 
             out.stride(), id(inputs.mask), id(inputs.key_lengths))
 
 
-def _function_ptr(fn: Any) -> int | None:
+def function_ptr(fn: Any) -> int | None:
     """The CUfunction handle behind a CuPy kernel: `RawModule.get_function` gives a
     RawKernel, whose `.kernel` is the loaded cupy.cuda.Function (`.ptr`)."""
     ptr = getattr(fn, "ptr", None)
@@ -89,7 +89,7 @@ def _function_ptr(fn: Any) -> int | None:
     return ptr if isinstance(ptr, int) and ptr else None
 
 
-def _aligned(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+def aligned_for_vector_loads(t: torch.Tensor, head_dim: int) -> torch.Tensor:
     """Kernels use 16-byte vector loads: give them a 16-byte aligned base and, when the
     head dim allows it, strides that keep every row aligned."""
     if t.stride(-1) != 1:
@@ -104,7 +104,7 @@ def _aligned(t: torch.Tensor, head_dim: int) -> torch.Tensor:
 _limits_cache: dict[int, DeviceLimits] = {}
 
 
-def _device_limits(device: torch.device) -> DeviceLimits:
+def device_limits(device: torch.device) -> DeviceLimits:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     hit = _limits_cache.get(idx)
     if hit is not None:
@@ -112,7 +112,7 @@ def _device_limits(device: torch.device) -> DeviceLimits:
     props = torch.cuda.get_device_properties(idx)
     optin = getattr(props, "shared_memory_per_block_optin", None)
     if not optin:
-        cp = _cupy_module()
+        cp = cupy_module()
         optin = cp.cuda.Device(idx).attributes["MaxSharedMemoryPerBlockOptin"]
     lim = DeviceLimits(
         sm_count=int(props.multi_processor_count),
@@ -123,13 +123,13 @@ def _device_limits(device: torch.device) -> DeviceLimits:
     return lim
 
 
-def _cupy_module():
+def cupy_module():
     from harness.candidates.compile import _cupy
 
     return _cupy()
 
 
-def _cupy_stream(cp: Any, tstream: torch.cuda.Stream) -> Any:
+def cupy_stream(cp: Any, tstream: torch.cuda.Stream) -> Any:
     """CuPy view of torch's stream, so our launches order with torch's work."""
     from_external = getattr(cp.cuda.Stream, "from_external", None)
     if from_external is not None:
