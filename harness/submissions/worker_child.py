@@ -45,17 +45,14 @@ def child_main(job_path: str) -> int:
 
     # torch and the scorer are imported before the first progress line: until then the
     # watchdog allows the (larger) start-up time, after it only a case's.
-    import torch  # noqa: F401
+    import torch
 
     from harness.submissions.scoring import ScoreReport, ScoringOptions
 
     try:
         frac = doc.get("gpu_memory_fraction")
-        if frac:
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.set_per_process_memory_fraction(float(frac))
+        if frac and torch.cuda.is_available():
+            torch.cuda.set_per_process_memory_fraction(float(frac))
         scorer = _resolve(doc.get("scorer") or DEFAULT_SCORER)
         options = ScoringOptions.from_dict(doc.get("options") or {})
         sanitize_allow_s.append(options.sanitize_timeout_s + 30.0)
