@@ -12,10 +12,11 @@
 #                 fa2_mma
 #   launch    (d) bench/launch_overhead.py, uncached (before) then cached (after)
 #   gputests  the GPU test suite, serially, with the 25 slowest tests (not in the default)
-#   install, gputests_a, gputests_b, launch_after, subs, full_triton, full_flex,
-#   perf_python: see below (the GPU suite in two halves, the cached launch path only, the
-#             submission corpus, a Python candidate's full grid, both Python candidates
-#             on the perf grid next to SDPA flash)
+#   install, gputests_a, gputests_py, gputests_cheats, launch_after, subs, full_triton,
+#   full_flex, perf_python: see below (the GPU suite in three parts, each under 3
+#             minutes on the H200; the cached launch path only; the submission corpus; a
+#             Python candidate's full grid; both Python candidates on the perf grid next
+#             to SDPA flash)
 # Everything lands in $WORK (default /tmp/h200-gate); $OUT gets at most 8 files:
 # gate-summary.md, gate-record.json, same-commit-summary.md, slowed-summary.md,
 # launch.json, times.txt, logs.tgz.
@@ -110,18 +111,13 @@ EOF
         --timeout 120 -rfE --durations=10 tests/test_buffers.py tests/test_gpu_measure.py \
         tests/test_runner.py tests/test_cuda_variants_gpu.py
       ;;
-    gputests_py)  # the gate and the Python candidates on a GPU (a part of gputests_b)
+    gputests_py)  # the gate and the Python candidates on a GPU
       step gpu_tests_py ${GPU_B_S:-200} python3 -m pytest -m gpu -q -p no:cacheprovider \
         --timeout 150 -rfE --durations=10 tests/test_gate.py tests/test_python_candidates.py
       ;;
-    gputests_cheats)  # the submissions' verdicts on a GPU (the rest of gputests_b)
+    gputests_cheats)  # the submissions' verdicts on a GPU
       step gpu_tests_cheats ${GPU_B_S:-280} python3 -m pytest -m gpu -q -p no:cacheprovider \
         --timeout 200 -rfE --durations=15 tests/test_cheats_gpu.py
-      ;;
-    gputests_b)  # the submissions' verdicts, the gate and the Python candidates on a GPU
-      step gpu_tests_b ${GPU_B_S:-280} python3 -m pytest -m gpu -q -p no:cacheprovider \
-        --timeout 200 -rfE --durations=15 tests/test_cheats_gpu.py tests/test_gate.py \
-        tests/test_python_candidates.py
       ;;
     launch_after)  # the cached path only
       step launch_after 90 python3 bench/launch_overhead.py --kernels fa2_mma,splitkv,fa2_simt --paths driver,cupy \
