@@ -1,6 +1,7 @@
 # fa-harness: set up, run, test.
-#   make run    set up .venv (first time) and run the correctness suite on this machine
-#   make test   the project's tests and the CPU suites (what CI runs)
+#   make run       set up .venv (first time) and run the correctness suite on this machine
+#   make test      the project's tests and the CPU suites (what CI runs)
+#   make test-gpu  the GPU tests, on a machine with a CUDA GPU (not part of CI)
 
 # Any Python >= 3.11: the newest one on PATH (override with `make PYTHON=...`).
 PYTHON ?= $(shell for p in python3.14 python3.13 python3.12 python3.11 python3; do \
@@ -10,7 +11,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_FLAGS ?= -n 2 --dist loadgroup -p no:cacheprovider --timeout 900
 
-.PHONY: run test lint clean
+.PHONY: run test test-gpu lint clean
 
 # torch goes in first, pinned, and only when absent: the CPU build of 2.13.0 lies on disk
 # on the CPU machines (pip finds it there), while a plain `torch` requirement with no torch
@@ -48,6 +49,17 @@ test: $(VENV)
 	$(BIN)/pytest $(PYTEST_FLAGS) tests || $(NO_TESTS)
 	$(BIN)/pytest $(PYTEST_FLAGS) harness/suites --fa-grid smoke || $(NO_TESTS)
 	$(BIN)/pytest $(PYTEST_FLAGS) harness/suites --fa-grid full --fa-kernels '*_model' || $(NO_TESTS)
+
+# The GPU tests in two calls: first the ones that measure time (marked `exclusive`), with
+# the GPU to themselves; then the rest (verdicts, compiles, correctness), which share it,
+# GPU_JOBS at a time. No venv of its own: a GPU machine brings its own torch and CuPy
+# (`GPU_PYTEST="python3 -m pytest" make test-gpu`).
+GPU_PYTEST ?= $(if $(wildcard $(BIN)/pytest),$(BIN)/pytest,python3 -m pytest)
+GPU_JOBS ?= 8
+GPU_FLAGS ?= -p no:cacheprovider --timeout 300 -q -rfE --durations=15
+test-gpu:
+	$(GPU_PYTEST) tests -m "gpu and exclusive" $(GPU_FLAGS) || $(NO_TESTS)
+	$(GPU_PYTEST) tests -m "gpu and not exclusive" -n $(GPU_JOBS) --dist loadgroup $(GPU_FLAGS) || $(NO_TESTS)
 
 lint: $(VENV)
 	$(BIN)/ruff check .

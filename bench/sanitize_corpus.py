@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.candidates.cuda_candidate import CudaVariant  # noqa: E402
 from harness.candidates.variants import load_variant  # noqa: E402
-from harness.submissions import sanitize  # noqa: E402
+from harness.execution import sanitize  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "submissions"
 DEFAULT = ["good_rowwarp.cu", "racy_rows.cu", "far_writer.cu"]

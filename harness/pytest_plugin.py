@@ -58,8 +58,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from harness.paths import use_compile_caches
+
+    # The suites' compiles go to the same caches as the CLI's (harness.paths).
+    use_compile_caches()
     config.addinivalue_line("markers", "fa_grid(name): case grid of this test "
                                        "(overrides --fa-grid)")
+    # The shipped suites mark their GPU tests; a team's repository has no ini entry for it.
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped cleanly without one)")
     config.stash[_RESULTS_KEY] = []
     # Bad option values stop the session at once with one line (exit 4), before collection.
     # Only options actually given are checked here: an unrelated session pays nothing.

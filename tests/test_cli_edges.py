@@ -97,3 +97,19 @@ def test_run_stores_every_run_in_the_default_database(tmp_path):
                 home=tmp_path / "h2")
     assert proc.returncode == 0 and "stored" not in proc.stdout
     assert not (tmp_path / "h2" / "results.sqlite").exists()
+
+
+def test_every_command_help_says_what_it_does_in_whole_sentences(capsys):
+    """`run --help` was cut mid-sentence and named no exit codes; `ci --help` had no
+    description at all."""
+    from harness.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name, parser in sub.choices.items():
+        desc = (parser.description or "").strip()
+        assert desc, name
+        assert desc.rstrip('"').endswith((".", ")", ":")), (name, desc[-60:])
+    for name in ("run", "ci", "kernels"):
+        text = sub.choices[name].format_help()
+        assert "Exit codes" in text, name
+    assert "3  not measured" in sub.choices["ci"].format_help()

@@ -173,3 +173,20 @@ def test_cli_compare_exit_codes(tmp_path, capsys):
     assert cli_main(["compare", "1", "2", "--db",
                      "postgresql+psycopg://postgres@127.0.0.1:1/none"]) == 2
     assert "cannot connect" in capsys.readouterr().err
+
+
+def test_untimed_results_are_not_open_questions_and_fixes_are_shown():
+    """A CPU gate compares correctness-only runs: no timing on either side is `same`
+    (it listed 168 all-dash `inconclusive` rows), and a case fixed since the baseline is
+    shown first among the changes, not cut off behind them."""
+    base_specs = specs_for(samples=0)
+    new_specs = specs_for(samples=0)
+    base_specs[1].status = "failed"
+    report = compare_records(make_record(base_specs, seed=1),
+                             make_record(new_specs, seed=2, minutes=1))
+    counts = report.counts()
+    assert "inconclusive" not in counts and counts["correctness_fixed"] == 1
+    text = report.markdown()
+    assert "| correctness_fixed |" in text and "| inconclusive |" not in text
+    # one side timed, the other not: still an open question
+    assert compare_samples([], [1.0] * 20)[0] == "inconclusive"

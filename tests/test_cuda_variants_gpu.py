@@ -104,6 +104,7 @@ def test_launch_refused_before_launching():
     assert torch.count_nonzero(out) == 0
 
 
+@pytest.mark.exclusive  # a bandwidth reading: the GPU to itself
 def test_splitkv_decode_bandwidth():
     """The decode shape of the brief: Nq = 1, 32 query heads over 8 kv heads, d = 128,
     Nk = 131072. Memory bound: report K+V bytes / time; far below 1 TB/s means broken."""
@@ -159,6 +160,7 @@ def test_cached_launches_match_uncached_and_follow_new_inputs():
         assert res.status is Status.PASSED, res.message
 
 
+@pytest.mark.exclusive  # a host-time reading: no other process on the cores
 def test_cached_launch_host_cost_is_small():
     import time
 

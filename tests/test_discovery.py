@@ -200,3 +200,98 @@ def test_submit_by_discovered_name_and_python_names_refused(tmp_path, capsys):
         discovery.variant_path("flex_attention")
     assert main(["submit", "flex_attention", "--db", str(tmp_path / "q.db")]) == 2
     assert "is a Python candidate" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ no silent set-up
+
+
+@pytest.mark.parametrize("text, says", [
+    ('[tool.fa-harness]\nkernel-dirs = ["k"]\n', "no key 'kernel-dirs' (did you mean kernels-dirs?)"),
+    ('[tool.fa-harness]\nkernels_dirs = ["k"]\n', "no key 'kernels_dirs' (did you mean kernels-dirs?)"),
+    ('[tool.fa_harness]\nkernels-dirs = ["k"]\n', "[tool.fa_harness] is not read; the table is [tool.fa-harness]"),
+    ('[tool.fa-harnes]\nkernels-dirs = ["k"]\n', "[tool.fa-harnes] is not read"),
+    ('[tool.FA-Harness]\nkernels-dirs = ["k"]\n', "[tool.FA-Harness] is not read"),
+    ('[tool.fa-harness]\ntiming-min = "8"\n', "timing-min must be an integer"),
+    ('[tool.fa-harness]\ntiming-cases = -1\n', "timing-cases must be an integer from 0 to 10000"),
+])
+def test_a_misspelt_setting_is_one_error_naming_the_known_keys(tmp_path, capsys, text, says):
+    from harness.cli import main as cli_main
+
+    variant(tmp_path / "k", "mine")
+    (tmp_path / "pyproject.toml").write_text(text)
+    with pytest.raises(discovery.DiscoveryError) as info:
+        discovery.kernel_dirs()
+    assert says in str(info.value) and "\n" not in str(info.value)
+    assert "kernels-dirs, candidates, timing-min, timing-cases" in str(info.value) or \
+        "must be" in str(info.value)
+    # the commands a team runs first say it in one line and exit 2
+    registry.clear_cache()
+    assert cli_main(["kernels"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0]
+
+
+def test_other_tools_tables_and_known_keys_are_fine(tmp_path):
+    variant(tmp_path / "k", "mine")
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.ruff]\nline-length = 100\n[tool.harness]\nx = 1\n'
+        '[tool.fa-harness]\nkernels-dirs = ["k"]\ntiming-min = 4\ntiming-cases = 12\n')
+    assert "mine" in origins()
+    from harness.candidates.project import project_setting
+
+    assert project_setting("timing-min", 8) == 4 and project_setting("timing-cases", 16) == 12
+
+
+@pytest.mark.parametrize("content", [None, "README.md", "notes/"])
+def test_an_empty_or_variantless_kernels_folder_is_an_error(tmp_path, content):
+    k = tmp_path / "k"
+    k.mkdir()
+    if content == "README.md":
+        (k / "README.md").write_text("our kernels will go here\n")
+    elif content:
+        (k / content).mkdir()
+    discovery.configure([str(k)])
+    with pytest.raises(discovery.DiscoveryError, match="holds no variant") as info:
+        registry.discover(("cuda",))
+    assert str(k) in str(info.value) and "--kernels-dir" in str(info.value)
+
+
+def test_every_source_is_listed_with_what_it_gave(tmp_path):
+    variant(tmp_path / "k", "mine")
+    (tmp_path / "bad" / "broken").mkdir(parents=True)
+    (tmp_path / "bad" / "broken" / "broken.cu").write_text("// no manifest\n")
+    discovery.configure([str(tmp_path / "k"), str(tmp_path / "bad")])
+    registry.discover(("cuda", "python"))
+    lines = [s.line() for s in discovery.sources()]
+    assert f"kernels folder {tmp_path / 'k'} (--kernels-dir): mine" in lines
+    assert f"kernels folder {tmp_path / 'bad'} (--kernels-dir): nothing (1 failed to load)" \
+        in lines
+    assert any(line.startswith(f"kernels folder {KERNELS_ROOT} (shipped): ") and "fa2_mma" in line
+               for line in lines)
+    assert any(line.startswith("entry point flex_attention") for line in lines)
+
+
+def test_ownership_the_teams_sources_are_owned_the_shipped_ones_are_yardsticks(tmp_path):
+    variant(tmp_path / "k", "mine")
+    discovery.configure([str(tmp_path / "k")])
+    by_name = {c.name: c for c in registry.discover()}
+    # run from the team's repository (here: a folder outside this source tree)
+    assert not discovery.harness_is_the_project()
+    assert registry.owned(by_name["mine"])
+    for name in ("fa2_mma", "template", "flex_attention", "sdpa_flash", "fa2_model"):
+        assert not registry.owned(by_name[name]), name
+    # named on the command line (a glob too): owned
+    assert registry.owned(by_name["fa2_mma"], ["fa2_*"])
+    assert registry.owned(by_name["sdpa_flash"], ["sdpa_flash"])
+
+
+def test_ownership_when_fa_harness_itself_is_the_project(monkeypatch):
+    monkeypatch.chdir(KERNELS_ROOT.parents[1])  # this source tree's root
+    assert discovery.harness_is_the_project()
+    by_name = {c.name: c for c in registry.discover()}
+    assert registry.owned(by_name["fa2_mma"]) and registry.owned(by_name["flex_attention"])
+    assert not registry.owned(by_name["sdpa_flash"])  # the peers stay yardsticks
+    # an installed copy is never "the project", wherever it is run from
+    fake = Path("/venv/lib/python3.12/site-packages/harness/kernels")
+    monkeypatch.setattr(discovery, "KERNELS_ROOT", fake)
+    assert not discovery.harness_is_the_project(Path("/venv/lib/python3.12/site-packages"))

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from harness.cli import main as cli_main
 from harness.core.cases import Case, MaskKind
-from harness.records import gate
+from harness.records import gate, gate_run
 from harness.records.db.models import Comparison
 from harness.records.db.store import counts, open_db
 from harness.records.gate import GateOptions, finish
@@ -124,7 +124,7 @@ def test_cli_ci_runs_cpu_models_and_compares_with_the_parent(tmp_path, monkeypat
     monkeypatch.setenv("FA_HARNESS_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     monkeypatch.setenv("FA_HARNESS_BRANCH", "main")
-    monkeypatch.setattr(gate, "gpu_present", lambda: False)
+    monkeypatch.setattr(gate_run, "gpu_state", lambda: (False, "no GPU in this test"))
     db = str(tmp_path / "ci.sqlite")
     args = ["ci", "--grid", "tiny,perf", "--kernels", "fa2_model,naive_model", "--db", db,
             "--summary", str(tmp_path / "s.md"), "--record", str(tmp_path / "run.json")]
@@ -147,7 +147,7 @@ def test_cli_ci_runs_cpu_models_and_compares_with_the_parent(tmp_path, monkeypat
 
 def test_cli_ci_usage_errors_write_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FA_HARNESS_HOME", str(tmp_path))
-    monkeypatch.setattr(gate, "gpu_present", lambda: False)
+    monkeypatch.setattr(gate_run, "gpu_state", lambda: (False, "no GPU in this test"))
     assert cli_main(["ci", "--grid", "nope", "--db", str(tmp_path / "x.sqlite")]) == 2
     assert "unknown grid 'nope'" in capsys.readouterr().err
     assert cli_main(["ci", "--grid", "smoke", "--kernels", "no_such_kernel"]) == 2
@@ -156,17 +156,19 @@ def test_cli_ci_usage_errors_write_nothing(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.gpu
+@pytest.mark.exclusive
 def test_gate_times_on_a_gpu(tmp_path):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    # a small budget: the plan times the cheapest cases and lists the rest as left out
-    opts = _opts(tmp_path, grids=["perf"], kernels=["sdpa_flash"], budget_min=1.0)
+    # named, so owned: its floor is timed first, the rest of its perf cases are listed
+    opts = _opts(tmp_path, grids=["perf"], kernels=["sdpa_flash"], budget_min=1.0,
+                 timing_min=4, timing_cases=6)
     ex = gate.execute(opts, log=_quiet)
     assert ex.meta["gpu"] and ex.meta["gpu"]["model_key"] != "cpu"
     timed = [r for r in ex.results if r.status == "passed"]
-    assert timed and all(r.timing and len(r.timing.samples_ms) >= 10 for r in timed)
-    assert ex.plan.left_out and "budget" in ex.plan.left_out[0].reason
+    assert len(timed) >= 4 and all(r.timing and len(r.timing.samples_ms) >= 10 for r in timed)
+    assert ex.plan.left_out and ex.not_measured == [] and ex.owned == ["sdpa_flash"]
     out = finish(RunRecord.from_results(ex.results, ex.meta), opts, log=_quiet,
                  plan=ex.plan)
     assert out.run_id is not None
@@ -238,7 +240,7 @@ def test_cli_ci_prints_lines_as_it_goes_and_records_the_plan(tmp_path, monkeypat
     monkeypatch.setitem(grids.GRIDS, "tiny", lambda: list(TINY))
     monkeypatch.setenv("FA_HARNESS_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    monkeypatch.setattr(gate, "gpu_present", lambda: False)
+    monkeypatch.setattr(gate_run, "gpu_state", lambda: (False, "no GPU in this test"))
     args = ["ci", "--grid", "tiny", "--kernels", "fa2_model,naive_model", "--db",
             str(tmp_path / "ci.sqlite"), "--record", str(tmp_path / "run.json"),
             "--budget", "2"]
@@ -278,7 +280,7 @@ def test_cli_ci_fails_on_a_variant_that_does_not_load(tmp_path, monkeypatch, cap
                     "broken")
     monkeypatch.setattr(registry, "load_errors", lambda: [err])
     monkeypatch.setitem(grids.GRIDS, "tiny", lambda: list(TINY))
-    monkeypatch.setattr(gate, "gpu_present", lambda: False)
+    monkeypatch.setattr(gate_run, "gpu_state", lambda: (False, "no GPU in this test"))
     db = str(tmp_path / "ci.sqlite")
     assert cli_main(["ci", "--grid", "tiny", "--kernels", "fa2_model", "--db", db]) == 0
     capsys.readouterr()

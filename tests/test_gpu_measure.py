@@ -20,8 +20,10 @@ from harness.core.candidate import Candidate
 from harness.core.cases import Case
 from harness.core.results import Status
 
+# `exclusive`: these measure time, so `make test-gpu` runs them with the GPU to themselves.
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.exclusive,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 ROOT = Path(__file__).resolve().parent.parent

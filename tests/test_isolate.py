@@ -154,3 +154,57 @@ def test_cuda_fatal_markers():
     assert is_cuda_fatal("CUDA error: an illegal memory access was encountered")
     assert is_cuda_fatal("cudaErrorIllegalAddress")
     assert not is_cuda_fatal("ValueError: shapes do not match")
+
+
+def test_gated_children_start_side_by_side_and_run_in_turn():
+    """The gate's timing phase: every timing child is started at once and built, then
+    each runs only on its turn, so one start-up is paid for all and no two time at once."""
+    import threading
+    import time
+
+    from harness.core.cases import Case, MaskKind
+
+    cases = [Case(1, 2, 2, 17, 33, 16, "float16", MaskKind.CAUSAL_BR),
+             Case(1, 2, 2, 9, 9, 16, "float16", MaskKind.NONE)]
+    ready = {n: threading.Event() for n in ("fa2_model", "naive_model")}
+    go = {n: threading.Event() for n in ready}
+    events: list[tuple[str, str, float]] = []
+
+    def turn(name):
+        def wait():
+            events.append((name, "ready", time.monotonic()))
+            ready[name].set()
+            go[name].wait()
+        return wait
+
+    out: dict[str, list] = {}
+
+    def run(name):
+        out[name] = run_isolated(name, cases, options={"device": "cpu"}, turn=turn(name),
+                                 on_result=lambda r: events.append((r.kernel, "result",
+                                                                    time.monotonic())))
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in ready]
+    for t in threads:
+        t.start()
+    for n in ready:
+        assert ready[n].wait(120), f"{n} never got ready"
+    assert not any(kind == "result" for _, kind, _ in events)  # built, waiting
+    for n, t in zip(ready, threads, strict=True):
+        go[n].set()
+        t.join(120)
+    assert [r.status.value for n in ready for r in out[n]] == ["passed"] * 4
+    first_b = min(t for n, k, t in events if n == "naive_model" and k == "result")
+    last_a = max(t for n, k, t in events if n == "fa2_model" and k == "result")
+    assert last_a < first_b  # one after the other
+
+
+def test_a_gated_child_that_cannot_be_built_still_takes_its_turn():
+    import threading
+
+    from harness.core.cases import Case
+
+    took = threading.Event()
+    res = run_isolated("no_such_candidate", [Case(1, 1, 1, 4, 4, 16)],
+                       options={"device": "cpu"}, turn=took.set)
+    assert took.is_set() and res[0].status.value == "error"

@@ -41,3 +41,12 @@ def test_a_missing_candidate_module_is_one_usage_line(tmp_path):
     proc = _pytest(tmp_path, "--pyargs", "harness.suites", "--fa-candidate", "nosuch_x:c")
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "--fa-candidate nosuch_x:c: no module named 'nosuch_x'" in proc.stderr
+
+
+def test_the_shipped_suites_from_a_team_repository_warn_of_no_unknown_mark(tmp_path):
+    """`pytest --pyargs harness.suites` from a repository whose own ini knows nothing of
+    fa-harness: the plugin registers the `gpu` mark the suites use."""
+    proc = _pytest(tmp_path, "--pyargs", "harness.suites", "--fa-grid", "smoke",
+                   "--fa-kernels", "naive_model", "-W", "error::pytest.PytestUnknownMarkWarning")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Unknown pytest.mark" not in proc.stdout + proc.stderr

@@ -208,3 +208,26 @@ def test_registry_tolerates_only_a_missing_source(monkeypatch, tmp_path):
     assert [c.name for c in registry.select(registry.discover(("model",)), "fake_*")] == [
         "fake_none", "fake_perturb"]
     registry.clear_cache()
+
+
+def test_parallel_children_give_the_serial_results_in_the_same_order():
+    """The gate's correctness on a GPU runner: children side by side, the CPU models in
+    children too, one candidate split into several children; the same verdicts, errors
+    and order as one after the other."""
+    from harness.candidates.registry import get_candidate
+
+    cases = [Case(1, 2, 2, 17, 33, 16, "float16", MaskKind.CAUSAL_BR),
+             Case(2, 2, 1, 9, 9, 32, "bfloat16", MaskKind.KEY_PADDING),
+             Case(1, 2, 2, 5, 7, 16, "float16", MaskKind.NONE)]
+    cands = [get_candidate("fa2_model"), get_candidate("naive_model"),
+             get_candidate("bug_causal_off_by_one")]
+    serial = run_correctness(cands, cases)
+    seen: list[str] = []
+    par = run_correctness(cands, cases, parallel=3, on_result=lambda r: seen.append(r.kernel),
+                          split=lambda c: (lambda case: str(case.mask))
+                          if c.name == "fa2_model" else None)
+    assert [(r.kernel, r.case.id, r.status) for r in par] == \
+        [(r.kernel, r.case.id, r.status) for r in serial]
+    assert [r.errors.out_err for r in par] == [r.errors.out_err for r in serial]
+    assert sorted(seen) == sorted(r.kernel for r in serial)
+    assert any(r.status is Status.FAILED for r in par)  # the planted bug is still caught

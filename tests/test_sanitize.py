@@ -11,7 +11,7 @@ import pytest
 
 from harness.core.candidate import Support
 from harness.core.cases import MaskKind
-from harness.submissions import sanitize
+from harness.execution import sanitize
 
 DATA = Path(__file__).parent / "data" / "sanitizer"
 
@@ -104,15 +104,42 @@ esac
     assert rep.status == "findings"
     assert rep.finding.tool == "memcheck" and "3,145,728 bytes after" in rep.finding.summary
     assert [t.status for t in rep.tools] == ["findings", "clean", "clean", "clean"]
-    calls = (tmp_path / "calls").read_text().splitlines()
+    # the tools' runs (the padding probe, `--help`, is not one of them)
+    calls = [c for c in (tmp_path / "calls").read_text().splitlines() if "--tool" in c]
     assert sorted(c.split()[1] for c in calls) == sorted(sanitize.TOOLS)
-    assert all("harness.submissions.sanitize_target" in c and "--cases" in c for c in calls)
+    assert all("harness.execution.sanitize_target" in c and "--cases" in c for c in calls)
     assert "raw" not in rep.to_dict()["tools"][0]
+    assert not any("--trusted" in c for c in calls)  # a submission: built in the sandbox
+
+
+def test_memcheck_pads_every_allocation_and_the_tier_chooses_tools(tmp_path):
+    """A write far past its buffer can land in another live allocation: memcheck gets
+    `--padding` where the tool offers it, and torch's caching allocator is off in the
+    target, so every tensor is an allocation of its own. The fast tier (the CI gate's)
+    runs memcheck, initcheck and racecheck on fewer cases."""
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(f"""#!/bin/sh
+if [ "$1" = "--help" ]; then echo "  --padding arg   Size in bytes of padding buffers"; exit 0; fi
+echo "$@ cache=$PYTORCH_NO_CUDA_MEMORY_CACHING" >> {tmp_path}/calls
+cat {DATA}/memcheck_clean.txt
+""")
+    fake.chmod(0o755)
+    sanitize._supports_padding.cache_clear()
+    rep = sanitize.sanitize(str(tmp_path / "variant"), Support(), set(), sanitizer=str(fake),
+                            tier="fast", trusted=True)
+    assert rep.status == "clean"
+    calls = (tmp_path / "calls").read_text().splitlines()
+    tools = sorted(c.split()[1] for c in calls)
+    assert tools == ["initcheck", "memcheck", "racecheck"]
+    mem = next(c for c in calls if c.split()[1] == "memcheck")
+    assert f"--padding {sanitize.PADDING_BYTES}" in mem
+    assert all(c.endswith("cache=1") and "--trusted" in c for c in calls)
+    assert len(rep.cases) <= 3
 
 
 def test_racecheck_gets_a_lighter_case_set():
     from harness.core.candidate import Support
-    from harness.submissions.sanitize import racecheck_cases, sanitizer_cases
+    from harness.execution.sanitize import racecheck_cases, sanitizer_cases
 
     sup = Support()
     full, race = sanitizer_cases(sup), racecheck_cases(sup)

@@ -229,7 +229,7 @@ def test_options_round_trip():
 
 
 def test_a_sanitizer_finding_is_incorrect_before_anything_is_timed():
-    from harness.submissions.sanitize import SanitizeReport, ToolReport
+    from harness.execution.sanitize import SanitizeReport, ToolReport
 
     finding = ToolReport("racecheck", "findings", 8, "racecheck: 8 errors: Race reported "
                          "between Write access in racy_rows+0x3a0 at racy_rows.cu:52")
@@ -245,8 +245,8 @@ class IllegalAccess(Honest):
 
 
 def test_a_crash_is_named_by_the_sanitizer_run_afterwards(monkeypatch):
+    from harness.execution.sanitize import SanitizeReport, ToolReport
     from harness.submissions import scoring
-    from harness.submissions.sanitize import SanitizeReport, ToolReport
 
     monkeypatch.setattr(scoring, "context_usable", lambda device: False)
     finding = ToolReport("memcheck", "findings", 4, "memcheck: 4 errors: Invalid __global__ "
@@ -266,7 +266,7 @@ def test_a_crash_is_named_by_the_sanitizer_run_afterwards(monkeypatch):
 
 
 def test_a_sanitizer_tool_that_cannot_finish_is_not_a_clean_bill():
-    from harness.submissions.sanitize import SanitizeReport, ToolReport
+    from harness.execution.sanitize import SanitizeReport, ToolReport
 
     tools = [ToolReport("memcheck", "clean"),
              ToolReport("racecheck", "timeout", 0, "racecheck: did not finish within 50 s")]
@@ -274,3 +274,78 @@ def test_a_sanitizer_tool_that_cannot_finish_is_not_a_clean_bill():
                           sanitizer=lambda: SanitizeReport("failed", tools, ["c"]))
     assert rep.verdict == "incorrect" and "racecheck" in rep.message
     assert "did not finish" in rep.message and "perf" not in rep.detail
+
+
+class Sleepy(Honest):
+    """Right, but sleeps on every call after the first of a case (so its correctness is
+    quick and its timing is very slow): the 100 ms-per-launch submission that held the
+    queue for 151 s of GPU time."""
+
+    sleep_s: float = 0.05
+
+    def cheat(self, n, case, inputs, out, lse) -> None:
+        import time
+
+        if n:
+            time.sleep(self.sleep_s)
+        self.compute(case, inputs, out, lse)
+
+
+def test_a_far_slower_submission_is_cut_short_and_scored_from_what_was_measured():
+    perf = PERF * 3  # six perf cases
+    cand = Sleepy()
+    rep = score_candidate(cand, _options(perf_cases=perf, min_samples=20, min_time_s=1.0,
+                                         slow_cut_factor=5.0),
+                          secret=7, baseline=Honest(name="base"))
+    assert rep.verdict == "scored" and rep.score is not None and rep.score < 0.2
+    assert "timing cut short" in rep.message and "over the 5x cut" in rep.message
+    assert rep.detail["coverage"]["timed"] == 1 and rep.detail["coverage"]["of"] == 6
+    [entry] = rep.detail["perf"]
+    assert entry["samples"] == 3  # its sampling stopped after 3 samples, not 20
+    assert rep.detail["gpu_s"] < 5 and rep.detail["gpu_budget_s"] == 600.0
+
+
+def test_the_job_gpu_budget_bounds_correctness_and_timing():
+    rep = score_candidate(Sleepy(), _options(gpu_budget_s=0.0), secret=7,
+                          baseline=Honest(name="base"))
+    assert rep.verdict == "timeout" and "over the job's GPU budget of 0 s during " \
+        "correctness (0 of 2 cases checked)" in rep.message
+    # a budget that correctness fits but the timing does not: scored from what was timed
+    import time
+
+    class Clock:
+        t = 0.0
+
+    clock = Clock()
+    real = time.monotonic
+
+    def fake() -> float:
+        return real() + clock.t
+
+    import harness.submissions.scoring as scoring
+
+    calls = {"n": 0}
+    orig = scoring.timed_calls
+
+    def timed(*a, **kw):
+        calls["n"] += 1
+        out = orig(*a, **kw)
+        clock.t += 100.0  # each timed case "takes" 100 s of the budget
+        return out
+
+    scoring.time.monotonic, scoring.timed_calls = fake, timed  # type: ignore[assignment]
+    try:
+        rep = score_candidate(Honest(), _options(perf_cases=PERF * 3, gpu_budget_s=250.0),
+                              secret=7, baseline=Honest(name="base"))
+    finally:
+        scoring.time.monotonic, scoring.timed_calls = real, orig  # type: ignore[assignment]
+    assert rep.verdict == "scored" and "GPU budget of 250 s was reached" in rep.message
+    assert 0 < rep.detail["coverage"]["timed"] < 6
+
+
+def test_the_leaderboard_shows_the_gpu_seconds_against_the_budget():
+    from harness.submissions.ranking import gpu_seconds
+
+    assert gpu_seconds({"elapsed_s": 71.4, "gpu_budget_s": 600.0}) == "71/600"
+    assert gpu_seconds({"gpu_s": 3.2}) == "3"
+    assert gpu_seconds({}) is None and gpu_seconds(None) is None

@@ -20,6 +20,15 @@ ROOT = Path(__file__).resolve().parent.parent
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 
 
+@pytest.fixture(autouse=True)
+def _sandbox_backend(monkeypatch):
+    """These tests are about validation, not the sandbox (tested on its own in
+    test_submit_hostile.py, and its absence below): on a machine without bubblewrap they
+    compile under resource limits only, as an operator there would have to choose."""
+    if shutil.which("bwrap") is None:
+        monkeypatch.setenv("FA_HARNESS_SANDBOX", "rlimits")
+
+
 @pytest.fixture
 def db(tmp_path):
     d = open_db(str(tmp_path / "sub.sqlite"))
@@ -275,3 +284,23 @@ def test_deeply_nested_manifest_is_rejected_and_recorded(db, tmp_path, capsys):
         row = s.scalars(select(Submission)).one()
         assert (row.status, row.verdict) == ("done", "rejected")
         assert "nested too deeply" in row.message
+
+
+@needs_nvcc
+@pytest.mark.nvcc
+def test_a_host_without_a_sandbox_refuses_to_check_and_records_nothing(db, capsys,
+                                                                        monkeypatch):
+    """Without bubblewrap a submission cannot be compiled in isolation: that is the
+    host's fault, so the submitter gets one line (exit 2) and no `rejected` verdict is
+    recorded against them."""
+    from harness.candidates import sandbox
+
+    monkeypatch.setattr(sandbox, "_bwrap_works", lambda: False)
+    monkeypatch.delenv(sandbox.ENV_VAR, raising=False)
+    rc = main(["submit", str(DATA / "good_rowwarp.cu"), "--db", db.url])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert "this machine cannot check submissions: bubblewrap (bwrap) is not installed" \
+        in err[0] and "nothing was recorded" in err[0]
+    with db.sessions() as s:
+        assert s.scalars(select(Submission)).all() == []

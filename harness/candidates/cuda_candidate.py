@@ -86,6 +86,8 @@ class CudaVariant(Candidate):
                 "resources": {},
                 "timing": spec.timing,
                 "timing_max_seqlen": spec.timing_max_seqlen,
+                "timing_min": spec.timing_min,
+                "timing_cases": spec.timing_cases,
             },
             spec=spec,
         )

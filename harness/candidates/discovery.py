@@ -21,17 +21,32 @@ entry point group `fa_harness.candidates` (the shipped `flex_attention` and
 What the command line configured (`configure`) is also exported in the environment
 variable `FA_HARNESS_DISCOVERY`, so that every child process (isolated candidates, the
 worker's scoring process) discovers exactly what its parent did.
+
+Nothing is ignored silently: a key of `[tool.fa-harness]` the harness does not know, or a
+table whose name is close to it (`[tool.fa_harness]`, `[tool.fa-harnes]`), is a
+DiscoveryError naming the known keys; so is a kernels folder that holds no variant. Every
+source searched is recorded with what it contributed (`sources()`), so `fa-harness
+kernels` and `ci` can say where each candidate came from and which source gave nothing.
+
+Ownership (`owned_by_team`): the team's own candidates are those of its kernel folders,
+`--candidate`s, pyproject candidates and entry points of other packages. What ships with
+fa-harness (its variants, its entry points, the CPU models, the SDPA peers) is a
+yardstick, except when fa-harness itself is the project being worked on (run from its
+own source tree, not an installed copy): then its shipped candidates are that team's.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from harness.candidates.project import DiscoveryError, find_pyproject, pyproject_list
+
+__all__ = ["DiscoveryError", "find_pyproject"]
 
 if TYPE_CHECKING:  # the loaders import torch: only when variants are actually loaded
     from harness.candidates.variant_spec import LoadError, VariantSpec
@@ -40,15 +55,12 @@ ENV_KERNELS = "FA_HARNESS_KERNELS"
 ENV_CONFIG = "FA_HARNESS_DISCOVERY"  # set by `configure`, read by child processes
 ENTRY_POINT_GROUP = "fa_harness.candidates"
 SHIPPED = "shipped"
+DIST_NAME = "fa-harness"
 # This module imports nothing heavy (the CLI and the pytest plugin import it to configure
 # discovery), so it keeps its own copy of these names of harness.candidates.variant_spec.
 KERNELS_ROOT = Path(__file__).resolve().parents[1] / "kernels"
 MANIFEST_NAME = "manifest.toml"
 NOT_VARIANTS = frozenset({"include"})
-
-
-class DiscoveryError(ValueError):
-    """A configuration problem that makes the candidate set ambiguous or wrong: one line."""
 
 
 @dataclass(frozen=True)
@@ -97,34 +109,8 @@ def current() -> Config:
     return _config
 
 
-def find_pyproject(start: Path | None = None) -> Path | None:
-    """The pyproject.toml of `start` (default: the current directory) or its nearest parent."""
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        candidate = folder / "pyproject.toml"
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _pyproject_list(pyproject: Path, key: str) -> list[str]:
-    """`[tool.fa-harness] <key>` of a pyproject.toml: a list of strings (or nothing)."""
-    try:
-        data = tomllib.loads(pyproject.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise DiscoveryError(f"{pyproject}: cannot read [tool.fa-harness]: {e}") from None
-    section = data.get("tool", {}).get("fa-harness", {})
-    if not isinstance(section, dict):
-        raise DiscoveryError(f"{pyproject}: [tool.fa-harness] must be a table")
-    items = section.get(key, [])
-    if not isinstance(items, list) or not all(isinstance(d, str) for d in items):
-        raise DiscoveryError(f"{pyproject}: [tool.fa-harness] {key} must be a list of "
-                             f"strings")
-    return items
-
-
 def _pyproject_dirs(pyproject: Path) -> list[Path]:
-    return [(pyproject.parent / d).resolve() for d in _pyproject_list(pyproject, "kernels-dirs")]
+    return [(pyproject.parent / d).resolve() for d in pyproject_list(pyproject, "kernels-dirs")]
 
 
 def kernel_dirs(cwd: Path | None = None) -> list[KernelDir]:
@@ -149,6 +135,32 @@ def kernel_dirs(cwd: Path | None = None) -> list[KernelDir]:
     if all(k.path != KERNELS_ROOT.resolve() for k in found):
         found.append(KernelDir(KERNELS_ROOT.resolve(), SHIPPED))
     return found
+
+
+@dataclass
+class Source:
+    """One place candidates were searched: what it gave, and how many failed to load."""
+
+    what: str  # "kernels folder /repo/kernels", "--candidate my.mod:attr", ...
+    origin: str
+    names: list[str] = field(default_factory=list)
+    errors: int = 0
+
+    def line(self) -> str:
+        where = self.what if self.origin == self.what else f"{self.what} ({self.origin})"
+        if self.names:
+            gave = ", ".join(self.names)
+        else:
+            gave = "nothing" + (f" ({self.errors} failed to load)" if self.errors else "")
+        return f"{where}: {gave}"
+
+
+_sources: dict[str, list[Source]] = {"cuda": [], "python": []}
+
+
+def sources() -> list[Source]:
+    """Every source the last discovery searched (kernel folders, then Python candidates)."""
+    return [*_sources["cuda"], *_sources["python"]]
 
 
 def _entries(kdir: KernelDir) -> list[Path]:
@@ -178,18 +190,30 @@ def find_variants(cwd: Path | None = None) -> Found:
     specs: list[tuple[VariantSpec, str]] = []
     errors: list[LoadError] = []
     where: dict[str, Path] = {}
+    seen: list[Source] = []
     for kdir in kernel_dirs(cwd):
-        for entry in _entries(kdir):
+        entries = _entries(kdir)
+        if not entries:
+            raise DiscoveryError(f"{kdir.origin}: kernels folder {kdir.path} holds no "
+                                 f"variant (a folder with {MANIFEST_NAME} and its .cu "
+                                 f"sources, or a .cu file with a manifest comment; "
+                                 f"`fa-harness kernels --json` shows the template's path)")
+        src = Source(f"kernels folder {kdir.path}", kdir.origin)
+        seen.append(src)
+        for entry in entries:
             try:
                 spec = load_variant(entry)
             except VariantError as e:
                 errors.append(e.error)
+                src.errors += 1
                 continue
             if spec.name in where:
                 raise DiscoveryError(f"variant {spec.name!r} is defined twice: "
                                      f"{where[spec.name]} and {entry}")
             where[spec.name] = entry
             specs.append((spec, kdir.origin))
+            src.names.append(spec.name)
+    _sources["cuda"] = seen
     return Found(specs, errors)
 
 
@@ -239,13 +263,19 @@ def find_python() -> FoundPython:
 
     found: dict[str, tuple[object, str]] = {}
     errors: list[str] = []
+    seen: list[Source] = []
 
-    def add(kernels, origin: str) -> None:
+    def add(kernels, origin: str, shipped: bool = False) -> None:
+        src = Source(origin, origin)
+        seen.append(src)
         for k in kernels:
             if k.name in found:
                 raise DiscoveryError(f"Python candidate {k.name!r} is defined twice: "
                                      f"{found[k.name][1]} and {origin}")
-            found[k.name] = (to_candidate(k, origin), origin)
+            cand = to_candidate(k, origin)
+            cand.meta["shipped"] = shipped
+            found[k.name] = (cand, origin)
+            src.names.append(k.name)
 
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         origin = f"entry point {ep.name} ({ep.value})"
@@ -253,13 +283,14 @@ def find_python() -> FoundPython:
             kernels = kernels_of(ep.load(), origin)
         except Exception as e:  # one broken plugin package must not hide the others
             errors.append(f"{origin}: {type(e).__name__}: {e}")
+            seen.append(Source(origin, origin, errors=1))
             continue
-        add(kernels, origin)
+        add(kernels, origin, shipped=_dist_name(ep) == DIST_NAME)
     named = [(spec, "--candidate") for spec in current().candidates]
     pyproject = find_pyproject()
     if pyproject is not None:
         named += [(spec, f"pyproject.toml ({pyproject})")
-                  for spec in _pyproject_list(pyproject, "candidates")]
+                  for spec in pyproject_list(pyproject, "candidates")]
     for spec, source in named:
         obj = _import_spec(spec, source, pyproject.parent if pyproject else None)
         try:
@@ -268,7 +299,37 @@ def find_python() -> FoundPython:
             raise DiscoveryError(str(e) if isinstance(e, TypeError) else
                                  f"{source} {spec}: {type(e).__name__}: {e}") from None
         add(kernels, f"{source} {spec}")
+    _sources["python"] = seen
     return FoundPython([found[n][0] for n in sorted(found)], errors)
+
+
+def _dist_name(ep: object) -> str | None:
+    dist = getattr(ep, "dist", None)
+    name = getattr(dist, "name", None) if dist is not None else None
+    return name.lower().replace("_", "-") if isinstance(name, str) else None
+
+
+def harness_is_the_project(cwd: Path | None = None) -> bool:
+    """True when fa-harness itself is the project at hand: imported from a source tree
+    (not an installed copy under site-packages) and run from inside that tree. Its
+    shipped candidates are then the team's own (timed as such by the gate)."""
+    root = KERNELS_ROOT.resolve().parents[1]
+    if any(part in ("site-packages", "dist-packages") for part in root.parts):
+        return False
+    here = (cwd or Path.cwd()).resolve()
+    return here == root or root in here.parents
+
+
+def shipped(meta: dict) -> bool:
+    """A candidate that ships with fa-harness (shipped variant or entry point, or a
+    built-in one without an origin: CPU models, SDPA peers)."""
+    origin = meta.get("origin")
+    return origin is None or origin == SHIPPED or bool(meta.get("shipped"))
+
+
+def owned_by_team(meta: dict, cwd: Path | None = None) -> bool:
+    """Whether a candidate (by its `meta`) is the team's own (module doc)."""
+    return not shipped(meta) or harness_is_the_project(cwd)
 
 
 def python_candidates() -> tuple[list, list[str]]:

@@ -174,6 +174,13 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
     timing_max_seqlen = None
     if "timing_max_seqlen" in data:
         timing_max_seqlen = _int(ctx, data["timing_max_seqlen"], "timing_max_seqlen", 1)
+    # The gate's floor and target of timed cases for this variant when it is the team's
+    # own (harness.records.plan); absent: the project's setting, else the default.
+    timing_min = timing_cases = None
+    if "timing_min" in data:
+        timing_min = _int(ctx, data["timing_min"], "timing_min", 0)
+    if "timing_cases" in data:
+        timing_cases = _int(ctx, data["timing_cases"], "timing_cases", 0)
 
     supports = _supports(ctx, data["supports"])
 
@@ -265,7 +272,8 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
         deterministic=deterministic, num_splits=num_splits, supports=supports, tiles=tiles,
         workspaces=tuple(workspaces), launches=tuple(launches), manifest_path=path,
         source_texts=tuple(texts), raw=data, timing=timing,
-        timing_max_seqlen=timing_max_seqlen,
+        timing_max_seqlen=timing_max_seqlen, timing_min=timing_min,
+        timing_cases=timing_cases,
     )
 
 

@@ -117,6 +117,20 @@ def origin(candidate: Candidate) -> str:
     return f"{where}: {path}" if path else str(where)
 
 
+def owned(candidate: Candidate, named: Sequence[str] = ()) -> bool:
+    """Whether the gate treats `candidate` as the team's own (timed with a guaranteed
+    minimum, never excused for dropping out) rather than as a yardstick: named on the
+    command line (`named`: names or globs), or its source is the team's (discovery's
+    `owned_by_team`). The SDPA peers are yardsticks unless named."""
+    from harness.candidates.discovery import owned_by_team
+
+    if any(fnmatch.fnmatchcase(candidate.name, pat) for pat in named):
+        return True
+    if candidate.kind in ("peer", "planted"):
+        return False
+    return owned_by_team(candidate.meta or {})
+
+
 def load_errors() -> list[Any]:
     """Variants that could not be loaded (harness.candidates.variants.LoadError), after `discover`."""
     return list(_load_errors)

@@ -11,7 +11,6 @@ anyone filter it first (`harness.submissions.diagnostics`).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 import threading
@@ -27,10 +26,14 @@ from harness.candidates.compile import (
     KernelResources,
     NvccResult,
     _cupy,
+    build_key,
+    cubin_cache_dir,
     nvcc_path,
+    nvcc_version,
     nvrtc_arch,
     parse_ptxas,
     spec_reports,
+    write_atomic,
 )
 from harness.candidates.variants import VariantSpec
 
@@ -76,20 +79,14 @@ def compile_spec_sandboxed(spec: VariantSpec, target: str, timeout_s: float = 18
         filename=f"{spec.name}.cu", require_isolation=require_isolation)[0])
 
 
-def cubin_cache_dir() -> Path:
-    return Path(os.environ.get("FA_HARNESS_CUBIN_CACHE")
-                or Path.home() / ".cache" / "fa-harness" / "cubin")
-
-
 def _key(spec: VariantSpec, arch: str) -> str:
-    options = (f"-arch={arch}", CXX_STD, *spec.compile_options)
-    return hashlib.sha256("\0".join(("sandboxed", spec.full_source(), *options)).encode()
-                          ).hexdigest()
+    return build_key("sandboxed", nvcc_version(), f"-arch={arch}", CXX_STD,
+                     *spec.compile_options, spec.full_source())
 
 
 def build_cubin(spec: VariantSpec, cc: tuple[int, int], timeout_s: float = 300.0) -> bytes:
     """The cubin of `spec` for `cc`, from the disk cache (keyed by the SHA-256 of source,
-    options and arch, so one submission cannot stand in for another) or built in the
+    options, arch and nvcc's version, so one submission cannot stand in for another) or built in the
     sandbox. Processes that run the same build (the sanitizer's tools) share it."""
     arch = nvrtc_arch(spec, cc)
     path = cubin_cache_dir() / f"{_key(spec, arch)}.cubin"
@@ -99,10 +96,7 @@ def build_cubin(spec: VariantSpec, cc: tuple[int, int], timeout_s: float = 300.0
                         filename=f"{spec.name}.cu")
     if not res.ok or res.cubin is None:
         raise CompileError(f"{spec.name}: compilation failed for {arch}:\n{res.message}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_bytes(res.cubin)
-    os.replace(tmp, path)  # atomic: a concurrent reader sees all of it or nothing
+    write_atomic(path, res.cubin)
     return res.cubin
 
 

@@ -29,7 +29,7 @@ MAX_HEAD_DIM = 256
 TOP_REQUIRED = ("name", "description", "algorithm", "sources", "min_compute_capability",
                 "supports", "launch")
 TOP_OPTIONAL = ("arch", "compile_options", "deterministic", "num_splits", "tiles", "workspace",
-                "timing", "timing_max_seqlen")
+                "timing", "timing_max_seqlen", "timing_min", "timing_cases")
 # How the CI gate times a variant (harness.records.plan): "full" every timing case it
 # supports (as the budget allows), "smoke" its two cheapest, "none" correctness only.
 TIMING_MODES = ("full", "smoke", "none")
@@ -137,6 +137,8 @@ class VariantSpec:
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
     timing: str = "full"
     timing_max_seqlen: int | None = None  # timed only on cases with seqlen_q, seqlen_k <= this
+    timing_min: int | None = None  # the gate's floor of timed cases (owned variants)
+    timing_cases: int | None = None  # the gate's target of timed cases (owned variants)
 
     # --- entry points -------------------------------------------------------------------
     def expansions(self) -> list[tuple[str, int | None]]:

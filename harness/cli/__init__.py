@@ -3,10 +3,11 @@
 Every module `harness/cli/cmd_*.py` defines `register(subparsers)`, which adds its
 sub-command(s) with `set_defaults(func=...)`; `func(args) -> int` returns the exit code.
 
-Exit codes (the same for every command):
+Exit codes (the same for every command, harness.cli.errors):
   0  success, nothing failed or regressed
   1  a candidate failed, or a regression was found
   2  usage or input error (bad arguments, unreadable record, unreachable database, ...)
+  3  not measured (`ci`): nothing failed, but an owned candidate was not measured
 """
 
 from __future__ import annotations
@@ -17,13 +18,9 @@ import os
 import pkgutil
 import sys
 
-EXIT_OK = 0
-EXIT_FAIL = 1
-EXIT_USAGE = 2
+from harness.cli.errors import EXIT_FAIL, EXIT_NOT_MEASURED, EXIT_OK, EXIT_USAGE, UsageError
 
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
+__all__ = ["EXIT_FAIL", "EXIT_NOT_MEASURED", "EXIT_OK", "EXIT_USAGE", "UsageError", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,11 +47,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     for mod in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
         if mod.name.startswith("cmd_"):
-            importlib.import_module(f"harness.cli.{mod.name}").register(sub)
+            before = set(sub.choices)
+            module = importlib.import_module(f"harness.cli.{mod.name}")
+            module.register(sub)
+            # A command without a description of its own shows its module's whole
+            # docstring (what it does, its exit codes), line breaks kept.
+            for name in set(sub.choices) - before:
+                p = sub.choices[name]
+                if not p.description and module.__doc__:
+                    p.description = module.__doc__.strip()
+                    p.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness.paths import use_compile_caches
+
+    # Before torch, Triton or CuPy is imported by any command: their caches go under the
+    # harness home (harness.paths), in this process and every child.
+    use_compile_caches()
     parser = build_parser()
     args = parser.parse_args(argv)
     from harness.cli._discoveryopt import run_command

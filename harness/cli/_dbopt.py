@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli import UsageError
+from harness.cli.errors import UsageError
 
 DB_HELP = ("database URL (any SQLAlchemy URL, or a SQLite file path); default: "
            "$FA_HARNESS_DB, else $FA_HARNESS_HOME/results.sqlite or "

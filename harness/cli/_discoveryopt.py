@@ -27,7 +27,7 @@ def run_command(args: argparse.Namespace) -> int:
     run the command. A kernels folder or candidate that is missing or defined twice
     (DiscoveryError, wherever discovery meets it) is a usage error: one line, exit 2."""
     from harness.candidates.discovery import DiscoveryError, configure
-    from harness.cli import UsageError
+    from harness.cli.errors import UsageError
 
     try:
         if hasattr(args, "kernels_dirs"):

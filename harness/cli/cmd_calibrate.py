@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from harness.cli import EXIT_OK, UsageError
+from harness.cli.errors import EXIT_OK, UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

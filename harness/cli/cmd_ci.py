@@ -1,37 +1,69 @@
-"""`fa-harness ci`: plan to the budget, run the grids, record, store, compare with the
-baseline, summarise.
+"""`fa-harness ci`: the CI gate. It checks every candidate, times the team's own first,
+records the run, stores it, compares it with the baseline and writes a summary.
 
-Exit 0: nothing of the team failed or regressed (peers' divergences are reported, not
-failed); 1: a team candidate failed a case or did not load, a regression against the
-baseline, or a baseline candidate/case missing without the plan or --kernels leaving it
-out; 2: bad input (unknown grid or kernel, bad option). An unreachable database does not
-lose the run: the record stays in the spool and the summary says so."""
+Owned candidates (your kernel folders, your Python candidates, anything --kernels names)
+are timed on at least their floor of cases (timing-min, default 8) before any yardstick
+(the SDPA peers, the variants shipped with fa-harness) is; compile caches are warmed and
+correctness runs side by side before the clock starts; the owned CUDA variants go through
+compute-sanitizer (memcheck, initcheck, racecheck on a few small cases) where it is
+installed.
+
+Exit codes:
+  0  nothing of the team failed or regressed, and every owned candidate was measured
+  1  a team candidate failed a case, did not load, had a sanitizer finding or regressed
+     against the baseline, or a baseline candidate/case is missing without the plan or
+     --kernels leaving it out
+  2  bad input (unknown grid or kernel, bad option, bad [tool.fa-harness] setting)
+  3  not measured: nothing failed, but an owned candidate that should run here did not
+     (no GPU, unavailable) or got fewer timed cases than its floor; also --require-gpu on
+     a runner without a working GPU
+An unreachable database does not lose the run: the record stays in the spool and the
+summary says so."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from harness.cli import UsageError
 from harness.cli._dbopt import add_db_option
 from harness.cli._discoveryopt import add_discovery_options
+from harness.cli.errors import EXIT_NOT_MEASURED, UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ci", help="the CI gate: run, record, store, compare, summarise")
+    p = sub.add_parser("ci", help="the CI gate: run, record, store, compare, summarise",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--grid", default="smoke,perf,decode",
                    help="comma-separated grids (default smoke,perf,decode; timing grids "
                         "need a GPU)")
     p.add_argument("--budget", type=float, default=5.0, metavar="MINUTES",
-                   help="plan the run to fit this many minutes (default 5): every candidate "
-                        "is checked, timing follows each manifest's `timing` and the budget")
+                   help="plan the run to fit this many minutes (default 5); the owned "
+                        "candidates' floors of timed cases are kept even past it")
     p.add_argument("--min-time", type=float, default=0.2, metavar="S",
                    help="sampling time per timed case (default 0.2 s, >= 20 samples)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="per-case deadline; a candidate that hangs is stopped there "
                         "(default 60 s)")
-    p.add_argument("--kernels", default=None,
-                   help="comma-separated candidate names (default: all runnable here)")
+    p.add_argument("--kernels", default=None, metavar="NAMES",
+                   help="comma-separated candidate names or globs (default: all runnable "
+                        "here); the candidates named are timed as owned")
+    p.add_argument("--require-gpu", action="store_true",
+                   help="exit 3 at once when this runner has no working CUDA GPU")
+    p.add_argument("--sanitize", choices=("fast", "full", "none"), default=None,
+                   help="compute-sanitizer on the owned CUDA variants: fast (memcheck, "
+                        "initcheck, racecheck on 1-2 small cases; the default where "
+                        "compute-sanitizer is installed), full (every tool, more cases), "
+                        "none")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="child processes side by side for warm-up, correctness and the "
+                        "sanitizer (default: one per CPU core on a GPU runner, at most 16)")
+    p.add_argument("--timing-min", type=int, default=None, metavar="N",
+                   help="floor of timed cases per owned candidate (default: [tool.fa-harness]"
+                        " timing-min, else 8)")
+    p.add_argument("--timing-cases", type=int, default=None, metavar="N",
+                   help="timed cases per owned candidate when time allows (default: "
+                        "[tool.fa-harness] timing-cases, else 16)")
     p.add_argument("--baseline-branch", default="main",
                    help="branch whose recent runs are the baseline when the parent commit "
                         "has no run (default main)")
@@ -57,12 +89,7 @@ def _split(s: str | None) -> list[str] | None:
     return items or None
 
 
-def cmd_ci(args: argparse.Namespace) -> int:
-    from harness.records.gate import GateOptions, GateUsageError, run_gate
-
-    grids = _split(args.grid)
-    if not grids:
-        raise UsageError("--grid needs at least one grid name")
+def _check(args: argparse.Namespace) -> None:
     if args.window < 1:
         raise UsageError("--window must be >= 1")
     if not args.budget > 0:
@@ -73,14 +100,34 @@ def cmd_ci(args: argparse.Namespace) -> int:
         raise UsageError(f"--timeout must be > 0 s, got {args.timeout:g}")
     if args.secret < 0:
         raise UsageError(f"--secret must be >= 0, got {args.secret}")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    for name in ("timing_min", "timing_cases"):
+        v = getattr(args, name)
+        if v is not None and v < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
+
+
+def cmd_ci(args: argparse.Namespace) -> int:
+    from harness.records.gate import GateNotMeasured, GateOptions, GateUsageError, run_gate
+
+    grids = _split(args.grid)
+    if not grids:
+        raise UsageError("--grid needs at least one grid name")
+    _check(args)
     opts = GateOptions(grids=grids, kernels=_split(args.kernels), db_url=args.db,
                        baseline_branch=args.baseline_branch, window=args.window,
                        summary=args.summary, record_path=args.record, secret=args.secret,
                        budget_min=args.budget, min_time_s=args.min_time,
-                       timeout_s=args.timeout, baseline_run=args.baseline)
+                       timeout_s=args.timeout, baseline_run=args.baseline,
+                       require_gpu=args.require_gpu, sanitize=args.sanitize, jobs=args.jobs,
+                       timing_min=args.timing_min, timing_cases=args.timing_cases)
     try:
         out = run_gate(opts, log=lambda line: print(line, flush=True))
     except GateUsageError as exc:
         raise UsageError(str(exc)) from None
+    except GateNotMeasured as exc:
+        print(f"fa-harness ci: not measured: {exc}", file=sys.stderr)
+        return EXIT_NOT_MEASURED
     print(out.summary)
     return out.exit_code

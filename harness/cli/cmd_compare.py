@@ -10,8 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
-from harness.cli import UsageError
 from harness.cli._dbopt import add_db_option, open_or_fail
+from harness.cli.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from harness.cli import UsageError
+from harness.cli.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]  # the directory holding the harness package
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"

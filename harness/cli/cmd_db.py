@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli import UsageError
 from harness.cli._dbopt import add_db_option
+from harness.cli.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

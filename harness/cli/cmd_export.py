@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli import UsageError
 from harness.cli._dbopt import add_db_option, open_or_fail
+from harness.cli.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -14,8 +14,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.cli import UsageError
 from harness.cli._dbopt import add_db_option, open_or_fail
+from harness.cli.errors import UsageError
 
 if TYPE_CHECKING:
     from harness.records.db.database import Database

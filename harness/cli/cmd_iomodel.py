@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from harness.cli import EXIT_OK, UsageError
+from harness.cli.errors import EXIT_OK, UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("iomodel", help="HBM traffic / roofline of naive attention, FA1, FA2, "
-                                       "split-KV", description=__doc__.splitlines()[0])
+                                       "split-KV")
     p.add_argument("--seq-len", type=int, default=4096, help="query length N (default 4096)")
     p.add_argument("--seq-len-k", type=int, default=None, help="key length (default: N)")
     p.add_argument("--head-dim", type=int, default=64, help="d (default 64)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from harness.cli import EXIT_OK, UsageError
+from harness.cli.errors import EXIT_OK, UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,13 +41,16 @@ def _leaderboard(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title="fa-harness leaderboard")
-    for col in ("rank", "id", "name", "submitter", "verdict", "score", "coverage", "message"):
-        table.add_column(col, overflow="fold")
+    # Names, scores and counts stay whole at 80 columns; the free text folds.
+    for col in ("rank", "id", "name", "submitter", "verdict", "score", "coverage", "gpu s",
+                "message"):
+        table.add_column(col, overflow="fold",
+                         no_wrap=col in ("rank", "id", "name", "score", "coverage", "gpu s"))
     for r in rows:
         score = f"{r['score']:.3f}x" if r["score"] is not None else "-"
         table.add_row(str(r["rank"] or "-"), str(r["id"]), r["name"], r["submitter"],
                       r["verdict"] or r["status"], score, r["coverage"] or "-",
-                      (r["message"] or "")[:120])
+                      r.get("gpu_s") or "-", (r["message"] or "")[:120])
     from harness.cli.console import console
 
     console().print(table)

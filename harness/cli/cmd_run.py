@@ -20,15 +20,14 @@ from typing import Any
 
 from rich.markup import escape
 
-from harness.cli import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
 from harness.cli._discoveryopt import add_discovery_options
+from harness.cli.errors import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
 
 MAX_FAILURES_SHOWN = 20
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="check (and on a GPU, time) candidates over a case grid",
-                       description=__doc__.splitlines()[0])
+    p = sub.add_parser("run", help="check (and on a GPU, time) candidates over a case grid")
     p.add_argument("--grid", default="smoke", help="smoke | full | perf | decode (default smoke)")
     p.add_argument("--kernels", default=None, metavar="NAMES",
                    help="comma-separated candidate names or globs (default: all available)")
@@ -140,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
 
     code = EXIT_FAIL if registry.load_errors() else EXIT_OK
     if args.sanitize:
-        from harness.submissions.sanitize import sanitize_candidates
+        from harness.execution.sanitize import sanitize_candidates
 
         for line, found in sanitize_candidates(candidates):
             console.print(escape(line))

@@ -11,8 +11,8 @@ import os
 import sys
 import time
 
-from harness.cli import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
 from harness.cli._discoveryopt import add_discovery_options
+from harness.cli.errors import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -73,8 +73,11 @@ def _submit(args: argparse.Namespace) -> int:
         kw = {}
         if args.compile_timeout:
             kw["compile_timeout_s"] = args.compile_timeout
-        res = submit.submit_files(db.engine, files, name=args.name, submitter=submitter,
-                                  token_id=token_id, rejection=rejection, **kw)
+        try:
+            res = submit.submit_files(db.engine, files, name=args.name, submitter=submitter,
+                                      token_id=token_id, rejection=rejection, **kw)
+        except submit.CannotCheck as e:
+            raise UsageError(str(e)) from None
         if not res.accepted:
             print(f"fa-harness submit: rejected (submission {res.id}): {res.message}",
                   file=sys.stderr)

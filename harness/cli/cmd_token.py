@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli import UsageError
+from harness.cli.errors import UsageError
 
 
 def _open(url: str | None):  # noqa: ANN202 - harness.records.db.Database

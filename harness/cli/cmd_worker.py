@@ -6,8 +6,8 @@ import argparse
 import signal
 import sys
 
-from harness.cli import EXIT_FAIL, EXIT_OK, UsageError
 from harness.cli._discoveryopt import add_discovery_options
+from harness.cli.errors import EXIT_FAIL, EXIT_OK, UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -31,9 +31,11 @@ def render(ctx: Ctx) -> None:
         ranked = ranked.assign(rank=ranked["rank"].astype(int), run=ranked["run_id"].map(
             lambda r: ui.run_href(int(r)) if r == r and r is not None else None))
         st.dataframe(ranked[["rank", "name", "submitter", "coverage", "score", "gpu",
-                             "finished_at", "run"]],
+                             "gpu_s", "finished_at", "run"]],
                      hide_index=True, column_config={
                          "run": ui.RUN_LINK, "gpu": "GPU",
+                         "gpu_s": st.column_config.TextColumn(
+                             "GPU s", help="GPU seconds the job used / its budget"),
                          "coverage": st.column_config.TextColumn(
                              "coverage", help="perf cases timed / cases in the perf grid"),
                          "score": st.column_config.NumberColumn(
@@ -42,8 +44,8 @@ def render(ctx: Ctx) -> None:
     if len(others):
         st.subheader(f"Other submissions ({len(others)})")
         st.dataframe(others[["id", "name", "submitter", "status", "verdict", "gpu",
-                             "failing_cases", "created_at"]], hide_index=True,
-                     column_config={"gpu": "GPU"})
+                             "gpu_s", "failing_cases", "created_at"]], hide_index=True,
+                     column_config={"gpu": "GPU", "gpu_s": "GPU s"})
         said = others[others["message"].notna() & others["message"].astype(str).str.len().gt(0)]
         if len(said):
             st.markdown("##### Messages")

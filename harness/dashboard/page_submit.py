@@ -82,9 +82,15 @@ def render(db_url: str | None = None) -> None:
         except submit.Rejected as e:
             rejection = str(e)
         with st.spinner("Validating (manifest, sources, launch limits, nvcc compile)..."):
-            res = submit.submit_files(db.engine, files, name=name or None,
-                                      submitter=info.name, token_id=info.id,
-                                      rejection=rejection)
+            try:
+                res = submit.submit_files(db.engine, files, name=name or None,
+                                          submitter=info.name, token_id=info.id,
+                                          rejection=rejection)
+            except submit.CannotCheck:
+                # the host's fault: nothing stored against the submitter, no host detail
+                st.error("This server cannot check submissions right now; nothing was "
+                         "recorded. Please tell its operators.")
+                return
         if res.accepted:
             st.success(f"Submission {res.id} queued. A worker will score it; its verdict "
                        "appears on the Leaderboard page.")

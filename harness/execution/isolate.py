@@ -35,6 +35,7 @@ Options (all optional):
   startup_timeout_s  time allowed to import and build the candidate (default 600 s:
                  NVRTC/nvcc compiles happen there)
   max_rss_mb     host memory watchdog limit
+  threads        torch's intra-op threads in the child (children run side by side)
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ def _default_case_fn(mode: str) -> Callable[[Any, Case, dict[str, Any]], CaseRes
 
 
 def _child_main(conn: Connection, name: str, case_dicts: list[dict], mode: str,
-                options: dict[str, Any], log_path: str) -> None:
+                options: dict[str, Any], log_path: str,
+                go_conn: Connection | None = None) -> None:
     # Native crash output (segfault traceback, CUDA abort text) must land in the file the
     # parent reads, so redirect the file descriptors, not just sys.stderr.
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -130,6 +132,12 @@ def _child_main(conn: Connection, name: str, case_dicts: list[dict], mode: str,
 
     faulthandler.enable(all_threads=False)
     try:
+        if options.get("threads"):
+            # Children side by side (the gate's parallel correctness): each gets its
+            # share of the cores instead of every one of them starting a thread per core.
+            import torch
+
+            torch.set_num_threads(int(options["threads"]))
         candidate = build_candidate(name, options)
         case_fn = (import_object(options["case_fn"]) if options.get("case_fn")
                    else _default_case_fn(mode))
@@ -139,6 +147,13 @@ def _child_main(conn: Connection, name: str, case_dicts: list[dict], mode: str,
         conn.close()
         os._exit(0)
     conn.send(("ready", None))
+    if go_conn is not None:
+        # Built and waiting: the parent says when it is this candidate's turn (the timing
+        # children start side by side, then run one after the other).
+        try:
+            go_conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)
     for d in case_dicts:
         idx, case = d["idx"], Case.from_dict(d["case"])
         conn.send(("start", idx))
@@ -205,17 +220,26 @@ def _death_message(exitcode: int | None, log_path: str) -> str:
 
 class _Child:
     def __init__(self, name: str, items: list[tuple[int, Case]], mode: str,
-                 options: dict[str, Any]) -> None:
+                 options: dict[str, Any], gated: bool = False) -> None:
         ctx = mp.get_context("spawn")
         fd, self.log_path = tempfile.mkstemp(prefix="fa-harness-child-", suffix=".log")
         os.close(fd)
         self.conn, child_conn = ctx.Pipe(duplex=False)
+        go_recv, self.go_send = ctx.Pipe(duplex=False) if gated else (None, None)
         payload = [{"idx": i, "case": c.to_dict()} for i, c in items]
         self.proc = ctx.Process(target=_child_main, name=f"fa-harness:{name}",
-                                args=(child_conn, name, payload, mode, options, self.log_path),
+                                args=(child_conn, name, payload, mode, options, self.log_path,
+                                      go_recv),
                                 daemon=True)
         self.proc.start()
         child_conn.close()
+        if go_recv is not None:
+            go_recv.close()
+
+    def go(self) -> None:
+        if self.go_send is not None:
+            with contextlib.suppress(OSError):
+                self.go_send.send(True)
 
     def kill(self) -> None:
         if self.proc.is_alive():
@@ -225,14 +249,23 @@ class _Child:
     def close(self) -> None:
         self.kill()
         self.conn.close()
+        if self.go_send is not None:
+            self.go_send.close()
         with contextlib.suppress(OSError):
             os.unlink(self.log_path)
 
 
 def run_isolated(candidate_name: str, cases: Sequence[Case], *, mode: str = "check",
                  options: dict[str, Any] | None = None, timeout_s: float = 300.0,
-                 on_result: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
-    """Results in the order of `cases`, one per case, whatever happened to the child."""
+                 on_result: Callable[[CaseResult], None] | None = None,
+                 turn: Callable[[], None] | None = None) -> list[CaseResult]:
+    """Results in the order of `cases`, one per case, whatever happened to the child.
+
+    `turn`: the first child starts and builds the candidate, then waits; `turn()` is
+    called (in this thread) once it is ready, and returns when the child may run its
+    cases. So several candidates' children can start side by side and still run one after
+    the other (the timing phase). `turn()` is called exactly once, also when no child
+    ever got ready (then after its results are settled)."""
     options = dict(options or {})
     _default_case_fn(mode)  # validate the mode in the parent: a typo is a usage error
     startup_timeout = float(options.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S))
@@ -240,7 +273,6 @@ def run_isolated(candidate_name: str, cases: Sequence[Case], *, mode: str = "che
     cases = list(cases)
     results: dict[int, CaseResult] = {}
     pending = list(range(len(cases)))
-    no_progress = 0
 
     def settle(idx: int, res: CaseResult) -> None:
         results[idx] = res
@@ -255,8 +287,35 @@ def run_isolated(candidate_name: str, cases: Sequence[Case], *, mode: str = "che
         for i in list(pending):
             settle(i, make(i, Status.SKIPPED, f"not run: {why}"))
 
+    waiting = turn  # called once: at the first child's "ready", or when none will come
+
+    def take_turn() -> None:
+        nonlocal waiting
+        if waiting is not None:
+            w, waiting = waiting, None
+            w()
+
+    try:
+        return _supervise(candidate_name, cases, mode, options, timeout_s, startup_timeout,
+                          max_rss, results, pending, settle, make, give_up, take_turn,
+                          gated=turn is not None)
+    finally:
+        take_turn()
+
+
+def _supervise(candidate_name: str, cases: list[Case], mode: str, options: dict[str, Any],
+               timeout_s: float, startup_timeout: float, max_rss: Any,
+               results: dict[int, CaseResult], pending: list[int],
+               settle: Callable[[int, CaseResult], None],
+               make: Callable[[int, Status, str], CaseResult],
+               give_up: Callable[[str], None], take_turn: Callable[[], None], *,
+               gated: bool) -> list[CaseResult]:
+    """run_isolated's loop: children until every case is settled."""
+    no_progress = 0
     while pending:
-        child = _Child(candidate_name, [(i, cases[i]) for i in pending], mode, options)
+        child = _Child(candidate_name, [(i, cases[i]) for i in pending], mode, options,
+                       gated=gated)
+        gated = False  # a restarted child (after a crash) runs at once: its turn is now
         current: int | None = None
         lost: str | None = None  # why the rest of this candidate's cases are not run
         deadline = time.monotonic() + startup_timeout
@@ -274,6 +333,10 @@ def run_isolated(candidate_name: str, cases: Sequence[Case], *, mode: str = "che
                     if msg is not None:
                         kind = msg[0]
                         if kind == "ready":
+                            if child.go_send is not None:
+                                take_turn()
+                                child.go()
+                                deadline = time.monotonic() + startup_timeout
                             continue
                         if kind == "start":
                             current = msg[1]

@@ -4,11 +4,21 @@ Trusted in-process candidates (the CPU models, the SDPA peers) are checked case 
 in this process, one candidate after the other. Candidates with `isolate=True` (CUDA variants,
 submissions) go through harness.execution.isolate.run_isolated: one child process per candidate, a
 crash or hang becomes that case's verdict and the child restarts for the rest.
+
+With `parallel=N > 1` (the CI gate on a GPU runner) up to N children run side by side:
+correctness is not timed, and most of it is compiling (NVRTC, Triton, Inductor) and the
+float64 oracle, which the runner's cores can share. The CPU models then run in children
+too (the oracle cache of harness.core.check is per process), and a candidate's cases may
+be split into several children by `split(candidate)` (the gate splits the Python
+candidates by mask kind: each compiles a kernel per mask kind). The SDPA peers stay in
+this process, checked while the children run.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,11 +45,13 @@ def run_correctness(candidates: Sequence[Candidate], cases: Sequence[Case], *, s
                     on_result: Callable[[CaseResult], None] | None = None, repeats: int = 1,
                     progress: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S,
                     isolate_options: dict[str, Any] | None = None,
-                    cases_for: Callable[[Candidate], Sequence[Case]] | None = None
+                    cases_for: Callable[[Candidate], Sequence[Case]] | None = None,
+                    parallel: int = 1,
+                    split: Callable[[Candidate], Callable[[Case], Any] | None] | None = None
                     ) -> list[CaseResult]:
     """One CaseResult per (candidate, case), candidate-major in the given orders. With
     `cases_for`, each candidate runs its own list (the per-candidate full grid) and
-    `cases` is ignored."""
+    `cases` is ignored. `parallel`, `split`: the module doc."""
     from harness.candidates.registry import unavailable_reason
     from harness.core.check import check_case
 
@@ -49,32 +61,71 @@ def run_correctness(candidates: Sequence[Candidate], cases: Sequence[Case], *, s
     with _progress(progress, total) as prog:
         task = prog.add_task("correctness", total=total) if prog is not None else None
 
+        lock = threading.Lock()
+
         def settle(ci: int, ki: int, res: CaseResult) -> None:
-            results[(ci, ki)] = res
-            if prog is not None:
-                prog.update(task, advance=1, description=f"{res.kernel}")
-            if on_result is not None:
-                on_result(res)
+            with lock:  # children's results arrive from several threads
+                results[(ci, ki)] = res
+                if prog is not None:
+                    prog.update(task, advance=1, description=f"{res.kernel}")
+                if on_result is not None:
+                    on_result(res)
 
         in_process: list[int] = []
+        # (candidate index, the indices of its cases) run in one child each
+        children: list[tuple[int, list[int]]] = []
         for ci, cand in enumerate(candidates):
             cases = lists[ci]
             reason = unavailable_reason(cand)
             if reason:
                 for ki, case in enumerate(cases):
                     settle(ci, ki, CaseResult(cand.name, case, Status.SKIPPED, reason))
-            elif cand.isolate:
-                _run_isolated(ci, cand, cases, secret, repeats, timeout_s,
-                              isolate_options or {}, settle)
+            elif cand.isolate or (parallel > 1 and cand.kind == "model"):
+                key = split(cand) if (split is not None and parallel > 1) else None
+                groups: dict[Any, list[int]] = {}
+                for ki, case in enumerate(cases):
+                    groups.setdefault(key(case) if key else 0, []).append(ki)
+                children += [(ci, idx) for idx in groups.values()]
             else:
                 in_process.append(ci)
+
+        extra = dict(isolate_options or {})
+        if parallel > 1:
+            import os
+
+            extra.setdefault("threads", max(1, (os.cpu_count() or 1) // parallel))
+
+        def child(item: tuple[int, list[int]]) -> None:
+            ci, idx = item
+            cand = candidates[ci]
+            sub = [lists[ci][k] for k in idx]
+            _run_isolated(ci, cand, sub, secret, repeats, timeout_s, extra,
+                          lambda _ci, j, res: settle(ci, idx[j], res))
+
+        pool = ThreadPoolExecutor(max_workers=max(1, parallel)) if parallel > 1 else None
+        futures = []
+        if pool is None:
+            for item in children:
+                child(item)
+        else:
+            # The Python candidates (compile-bound) first, then the largest groups, so that
+            # the longest child does not start last.
+            for item in sorted(children, key=lambda it: (candidates[it[0]].kind != "python",
+                                                         -len(it[1]))):
+                futures.append(pool.submit(child, item))
         # Candidate-major, so each candidate finishes (and its line reaches a CI log) in
         # turn; the oracle is recomputed per candidate, which costs little next to them.
-        for ci in in_process:
-            cand = candidates[ci]
-            for ki, case in enumerate(lists[ci]):
-                settle(ci, ki, check_case(cand, case, device=cand.device, secret=secret,
-                                          repeats=repeats))
+        try:
+            for ci in in_process:
+                cand = candidates[ci]
+                for ki, case in enumerate(lists[ci]):
+                    settle(ci, ki, check_case(cand, case, device=cand.device, secret=secret,
+                                              repeats=repeats))
+        finally:
+            for f in futures:
+                f.result()
+            if pool is not None:
+                pool.shutdown()
     return [results[(ci, ki)] for ci in range(len(candidates)) for ki in range(len(lists[ci]))]
 
 

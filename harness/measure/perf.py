@@ -279,9 +279,12 @@ def run_perf(candidates: Sequence[Candidate], cases: Sequence[Case], *,
              calibration: Any | None = None, timeout_s: float = DEFAULT_CASE_TIMEOUT_S,
              timing: dict[str, Any] | None = None,
              log: Callable[[str], None] | None = None,
-             on_result: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
+             on_result: Callable[[CaseResult], None] | None = None,
+             turn: Callable[[], None] | None = None) -> list[CaseResult]:
     """Time every candidate on every case it supports; results ordered by case, then by
-    candidate. Raises PerfUnavailable without a CUDA GPU."""
+    candidate. Raises PerfUnavailable without a CUDA GPU. `turn` (one candidate only):
+    its timing child starts at once and runs when `turn()` returns
+    (harness.execution.isolate.run_isolated)."""
     import torch
 
     from harness.execution.isolate import run_isolated
@@ -306,8 +309,10 @@ def run_perf(candidates: Sequence[Candidate], cases: Sequence[Case], *,
             by_candidate.append(rows)
             continue
         opts = _isolation_options(cand, mode, timing or {})
-        log(f"timing {cand.name} on {len(cases)} case(s)")
-        rows = run_isolated(cand.name, cases, mode="check", options=opts, timeout_s=timeout_s)
+        if turn is None:
+            log(f"timing {cand.name} on {len(cases)} case(s)")
+        rows = run_isolated(cand.name, cases, mode="check", options=opts, timeout_s=timeout_s,
+                            turn=turn)
         for res in rows:
             if res.status is Status.PASSED and res.timing is not None:
                 if not res.timing.median_ms:

@@ -123,8 +123,11 @@ def sample_until_stable(
     clock: Callable[[], float] = time.perf_counter,
     sleep: Callable[[float], None] = time.sleep,
     throttle_sleep_s: float = THROTTLE_SLEEP_S,
+    give_up: Callable[[list[float]], str | None] | None = None,
 ) -> SampleRun:
-    """Call `take(i)` for i = 0, 1, ... until the stopping rule says stop (module doc)."""
+    """Call `take(i)` for i = 0, 1, ... until the stopping rule says stop (module doc).
+    `give_up(samples)`, asked after every kept sample, may stop the run early with its
+    reason (a submission far slower than the baseline is not sampled to the rule's end)."""
     run = SampleRun()
     t0 = clock()
     i = 0
@@ -149,6 +152,11 @@ def sample_until_stable(
             continue
         run.samples_ms.append(float(s.ms))
         n = len(run.samples_ms)
+        if give_up is not None:
+            why = give_up(run.samples_ms)
+            if why:
+                run.stop_reason = why
+                break
         # Re-estimating the noise costs O(n); past a few hundred samples do it at ~1%
         # steps, which is as often as the estimate can change anyway.
         if n >= next_estimate:

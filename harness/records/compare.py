@@ -112,6 +112,10 @@ def compare_samples(base: Sequence[float], new: Sequence[float],
     bm = statistics.median(base) if base else base_median
     nm = statistics.median(new) if new else new_median
     detail: dict[str, Any] = {"n_base": len(base), "n_new": len(new)}
+    if bm is None and nm is None:
+        # A correctness-only result on both sides (a CPU run, a case left untimed): there
+        # is no timing to compare, which is not an open question.
+        return "same", None, None, {**detail, "reason": "not timed on either side"}
     if bm is None or nm is None or bm <= 0:
         return "inconclusive", None, None, {**detail, "reason": "no timing on one side"}
     ratio = nm / bm
@@ -228,8 +232,9 @@ class Report:
         c = self.counts()
         lines.append("Verdicts: " + (", ".join(f"{k} {n}" for k, n in c.items()) or "none"))
         shown = [v for v in self.verdicts if v.verdict not in ("same", "new")]
+        # What fails first, then what changed for the better, the open questions last.
         order = {"correctness_regression": 0, "regression": 1, "precision_drift": 2,
-                 "inconclusive": 3, "improvement": 4, "correctness_fixed": 5, "missing": 6}
+                 "missing": 3, "correctness_fixed": 4, "improvement": 5, "inconclusive": 6}
         shown.sort(key=lambda v: (order.get(v.verdict, 9), -(abs((v.ratio or 1.0) - 1.0))))
         if shown:
             lines += ["", "| verdict | kernel | case | base ms | new ms | ratio | p |",

@@ -1,20 +1,23 @@
 """`fa-harness ci`: the one command a GPU CI job runs on every commit.
 
-Flow: load anything left in the spool -> plan the run to fit the time budget
-(harness.records.plan: correctness for every candidate, timing as each asked for) -> run
-it (correctness through harness.execution.runner, timing through harness.measure.perf when
-a GPU is present), printing one line per failing case and per finished candidate -> write
-the run record (spool first, so nothing is lost) -> store it (it stays in the spool when the
-database is unreachable) -> find the baseline (latest run of the parent commit on the same
-GPU model, else a window of recent runs on the baseline branch) -> compare -> store the
-verdicts -> write a markdown summary (to --summary, else $GITHUB_STEP_SUMMARY when set).
+Flow: choose, plan, prepare (warm-up, correctness, sanitizer tier) and time the
+candidates (harness.records.gate_run), printing one line per failing case and per finished
+candidate -> write the run record (spool first, so nothing is lost) -> store it (it stays
+in the spool when the database is unreachable) -> find the baseline (latest run of the
+parent commit on the same GPU model, else a window of recent runs on the baseline branch)
+-> compare -> store the verdicts -> write a markdown summary (to --summary, else
+$GITHUB_STEP_SUMMARY when set).
 
-Exit code (the README's table): 0 nothing of the team failed or regressed; 1 a team
-candidate failed a case, could not be loaded or compiled, regressed (correctness,
-precision or time) against the baseline, or a candidate or case of the baseline is
-missing from this run without the plan or --kernels leaving it out; 2 usage/input error.
-Peers (kind "peer": the SDPA backends) are yardsticks: where they diverge from the oracle
-the summary names them (`peer divergence: ...`), and the gate stays green.
+Exit code (the README's table): 0 nothing of the team failed or regressed, and every owned
+candidate was measured; 1 a team candidate failed a case, could not be loaded or compiled,
+regressed (correctness, precision or time) against the baseline, had a sanitizer finding,
+or a candidate or case of the baseline is missing from this run without the plan or
+--kernels leaving it out; 3 "not measured": nothing failed, but an owned candidate that
+should run here did not (no GPU, not available) or got fewer timed cases than its floor,
+so the gate cannot say it did not regress (`--require-gpu` on a runner without a working
+GPU also exits 3, before running anything); 2 usage/input error. Peers (kind "peer": the
+SDPA backends) are yardsticks: where they diverge from the oracle the summary names them
+(`peer divergence: ...`), and the gate stays green.
 
 Everything after "run" works on a RunRecord, so the whole flow is testable on a CPU with
 synthetic records (`finish`) or with the CPU algorithm models (`execute`).
@@ -23,67 +26,34 @@ synthetic records (`finish`) or with the CPU algorithm models (`execute`).
 from __future__ import annotations
 
 import os
-import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.core.results import CaseResult
-from harness.records.compare import DEFAULT_POLICY, CompareError, Policy, Report, compare_records
-from harness.records.gate_summary import summary_markdown
-from harness.records.plan import (
-    CHILD_START_S,
-    DEFAULT_BUDGET_MIN,
-    DEFAULT_MIN_TIME_S,
-    RESERVE_S,
-    LeftOut,
-    Plan,
-    excuse_missing,
-    make_plan,
-    replan,
-    timed_case_cost_s,
+from harness.records.compare import CompareError, Report, compare_records
+from harness.records.gate_options import (
+    DEFAULT_GRIDS,
+    TIMING_GRIDS,
+    GateNotMeasured,
+    GateOptions,
+    GateUsageError,
 )
-from harness.records.record import RunRecord, environment, spool
-from harness.records.run_meta import calibration_object, gpu_meta, kernel_info, plain_dict
+from harness.records.gate_run import Execution, execute, gpu_present, select_candidates
+from harness.records.gate_summary import summary_markdown
+from harness.records.plan import Plan, excuse_missing
+from harness.records.record import RunRecord, spool
 
-# Grids whose purpose is timing; without a GPU they are reported as not run.
-TIMING_GRIDS = frozenset({"perf", "decode"})
-DEFAULT_GRIDS = ("smoke", "perf", "decode")
-BASELINE = "sdpa_flash"  # the speed-up column's reference (harness.measure.perf)
+__all__ = ["DEFAULT_GRIDS", "EXIT_NOT_MEASURED", "TIMING_GRIDS", "Execution", "GateNotMeasured",
+           "GateOptions", "GateOutcome", "GateUsageError", "execute", "finish", "gpu_present",
+           "run_gate", "select_candidates"]
+
 OK_STATUSES = ("passed", "skipped")
-# A case that hangs costs its candidate this much once (harness.execution.isolate stops
-# the candidate there), not the budget.
-DEFAULT_CASE_TIMEOUT_S = 60.0
+EXIT_NOT_MEASURED = 3
 # What is known of each peer's divergence from the oracle (docs/h200-runs.md, run 2).
 PEER_KNOWN = {"sdpa_cudnn": "returns mean(V) on fully masked rows",
               "sdpa_efficient": "rows with no visible key (bottom-right causal, Nq > Nk) "
                                 "are not 0"}
-
-
-class GateUsageError(ValueError):
-    """Bad gate input (unknown grid or kernel): exit code 2."""
-
-
-@dataclass
-class GateOptions:
-    grids: list[str] = field(default_factory=lambda: list(DEFAULT_GRIDS))
-    kernels: list[str] | None = None
-    db_url: str | None = None
-    baseline_branch: str = "main"
-    window: int = 5
-    summary: Path | None = None
-    record_path: Path | None = None
-    spool_dir: Path | None = None
-    secret: int = 0
-    source: str = "ci"
-    policy: Policy = DEFAULT_POLICY
-    budget_min: float = DEFAULT_BUDGET_MIN
-    min_time_s: float = DEFAULT_MIN_TIME_S
-    timeout_s: float = DEFAULT_CASE_TIMEOUT_S
-    # A stored run (id, uuid, "latest") to compare with instead of the parent/branch rule.
-    baseline_run: str | None = None
 
 
 @dataclass
@@ -99,21 +69,30 @@ class GateOutcome:
     summary: str = ""
     load_errors: list[str] = field(default_factory=list)
     plan: Plan | None = None
+    not_measured: list[tuple[str, str]] = field(default_factory=list)  # (candidate, why)
+    sanitizer: list[Any] = field(default_factory=list)  # SanitizeOutcome per variant
 
-    def _kind(self, kernel: str) -> str | None:
-        return (self.record.kernels.get(kernel) or {}).get("kind")
+    def _yardstick(self, kernel: str) -> bool:
+        """A peer, or a candidate the run marked as not the team's (a shipped variant in
+        a team's repository): its failures are divergences to report, not the team's."""
+        info = self.record.kernels.get(kernel) or {}
+        return info.get("kind") == "peer" or info.get("owned") is False
 
     @property
     def failures(self) -> list[dict[str, Any]]:
         """Failing results of the team's candidates (peers are yardsticks)."""
         return [e for e in self.record.results
-                if e["status"] not in OK_STATUSES and self._kind(e["kernel"]) != "peer"]
+                if e["status"] not in OK_STATUSES and not self._yardstick(e["kernel"])]
+
+    @property
+    def sanitizer_findings(self) -> list[Any]:
+        return [o for o in self.sanitizer if o.failed]
 
     @property
     def peer_divergences(self) -> list[str]:
         by_peer: dict[str, list[dict[str, Any]]] = {}
         for e in self.record.results:
-            if e["status"] not in OK_STATUSES and self._kind(e["kernel"]) == "peer":
+            if e["status"] not in OK_STATUSES and self._yardstick(e["kernel"]):
                 by_peer.setdefault(e["kernel"], []).append(e)
         lines = []
         for name, bad in sorted(by_peer.items()):
@@ -126,160 +105,12 @@ class GateOutcome:
 
     @property
     def exit_code(self) -> int:
-        if self.failures or self.load_errors or (self.report is not None
-                                                 and self.report.regressed):
+        if self.failures or self.load_errors or self.sanitizer_findings or (
+                self.report is not None and self.report.regressed):
             return 1
+        if self.not_measured:
+            return EXIT_NOT_MEASURED
         return 0
-
-
-# --------------------------------------------------------------------------- running
-
-
-def gpu_present() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - a broken CUDA install means "no GPU" for the gate
-        return False
-
-
-def select_candidates(candidates: Sequence[Any], names: Sequence[str] | None) -> list[Any]:
-    if not names:
-        return list(candidates)
-    known = {c.name: c for c in candidates}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise GateUsageError(f"unknown kernel(s) {', '.join(unknown)}; "
-                             f"known: {', '.join(sorted(known)) or 'none'}")
-    return [known[n] for n in names]
-
-
-@dataclass
-class Execution:
-    results: list[CaseResult]
-    meta: dict[str, Any]
-    notes: list[str]
-    plan: Plan | None
-    load_errors: list[str]
-    case_ids: set[str]  # every case of the grids this run covered
-    not_here: set[str]  # candidates selected but not runnable on this machine
-
-
-def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Execution:
-    """Plan and run the chosen grids."""
-    from harness.candidates.registry import discover, load_errors
-    from harness.core.grids import get_grid
-    from harness.execution.report import LineReport
-    from harness.execution.runner import run_correctness
-
-    t0 = time.monotonic()
-    gpu = gpu_present()
-    notes: list[str] = []
-    cases_by_grid = {}
-    for g in opts.grids:
-        try:
-            cases_by_grid[g] = get_grid(g)
-        except ValueError as exc:
-            raise GateUsageError(str(exc)) from None
-    pool = discover()
-    broken = load_errors()
-    # A variant that failed to load is a failure of the gate, named; also when it was
-    # asked for by --kernels (then it is not an unknown name).
-    broken_names = {getattr(e, "variant", "") for e in broken}
-    errors = [str(e) for e in broken if not opts.kernels
-              or getattr(e, "variant", "") in opts.kernels or not getattr(e, "variant", "")]
-    wanted = None if not opts.kernels else [n for n in opts.kernels if n not in broken_names]
-    candidates = [] if opts.kernels and not wanted else select_candidates(pool, wanted)
-    not_here: set[str] = set()
-    if not gpu:
-        not_here = {c.name for c in candidates if c.device != "cpu"}
-        candidates = [c for c in candidates if c.device == "cpu"]
-        if not_here:
-            notes.append(f"no GPU: {len(not_here)} GPU candidate(s) not run "
-                         f"({', '.join(sorted(not_here))})")
-    if not candidates and not errors:
-        raise GateUsageError("no candidate to run on this machine")
-    check_cases = [c for g, cs in cases_by_grid.items() if g not in TIMING_GRIDS for c in cs]
-    timing_cases = [c for g, cs in cases_by_grid.items() if g in TIMING_GRIDS for c in cs]
-    if timing_cases and not gpu:
-        notes.append(f"grid {', '.join(g for g in opts.grids if g in TIMING_GRIDS)}: "
-                     "timing needs a GPU; not run")
-    plan = make_plan(candidates, check_cases, timing_cases, budget_min=opts.budget_min,
-                     min_time_s=opts.min_time_s, gpu=gpu)
-    for line in plan.lines():
-        log(line)
-    for err in errors:
-        log(f"FAIL load error: {err}")
-    results: list[CaseResult] = []
-    if check_cases:
-        log(f"correctness: {len(check_cases)} case(s) x {len(candidates)} candidate(s)")
-        report = LineReport({c.name: len(check_cases) for c in candidates}, stream=sys.stdout)
-        results += run_correctness(candidates, check_cases, secret=opts.secret,
-                                   timeout_s=opts.timeout_s, on_result=report)
-    if gpu and plan.timed:
-        before = {k: len(v) for k, v in plan.timed.items()}
-        plan = replan(plan, candidates, timing_cases, time.monotonic() - t0)
-        after = {k: len(v) for k, v in plan.timed.items()}
-        if after != before:
-            log(f"re-plan: correctness took {plan.correctness_took_s:.0f} s (estimate "
-                f"{plan.correctness_s:.0f} s); timing {sum(after.values())} case(s), "
-                f"{plan.timed_s:.0f} s")
-    calibration = calibration_object(notes) if gpu and plan.timed else None
-    timed_results: list[CaseResult] = []
-    # The speed-up column's baseline first: without it no ratio can be computed.
-    for cand in sorted(candidates, key=lambda c: c.name != BASELINE):
-        cases = plan.timed.get(cand.name) or []
-        if not cases:
-            continue
-        # The estimate was made before the timing ran: if the run so far took longer, a
-        # candidate whose timing would pass the budget is left out (and said so).
-        spent = time.monotonic() - t0
-        cost = CHILD_START_S + sum(timed_case_cost_s(cand.name, c, opts.min_time_s)
-                                   for c in cases)
-        if spent + cost > plan.budget_s - RESERVE_S:
-            plan.left_out.append(LeftOut(cand.name, f"{spent:.0f} s spent, its ~{cost:.0f} s "
-                                         "would pass the budget", [c.id for c in cases]))
-            plan.timed[cand.name] = []
-            log(f"left out: {plan.left_out[-1].line()}")
-            continue
-        from harness.measure.perf import run_perf
-
-        report = LineReport({cand.name: len(cases)}, stream=sys.stdout, label=" (timed)")
-        timed_results += run_perf([cand], cases, calibration=calibration,
-                                  timeout_s=opts.timeout_s,
-                                  timing={"rule": {"min_time_s": opts.min_time_s}},
-                                  log=log, on_result=report)
-    if timed_results:
-        from harness.measure.perf import add_baseline_ratios
-
-        add_baseline_ratios(timed_results, BASELINE)
-    results = _dedupe(results + timed_results)
-    kernels = {c.name: kernel_info(c) for c in candidates}
-    env = environment()
-    env["ci_plan"] = plan.to_dict()
-    env["ci_plan"]["wall_s"] = round(time.monotonic() - t0, 1)
-    if errors:
-        env["ci_load_errors"] = errors
-    meta: dict[str, Any] = {"source": opts.source, "grids": list(opts.grids),
-                            "kernels": kernels, "env": env}
-    meta["gpu"] = gpu_meta() if gpu else None
-    meta["calibration"] = plain_dict(calibration)
-    ids = {c.id for c in check_cases} | ({c.id for c in timing_cases} if gpu else set())
-    return Execution(results, meta, notes, plan, errors, ids, not_here)
-
-
-def _dedupe(results: list[CaseResult]) -> list[CaseResult]:
-    """One result per (kernel, case): a case in two grids keeps the later (timed) one,
-    unless that one was skipped and the earlier one was not."""
-    by_key: dict[tuple[str, str], CaseResult] = {}
-    for r in results:
-        key = (r.kernel, r.case.id)
-        prev = by_key.get(key)
-        if prev is not None and r.status == "skipped" and prev.status != "skipped":
-            continue
-        by_key[key] = r
-    return list(by_key.values())
 
 
 # --------------------------------------------------------------------------- finishing
@@ -288,7 +119,8 @@ def _dedupe(results: list[CaseResult]) -> list[CaseResult]:
 def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),
            log: Callable[[str], None] = print, plan: Plan | None = None,
            load_errors: Sequence[str] = (), case_ids: set[str] | None = None,
-           not_here: Sequence[str] = ()) -> GateOutcome:
+           not_here: Sequence[str] = (), not_measured: Sequence[tuple[str, str]] = (),
+           sanitizer: Sequence[Any] = ()) -> GateOutcome:
     """Write, store, compare, summarise one run record."""
     from harness.records.db.store import (
         Database,
@@ -302,7 +134,8 @@ def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),
         store_record,
     )
 
-    out = GateOutcome(record=record, notes=list(notes), load_errors=list(load_errors))
+    out = GateOutcome(record=record, notes=list(notes), load_errors=list(load_errors),
+                      not_measured=list(not_measured), sanitizer=list(sanitizer))
     out.plan = plan
     # The record is on disk before the database is touched: a crash from here on loses
     # nothing (the spool copy is removed only once the database has it).
@@ -374,4 +207,5 @@ def run_gate(opts: GateOptions, *, log: Callable[[str], None] = print) -> GateOu
     ex = execute(opts, log=log)
     record = RunRecord.from_results(ex.results, ex.meta)
     return finish(record, opts, notes=ex.notes, log=log, plan=ex.plan,
-                  load_errors=ex.load_errors, case_ids=ex.case_ids, not_here=sorted(ex.not_here))
+                  load_errors=ex.load_errors, case_ids=ex.case_ids, not_here=sorted(ex.not_here),
+                  not_measured=ex.not_measured, sanitizer=ex.sanitizer)

@@ -19,8 +19,13 @@ def summary_markdown(out: Any) -> str:
     status_counts: dict[str, int] = {}
     for e in rec.results:
         status_counts[e["status"]] = status_counts.get(e["status"], 0) + 1
-    verdict = "FAILED" if out.exit_code else "passed"
+    code = out.exit_code
+    verdict = {0: "passed", 3: "NOT MEASURED"}.get(code, "FAILED")
     reasons = []
+    if out.not_measured:
+        reasons.append("not measured: " + ", ".join(f"{n} ({w})" for n, w in out.not_measured))
+    if out.sanitizer_findings:
+        reasons.append(f"{len(out.sanitizer_findings)} sanitizer finding(s)")
     if out.failures:
         reasons.append(f"{len(out.failures)} failing case(s) of the team's candidates")
     if out.load_errors:
@@ -43,14 +48,24 @@ def summary_markdown(out: Any) -> str:
     plan = (rec.env or {}).get("ci_plan")
     if plan:
         timed = sum(len(v) for v in plan.get("timed", {}).values())
+        took = [f"took {plan.get('wall_s', 0):.0f} s"]
+        if plan.get("compile_took_s") is not None:
+            took.append(f"warm-up {plan['compile_took_s']:.0f} s")
+        if plan.get("correctness_took_s") is not None:
+            took.append(f"prepared after {plan['correctness_took_s']:.0f} s")
         lines.append(f"- plan: budget {plan['budget_s'] / 60:g} min, estimate "
-                     f"{plan['estimate_s']:.0f} s, took {plan.get('wall_s', 0):.0f} s; "
+                     f"{plan['estimate_s']:.0f} s, {', '.join(took)}; "
                      f"{timed} timed case(s)")
+        for k, n in sorted((plan.get("minimum") or {}).items()):
+            got = sum(1 for e in rec.results if e["kernel"] == k and e.get("median_ms"))
+            lines.append(f"- owned: {k}: {got} timed case(s) (floor {n})")
         for lo in plan.get("left_out", []):
             lines.append(f"- left out: {lo['kernel']}: {len(lo['cases'])} timing case(s) "
                          f"not timed ({lo['reason']})")
     for n in out.notes:
         lines.append(f"- note: {n}")
+    for o in out.sanitizer:
+        lines.append(f"- {'FAILED ' if o.failed else ''}{o.line}")
     for p in out.peer_divergences:
         lines.append(f"- {p} (a yardstick: not a failure)")
     if out.load_errors:

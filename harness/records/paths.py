@@ -2,6 +2,7 @@
 
 One small module, importable without SQLAlchemy or torch, because both the record format
 (which spools) and the database engine (which opens the default SQLite file) need it.
+The home folder itself is harness.paths's (the compile caches live under it too).
 """
 
 from __future__ import annotations
@@ -9,15 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from harness.paths import home_dir
 
-def home_dir() -> Path:
-    """FA_HARNESS_HOME, else the XDG data directory of the project."""
-    env = os.environ.get("FA_HARNESS_HOME")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_DATA_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share"
-    return base / "fa-harness"
+__all__ = ["home_dir", "spool_dir"]
 
 
 def spool_dir() -> Path:

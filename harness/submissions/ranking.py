@@ -17,7 +17,18 @@ from harness.records.db.engine import session_factory
 from harness.records.db.models import Submission
 
 COLUMNS = ("rank", "id", "name", "submitter", "status", "verdict", "score", "coverage",
-           "message", "failing_cases", "run_id", "created_at", "finished_at")
+           "gpu_s", "message", "failing_cases", "run_id", "created_at", "finished_at")
+
+
+def gpu_seconds(detail: Mapping[str, Any] | None) -> str | None:
+    """"used/budget" GPU seconds of a job: the scoring child's wall time on its GPU (the
+    worker's `elapsed_s`, else the scorer's own count) against the job's budget."""
+    d = detail or {}
+    used = d.get("elapsed_s", d.get("gpu_s"))
+    if used is None:
+        return None
+    budget = d.get("gpu_budget_s")
+    return f"{float(used):.0f}" + (f"/{float(budget):.0f}" if budget else "")
 
 
 def coverage(detail: Mapping[str, Any] | None) -> tuple[int, int]:
@@ -53,7 +64,8 @@ def leaderboard_rows(engine: Engine, *, include_all: bool = False,
         timed, of = coverage(r.detail)
         return {"rank": rank, "id": r.id, "name": r.name, "submitter": r.submitter,
                 "status": r.status, "verdict": r.verdict, "score": r.score,
-                "coverage": f"{timed}/{of}" if of else None, "message": r.message,
+                "coverage": f"{timed}/{of}" if of else None,
+                "gpu_s": gpu_seconds(r.detail), "message": r.message,
                 "failing_cases": r.failing_cases, "run_id": r.run_id,
                 "created_at": r.created_at, "finished_at": r.finished_at}
 

@@ -11,7 +11,7 @@ Stages (`score_candidate`):
    the run: `crashed` / `timeout` (the hang is detected by the worker's per-case deadline);
    a crash is then run under compute-sanitizer, whose finding (the faulting access, its
    line, its distance from an allocation) joins the message.
-2. compute-sanitizer (`harness.submissions.sanitize`): memcheck, racecheck, initcheck and
+2. compute-sanitizer (`harness.execution.sanitize`): memcheck, racecheck, initcheck and
    synccheck on a few small cases; any finding is `incorrect` with the tool's one-line
    summary; a missing tool is recorded as not run.
 3. Speed on the `perf` grid. The submission and the baseline (SDPA flash by default) are
@@ -34,6 +34,15 @@ Stages (`score_candidate`):
 4. Score = geometric mean over the perf cases both support of baseline median / submission
    median. Perf cases the submission does not support are listed in `detail["coverage"]`.
 
+Bounded cost: one slow submission must not hold the queue. A submission more than
+`slow_cut_factor` (50x) slower than the baseline on a perf case has its timing cut short
+there (its sampling stops after 3 samples, and no further case is timed): it is scored from
+what was measured, with a message saying so, and ranks behind full-coverage entries. The
+job holds the GPU for at most `gpu_budget_s`: past it in correctness the verdict is
+`timeout` (not scored), past it in timing the cases measured so far are scored. The GPU
+seconds used and the budget are kept in `detail["gpu_s"]` / `detail["gpu_budget_s"]` and
+shown on the leaderboard.
+
 No host code of the submission runs: the candidate is a `CudaVariant` built from CUDA
 source and a declarative manifest.
 """
@@ -41,6 +50,7 @@ source and a declarative manifest.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -100,7 +110,16 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
     progress = progress or (lambda _s, _c: None)
     device = options.device
     detail: dict[str, Any] = {"options": {k: v for k, v in options.to_dict().items()
-                                          if k not in ("correctness_cases", "perf_cases")}}
+                                          if k not in ("correctness_cases", "perf_cases")},
+                              "gpu_budget_s": options.gpu_budget_s}
+    started = time.monotonic()
+
+    def spent() -> float:
+        detail["gpu_s"] = round(time.monotonic() - started, 1)
+        return detail["gpu_s"]
+
+    def over_budget() -> bool:
+        return options.gpu_budget_s is not None and spent() >= options.gpu_budget_s
 
     # 1. correctness: the per-candidate full grid, each case repeated and compared bitwise
     # (race check), the oracle kept off the device.
@@ -109,7 +128,12 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
     cases = options.correctness_cases or cases_for(options.correctness_grid, candidate)
     failing: list[dict[str, Any]] = []
     passed = skipped = 0
-    for case in cases:
+    for n_checked, case in enumerate(cases):
+        if over_budget():
+            return ScoreReport("timeout", f"over the job's GPU budget of "
+                               f"{options.gpu_budget_s:g} s during correctness "
+                               f"({n_checked} of {len(cases)} cases checked); not scored",
+                               failing_cases=failing, detail=detail)
         progress("check", case.id)
         r = check_case(candidate, case, device=device, secret=secret,
                        repeats=max(1, options.race_repeats), oracle_device="cpu")
@@ -178,11 +202,15 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
     speedups: list[float] = []
     suspicious: list[dict[str, Any]] = []
     gpu = device_name(device)
+    cut: str | None = None
     for case in perf_cases:
         reason = candidate.supports(case) or baseline.supports(case)
         if reason:
             unsupported.append(f"{case.id}: {reason}")
             continue
+        if over_budget():
+            cut = f"the job's GPU budget of {options.gpu_budget_s:g} s was reached"
+            break
         fl = floors(case, options, gpu)
         progress("perf-baseline", case.id)
         try:
@@ -192,9 +220,11 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
             return ScoreReport("crashed", f"baseline {baseline.name} failed its own checks: "
                                f"{e}", detail=detail, status="error")
         progress("perf", case.id)
+        limit = (base_t.median_ms * options.slow_cut_factor
+                 if base_t.median_ms and options.slow_cut_factor else None)
         try:
             sub_t = timed_calls(candidate, case, secret=secret, timer=timer, options=options,
-                                device=device)
+                                device=device, cut_above_ms=limit)
         except CheatDetected as e:
             failing.append({"case": case.id, "status": "failed", "message": str(e)[:2000]})
             return ScoreReport("incorrect", str(e), failing_cases=failing, detail=detail)
@@ -230,18 +260,27 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
         speedup = base_t.median_ms / sub_t.median_ms
         entry["speedup"] = speedup
         speedups.append(speedup)
+        if limit is not None and sub_t.median_ms > limit:
+            cut = (f"{1 / speedup:.0f}x slower than {baseline.name} on {case.id}, over the "
+                   f"{options.slow_cut_factor:g}x cut")
+            break
+    spent()
     detail["perf"] = per_case
     detail["coverage"] = {"timed": len(speedups), "of": len(perf_cases),
                           "unsupported": unsupported}
     detail["floor_gpu"] = gpu
     if suspicious:
         detail["suspicious"] = suspicious
+    if cut is not None:
+        detail["cut_short"] = cut
     if not speedups:
         return ScoreReport("incorrect", "no perf case could be timed (the submission or the "
                            f"baseline {baseline.name} supports none)", detail=detail)
     score = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
     marked = (f"; suspicious: {len(suspicious)} case(s) faster than this runner's measured "
               f"ceilings (first {suspicious[0]['case']})" if suspicious else "")
+    if cut is not None:
+        marked += f"; timing cut short ({cut}): scored from the cases measured"
     return ScoreReport("scored", f"geometric mean speedup {score:.3f}x over {baseline.name} "
                        f"on {len(speedups)}/{len(perf_cases)} perf cases{marked}", score=score,
                        detail=detail)
@@ -282,7 +321,7 @@ def score_files(files: dict[str, str], options: ScoringOptions, *, secret: int,
             candidate = load_candidate(files, workdir)
         except Rejected as e:
             return ScoreReport("rejected", str(e))
-        from harness.submissions import sanitize as san
+        from harness.execution import sanitize as san
 
         vpath = san.variant_path_of(candidate)
         run_sanitizer = None

@@ -55,6 +55,11 @@ class Rejected(ValueError):
     """A submission that may not be queued; the message says what is wrong."""
 
 
+class CannotCheck(RuntimeError):
+    """This host cannot check submissions (no sandbox to compile them in): the host's
+    fault, not the submitter's, so nothing is recorded against them and the message says
+    what the host lacks."""
+
 
 # --------------------------------------------------------------------------- files
 

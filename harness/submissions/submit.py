@@ -63,6 +63,7 @@ from harness.submissions.sources import (
     SINGLE_FILE_MARKER,
     SM_COUNT,
     SOURCE_SUFFIXES,
+    CannotCheck,
     Rejected,
     check_compile_options,
     check_files,
@@ -74,7 +75,7 @@ from harness.submissions.sources import (
 
 # The checks of harness.submissions.sources are part of this module's public face.
 __all__ = [
-    "MAX_FILES", "MAX_FILE_BYTES", "MAX_TOTAL_BYTES", "Rejected", "Validated",
+    "MAX_FILES", "MAX_FILE_BYTES", "MAX_TOTAL_BYTES", "CannotCheck", "Rejected", "Validated",
     "check_compile_options", "check_files", "check_source", "pack_path", "pack_upload",
     "read_manifest", "submit_files", "store", "validate", "default_submitter",
 ]
@@ -264,7 +265,8 @@ def compile_check(spec: Any, timeout_s: float = COMPILE_TIMEOUT_S) -> None:
             raise Rejected(why)
         reports = compile_spec_sandboxed(spec, "sm_90", timeout_s)
     except SandboxUnavailable as e:
-        raise Rejected(f"cannot check the submission on this machine: {e}") from None
+        raise CannotCheck(f"this machine cannot check submissions: {e}; nothing was "
+                          "recorded") from None
     for report in reports:
         if not report.ok:
             entry = f" ({report.entry})" if report.entry else ""
@@ -348,7 +350,8 @@ def _within_limits(files: dict[str, str]) -> bool:
 def submit_files(engine: Any, files: dict[str, str] | None, *, name: str | None,
                  submitter: str, token_id: int | None, rejection: str | None = None,
                  **validate_kw: Any) -> SubmitResult:
-    """Validate and store. `rejection` set means packing already failed (files may be None)."""
+    """Validate and store. `rejection` set means packing already failed (files may be None).
+    Raises CannotCheck, storing nothing, when this host cannot check a submission at all."""
     validated = None
     if rejection is None and files is not None:
         try:

@@ -54,7 +54,7 @@ class ScoringOptions:
     # Re-check suspicious cases with Nsight Compute when it is installed.
     ncu_recheck: bool = True
     # compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on a few small cases
-    # before timing (harness.submissions.sanitize), when the tool is installed.
+    # before timing (harness.execution.sanitize), when the tool is installed.
     sanitize: bool = True
     # Per tool; below the worker's per-case deadline, so a slow tool is this stage's
     # verdict and not a killed job.
@@ -62,6 +62,12 @@ class ScoringOptions:
     # Runs per correctness case compared bitwise (race check), unless the manifest
     # declares the kernel nondeterministic.
     race_repeats: int = 3
+    # Bounded cost per job: a submission this many times slower than the baseline on a
+    # perf case has its timing cut short there (scored from what was measured), and the
+    # whole job holds the GPU for at most `gpu_budget_s` (correctness past it: `timeout`;
+    # timing past it: scored from the cases measured). Both are said in the message.
+    slow_cut_factor: float = 50.0
+    gpu_budget_s: float | None = 600.0
     # Explicit cases instead of the named grids (tests, demos).
     correctness_cases: list[Case] | None = None
     perf_cases: list[Case] | None = None
@@ -225,9 +231,11 @@ class TimedCase:
 
 
 def timed_calls(candidate: Candidate, case: Case, *, secret: int, timer: CallTimer,
-                options: ScoringOptions, device: str) -> TimedCase:
+                options: ScoringOptions, device: str,
+                cut_above_ms: float | None = None) -> TimedCase:
     """Time `candidate` on `case`, every call with fresh inputs and fully checked
-    (module doc). Raises CheatDetected on the first failed check."""
+    (module doc). Raises CheatDetected on the first failed check. `cut_above_ms`: once 3
+    samples have a median above it, stop sampling (`stop_reason` says "cut short")."""
     from harness.measure.timing import StopRule, rel_noise, sample_until_stable, to_timing
 
     bufs = OutputBuffers.allocate(case, device, candidate.support.writes_lse)
@@ -278,8 +286,16 @@ def timed_calls(candidate: Candidate, case: Case, *, secret: int, timer: CallTim
 
     rule = StopRule(min_samples=options.min_samples, min_time_s=options.min_time_s,
                     max_time_s=options.max_time_s)
+    def give_up(samples: list[float]) -> str | None:
+        if cut_above_ms is None or len(samples) < 3:
+            return None
+        med = sorted(samples)[len(samples) // 2]
+        return (f"cut short: median {med:.3g} ms above {cut_above_ms:.3g} ms after "
+                f"{len(samples)} samples") if med > cut_above_ms else None
+
     run = sample_until_stable(take, rule,
-                              reference_clock_mhz=getattr(timer, "reference_clock_mhz", None))
+                              reference_clock_mhz=getattr(timer, "reference_clock_mhz", None),
+                              give_up=give_up)
     t = to_timing(run, mode="cold", method=timer.method())
     return TimedCase(samples_ms=t.samples_ms, median_ms=t.median_ms, min_ms=t.min_ms,
                      rel_noise=rel_noise(t.samples_ms) if len(t.samples_ms) > 1 else None,

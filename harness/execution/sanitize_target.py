@@ -1,9 +1,10 @@
 """The program compute-sanitizer runs: a submission on a few cases, once each.
 
-    python -m harness.submissions.sanitize_target --variant PATH --cases ID[,ID...]
+    python -m harness.execution.sanitize_target --variant PATH --cases ID[,ID...] [--trusted]
 
 The variant is built with nvcc in the compile sandbox (as the worker builds it) with
-`-lineinfo`, so findings name the submission's source line. Inputs are drawn as for any
+`-lineinfo`, so findings name the submission's source line; with `--trusted` (the CI
+gate's tier, on the team's own source) it is built with NVRTC as the gate builds it. Inputs are drawn as for any
 case; outputs go to the harness's guarded buffers. Exit 0 when every launch returned, 1
 when a launch raised (the sanitizer's report says why), 2 on bad input.
 """
@@ -16,9 +17,11 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.submissions.sanitize_target")
+    ap = argparse.ArgumentParser(prog="python -m harness.execution.sanitize_target")
     ap.add_argument("--variant", required=True, help="variant folder or annotated .cu")
     ap.add_argument("--cases", required=True, help="comma-separated case ids")
+    ap.add_argument("--trusted", action="store_true",
+                    help="the team's own source: NVRTC in this process, no sandbox")
     args = ap.parse_args(argv)
 
     import torch
@@ -37,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if "-lineinfo" not in spec.compile_options:
         spec = dataclasses.replace(spec, compile_options=(*spec.compile_options, "-lineinfo"))
     cand = CudaVariant.from_spec(spec)
-    cand.sandboxed_build = True
+    cand.sandboxed_build = not args.trusted
     if not torch.cuda.is_available():
         print("sanitize_target: no CUDA GPU available", file=sys.stderr)
         return 2

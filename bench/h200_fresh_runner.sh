@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The gate on a fresh runner, proven on the H200. From the project root on the GPU machine
+# (after `source .whl/prelude.sh`), with the commit being measured:
+#     FA_HARNESS_COMMIT=<sha> bash bench/h200_fresh_runner.sh STAGE...
+# Stages (each its own time limit; everything lands in $WORK, default /tmp/h200-fresh):
+#   install    the package, editable, no dependencies (entry points for the Python
+#              candidates; the machine reaches no registry)
+#   cold       every compile cache deleted (a fresh FA_HARNESS_HOME, and Triton's,
+#              Inductor's, CuPy's and CUDA's default caches wiped), then `fa-harness ci`
+#              with no options, through a pipe, timed; must exit 0 with >= 8 timed cases
+#              for each owned candidate
+#   warm       the same command again on the same caches: compared with the cold run
+#              (same code: green), timed
+#   slowed     cold again, from a copy of the package in which fa2_mma runs 10% longer
+#              (bench/plant_slowdown.py): must exit 1 naming fa2_mma
+#   farwriter  a team's kernels folder holding a kernel that writes 3 MiB past its
+#              output: `ci` must exit 1 by the sanitizer tier; timed
+#   gputests   `make test-gpu` (the whole GPU-marked suite), timed
+# $OUT gets at most 8 files: times.txt, <stage>-summary.md and <stage>-record.json of
+# the gate stages asked for, logs.tgz.
+set -uo pipefail
+WORK=${WORK:-/tmp/h200-fresh}
+OUT=${OUT:-$WORK/out}
+mkdir -p "$WORK" "$OUT"
+if [ -f .whl/prelude.sh ] && [ -z "${FA_PRELUDE_DONE:-}" ]; then source .whl/prelude.sh; fi
+# The prelude points CuPy at /tmp/cupy-cache: the gate's own cache folder is what is
+# measured here (harness.paths), so nothing outside FA_HARNESS_HOME may hold a compile.
+unset CUPY_CACHE_DIR TRITON_CACHE_DIR TORCHINDUCTOR_CACHE_DIR FA_HARNESS_CUBIN_CACHE
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FA_HARNESS_BRANCH=${FA_HARNESS_BRANCH:-main}
+export FA_HARNESS_DB="sqlite:///$WORK/gate.sqlite"
+TIMES=$OUT/times.txt
+ROOT=$PWD
+
+step() {  # step NAME TIMEOUT_S CMD...: run, log to $WORK/NAME.log, record rc and wall time
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | cat >"$WORK/$name.log"
+  local rc=${PIPESTATUS[0]}
+  echo "$name rc=$rc wall_s=$((SECONDS - t0)) limit_s=$limit" | tee -a "$TIMES"
+  tail -n "${TAIL:-12}" "$WORK/$name.log"
+  return "$rc"
+}
+
+wipe_caches() {  # a fresh runner: no compile cache anywhere
+  rm -rf "$WORK/home" ~/.triton /tmp/torchinductor_* ~/.cache/fa-harness /tmp/cupy-cache \
+    ~/.nv/ComputeCache
+  export FA_HARNESS_HOME=$WORK/home
+  mkdir -p "$FA_HARNESS_HOME"
+}
+
+timed_counts() {  # per owned candidate: timed cases in a record
+  python3 - "$1" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+plan = r["env"]["ci_plan"]
+for k, floor in sorted(plan.get("minimum", {}).items()):
+    n = sum(1 for e in r["results"] if e["kernel"] == k and e.get("median_ms"))
+    print(f"  timed {k}: {n} (floor {floor})")
+print(f"  plan: wall {plan.get('wall_s')} s, warm-up {plan.get('compile_took_s')} s, "
+      f"prepared after {plan.get('correctness_took_s')} s, jobs {plan.get('jobs')}")
+for s in r["env"].get("ci_sanitizer", []):
+    print(f"  {s['line']}")
+EOF
+}
+
+gate() {  # gate NAME LIMIT DIR [ci options...]: `fa-harness ci` from DIR, summary + record
+  local name=$1 limit=$2 dir=$3; shift 3
+  step "$name" "$limit" env -C "$dir" python3 -m harness ci --summary "$WORK/$name-summary.md" \
+    --record "$WORK/$name-record.json" "$@"
+  local rc=$?
+  echo "$name exit code $rc" | tee -a "$TIMES"
+  [ -f "$WORK/$name-record.json" ] && timed_counts "$WORK/$name-record.json" | tee -a "$TIMES"
+  cp "$WORK/$name-summary.md" "$WORK/$name-record.json" "$OUT/" 2>/dev/null
+  return "$rc"
+}
+
+for stage in "$@"; do
+  case $stage in
+    install)
+      step install 90 python3 -m pip install -q --no-deps --no-build-isolation -e .
+      ;;
+    cold)
+      wipe_caches
+      rm -f "$WORK/gate.sqlite"
+      gate cold "${COLD_S:-380}" "$ROOT"
+      ;;
+    warm)
+      export FA_HARNESS_HOME=$WORK/home
+      gate warm "${WARM_S:-240}" "$ROOT"
+      ;;
+    slowed)
+      slow=$WORK/slow
+      rm -rf "$slow"
+      python3 bench/plant_slowdown.py "$slow" --variant fa2_mma --percent 10 | tee -a "$TIMES"
+      wipe_caches
+      # From inside the copy: Python puts the working directory first on sys.path.
+      PYTHONPATH="$slow:$PYTHONPATH" gate slowed "${SLOWED_S:-380}" "$slow"
+      named=$(grep -c '| regression | `fa2_mma`' "$WORK/slowed-summary.md" 2>/dev/null)
+      echo "slowed: fa2_mma regression rows: ${named:-0} (expected > 0, exit 1)" | tee -a "$TIMES"
+      ;;
+    farwriter)
+      export FA_HARNESS_HOME=$WORK/home
+      mkdir -p "$WORK/team/kernels"
+      cp tests/data/submissions/far_writer.cu "$WORK/team/kernels/"
+      gate farwriter "${FAR_S:-150}" "$WORK/team" --kernels-dir "$WORK/team/kernels" \
+        --kernels far_writer --grid smoke --db "sqlite:///$WORK/far.sqlite"
+      ;;
+    gputests)
+      export FA_HARNESS_HOME=$WORK/home-tests
+      step gputests "${GPUTESTS_S:-280}" make test-gpu GPU_PYTEST="python3 -m pytest"
+      grep -E "passed|failed|error" "$WORK/gputests.log" | tail -n 4 | tee -a "$TIMES"
+      ;;
+    *) echo "unknown stage $stage (install cold warm slowed farwriter gputests)"; exit 2 ;;
+  esac
+done
+tar -czf "$OUT/logs.tgz" -C "$WORK" --exclude=home --exclude=home-tests --exclude=slow \
+  --exclude=out --exclude=team . 2>/dev/null
+echo "== times"; cat "$TIMES"
