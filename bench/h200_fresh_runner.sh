@@ -9,10 +9,11 @@
 #              Inductor's, CuPy's and CUDA's default caches wiped), then `fa-harness ci`
 #              with no options, through a pipe, timed; must exit 0 with >= 8 timed cases
 #              for each owned candidate
-#   warm       the same command again on the same caches: compared with the cold run
-#              (same code: green), timed
+#   warm       the same command again on the same caches, compared with the cold run
+#              (--baseline: the same commit; same code: green), timed
 #   slowed     cold again, from a copy of the package in which fa2_mma runs 10% longer
-#              (bench/plant_slowdown.py): must exit 1 naming fa2_mma
+#              (bench/plant_slowdown.py), compared with the cold run: must exit 1 naming
+#              fa2_mma
 #   farwriter  a team's kernels folder holding a kernel that writes 3 MiB past its
 #              output: `ci` must exit 1 by the sanitizer tier; timed
 #   gputests   `make test-gpu` (the whole GPU-marked suite), timed
@@ -47,6 +48,10 @@ wipe_caches() {  # a fresh runner: no compile cache anywhere
     ~/.nv/ComputeCache
   export FA_HARNESS_HOME=$WORK/home
   mkdir -p "$FA_HARNESS_HOME"
+}
+
+cold_uuid() {  # the cold run's record, the baseline of the runs on the same commit after it
+  python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['uuid'])" "$WORK/cold-record.json"
 }
 
 timed_counts() {  # per owned candidate: timed cases in a record
@@ -86,8 +91,10 @@ for stage in "$@"; do
       gate cold "${COLD_S:-380}" "$ROOT"
       ;;
     warm)
+      # The same commit: the parent-commit rule finds no baseline, so the cold run is named
+      # (an A/A comparison: green expected).
       export FA_HARNESS_HOME=$WORK/home
-      gate warm "${WARM_S:-240}" "$ROOT"
+      gate warm "${WARM_S:-240}" "$ROOT" --baseline "$(cold_uuid)"
       ;;
     slowed)
       slow=$WORK/slow
@@ -95,7 +102,8 @@ for stage in "$@"; do
       python3 bench/plant_slowdown.py "$slow" --variant fa2_mma --percent 10 | tee -a "$TIMES"
       wipe_caches
       # From inside the copy: Python puts the working directory first on sys.path.
-      PYTHONPATH="$slow:$PYTHONPATH" gate slowed "${SLOWED_S:-380}" "$slow"
+      PYTHONPATH="$slow:$PYTHONPATH" gate slowed "${SLOWED_S:-380}" "$slow" \
+        --baseline "$(cold_uuid)"
       named=$(grep -c '| regression | `fa2_mma`' "$WORK/slowed-summary.md" 2>/dev/null)
       echo "slowed: fa2_mma regression rows: ${named:-0} (expected > 0, exit 1)" | tee -a "$TIMES"
       ;;

@@ -176,6 +176,10 @@ __device__ __forceinline__ void splitkv_partial(const FaParams& p) {
                 sum += e;
             }
             sum = fa_warp_sum(sum);
+            // Every lane read sM[warp] above; lane 0 overwrites it below. The shuffles
+            // between the two converge the warp but do not order shared memory:
+            // __syncwarp does (compute-sanitizer's racecheck reported this pair).
+            __syncwarp();
             if (lane == 0) {
                 sM[warp] = m_new;
                 sL[warp] = sL[warp] * alpha + sum;
