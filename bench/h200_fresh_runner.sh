@@ -14,6 +14,8 @@
 #   slowed     cold again, from a copy of the package in which fa2_mma runs 10% longer
 #              (bench/plant_slowdown.py), compared with the cold run: must exit 1 naming
 #              fa2_mma
+#   compile    every cache deleted, then `fa-harness kernels --compile` (nvcc for sm_80 and
+#              sm_90, then the warm-up of everything `ci` compiles on this GPU), timed
 #   farwriter  a team's kernels folder holding a kernel that writes 3 MiB past its
 #              output: `ci` must exit 1 by the sanitizer tier; timed
 #   gputests   `make test-gpu` (the whole GPU-marked suite), timed
@@ -107,6 +109,12 @@ for stage in "$@"; do
       named=$(grep -c '| regression | `fa2_mma`' "$WORK/slowed-summary.md" 2>/dev/null)
       echo "slowed: fa2_mma regression rows: ${named:-0} (expected > 0, exit 1)" | tee -a "$TIMES"
       ;;
+    compile)
+      wipe_caches
+      step compile "${COMPILE_S:-150}" python3 -m harness kernels --compile
+      grep -E "^warm-up|^nvcc|^FAILED" "$WORK/compile.log" | tee -a "$TIMES"
+      du -sh "$FA_HARNESS_HOME/cache"/* 2>/dev/null | tee -a "$TIMES"
+      ;;
     farwriter)
       export FA_HARNESS_HOME=$WORK/home
       mkdir -p "$WORK/team/kernels"
@@ -119,7 +127,8 @@ for stage in "$@"; do
       step gputests "${GPUTESTS_S:-280}" make test-gpu GPU_PYTEST="python3 -m pytest"
       grep -E "passed|failed|error" "$WORK/gputests.log" | tail -n 4 | tee -a "$TIMES"
       ;;
-    *) echo "unknown stage $stage (install cold warm slowed farwriter gputests)"; exit 2 ;;
+    *) echo "unknown stage $stage (install cold warm slowed compile farwriter gputests)"
+       exit 2 ;;
   esac
 done
 tar -czf "$OUT/logs.tgz" -C "$WORK" --exclude=home --exclude=home-tests --exclude=slow \

@@ -203,6 +203,7 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
         correctness_s = time.monotonic() - t0
         if warm_f is not None:
             plan.compile_took_s = warm_f.result()
+        plan.correctness_took_s = time.monotonic() - t0
         if san_f is not None:
             sanitized = san_f.result()
             for o in sanitized:
