@@ -53,6 +53,10 @@ wipe_caches() {  # a fresh runner: no compile cache anywhere
 }
 
 cold_uuid() {  # the cold run's record, the baseline of the runs on the same commit after it
+  # (BASE_RECORD: a cold run's record from an earlier call, stored here first)
+  if [ ! -f "$WORK/cold-record.json" ] && [ -n "${BASE_RECORD:-}" ]; then
+    python3 -m harness import "$BASE_RECORD" >/dev/null && cp "$BASE_RECORD" "$WORK/cold-record.json"
+  fi
   python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['uuid'])" "$WORK/cold-record.json"
 }
 

@@ -85,6 +85,21 @@ class GateOutcome:
                 if e["status"] not in OK_STATUSES and not self._yardstick(e["kernel"])]
 
     @property
+    def regressions(self) -> list[Any]:
+        """Failing verdicts against the baseline of the team's candidates. A yardstick's
+        (a peer's, a shipped variant's in a team's repository) are reported, not failed:
+        its time moves with the driver and the library, not with the team's commit."""
+        if self.report is None:
+            return []
+        return [v for v in self.report.failing if not self._yardstick(v.variant)]
+
+    @property
+    def yardstick_changes(self) -> list[Any]:
+        if self.report is None:
+            return []
+        return [v for v in self.report.failing if self._yardstick(v.variant)]
+
+    @property
     def sanitizer_findings(self) -> list[Any]:
         return [o for o in self.sanitizer if o.failed]
 
@@ -105,8 +120,7 @@ class GateOutcome:
 
     @property
     def exit_code(self) -> int:
-        if self.failures or self.load_errors or self.sanitizer_findings or (
-                self.report is not None and self.report.regressed):
+        if self.failures or self.load_errors or self.sanitizer_findings or self.regressions:
             return 1
         if self.not_measured:
             return EXIT_NOT_MEASURED

@@ -30,9 +30,9 @@ def summary_markdown(out: Any) -> str:
         reasons.append(f"{len(out.failures)} failing case(s) of the team's candidates")
     if out.load_errors:
         reasons.append(f"{len(out.load_errors)} candidate(s) failed to load")
-    if out.report is not None and out.report.regressed:
+    if out.regressions:
         c: dict[str, int] = {}
-        for v in out.report.failing:
+        for v in out.regressions:
             c[v.verdict] = c.get(v.verdict, 0) + 1
         reasons.append("against the baseline: " + ", ".join(f"{k} {n}" for k, n in
                                                              sorted(c.items())))
@@ -68,6 +68,12 @@ def summary_markdown(out: Any) -> str:
         lines.append(f"- {'FAILED ' if o.failed else ''}{o.line}")
     for p in out.peer_divergences:
         lines.append(f"- {p} (a yardstick: not a failure)")
+    moved: dict[str, list[str]] = {}
+    for v in out.yardstick_changes:
+        moved.setdefault(v.variant, []).append(v.verdict)
+    for name, verdicts in sorted(moved.items()):
+        lines.append(f"- yardstick {name}: {len(verdicts)} {', '.join(sorted(set(verdicts)))} "
+                     "verdict(s) against the baseline (reported, not a failure)")
     if out.load_errors:
         lines += ["", f"### Load errors ({len(out.load_errors)})", ""]
         lines += [f"- `{_cell(e, 300)}`" for e in out.load_errors]
