@@ -113,3 +113,19 @@ def test_every_command_help_says_what_it_does_in_whole_sentences(capsys):
         text = sub.choices[name].format_help()
         assert "Exit codes" in text, name
     assert "3  not measured" in sub.choices["ci"].format_help()
+
+
+def test_the_cli_option_helpers_do_not_import_the_cli_package():
+    """`harness.cli` and `harness.cli._discoveryopt` imported each other (lazily): the
+    helpers take the exit codes and UsageError from `harness.cli.errors`, and no module
+    import-linter's contract ignores anything for it."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "harness" / "cli"
+    for mod in [root / "_discoveryopt.py", root / "_dbopt.py", *root.glob("cmd_*.py")]:
+        for node in ast.walk(ast.parse(mod.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "harness.cli":
+                raise AssertionError(f"{mod.name} imports from the harness.cli package")
+    text = (root.parents[1] / "pyproject.toml").read_text()
+    assert "harness.cli -> harness.cli._discoveryopt" not in text

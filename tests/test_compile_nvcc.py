@@ -127,3 +127,37 @@ def test_compile_with_timeout():
     assert not slow.ok and slow.timed_out and "timed out" in slow.message
     bad = compile_with_timeout("this is not C++\n", (), timeout_s=120, filename="sub.cu")
     assert not bad.ok and "sub.cu(1)" in bad.message
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_kernels_compile_prints_each_build_as_it_lands_and_caches_it(tmp_path):
+    """`kernels --compile` printed nothing until every build was done; now a line per
+    (variant, arch) as it lands, before the table, and an unchanged source is not
+    compiled again (the cubin cache: source, options, arch, nvcc's version)."""
+    import os
+    import subprocess
+    import sys
+
+    from harness.paths import CACHE_VARIABLES
+
+    env = {k: v for k, v in os.environ.items() if k not in CACHE_VARIABLES}
+    env.update(FA_HARNESS_CACHE=str(tmp_path / "cache"), COLUMNS="80")
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    cmd = [sys.executable, "-m", "harness", "kernels", "--compile", "--arch", "sm_80"]
+
+    def run() -> list[str]:
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return proc.stdout.splitlines()
+
+    first = run()
+    table = next(i for i, ln in enumerate(first) if ln.startswith("variant "))
+    built = [i for i, ln in enumerate(first) if ln.startswith("compiled ")]
+    assert len(built) >= 6 and max(built) < table  # every build line before the table
+    assert any(ln.startswith("compiled fa2_mma sm_80: ") and "no spills" in ln for ln in first)
+    assert not any("(cached)" in ln for ln in first)
+    again = run()
+    assert all(ln.endswith("(cached)") for ln in again if ln.startswith("compiled "))
+    assert list((tmp_path / "cache" / "cubin").glob("*.cubin"))
