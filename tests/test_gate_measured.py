@@ -200,3 +200,43 @@ def test_a_yardstick_slower_than_its_baseline_is_reported_not_failed(tmp_path):
     out = finish(make_record(slow, seed=3, commit="c" * 40, parent="b" * 40, minutes=2),
                  opts, log=quiet)
     assert out.exit_code == 1 and [v.variant for v in out.regressions] == ["mine"]
+
+
+def test_the_warm_up_replays_what_the_later_processes_will_run():
+    """The warm-up must compile what the correctness children and the timing child will
+    load: a CUDA variant's module, and each Python candidate's calls in the order each of
+    those processes makes them (the timing child: the plan's cases for it; the correctness
+    children: one per mask kind, unsupported cases dropped as the runner drops them)."""
+    from dataclasses import dataclass, field
+
+    from harness.core.grids import get_grid
+    from harness.records.gate_prepare import warm_tasks
+    from harness.records.plan import make_plan
+
+    @dataclass
+    class Fake:
+        name: str
+        kind: str
+        device: str = "cuda"
+        isolate: bool = True
+        meta: dict = field(default_factory=dict)
+
+        def supports(self, case):
+            return "no d=128" if self.kind == "python" and case.head_dim == 128 else None
+
+    cands = [Fake("cu", "cuda"), Fake("py", "python"), Fake("cpu_model", "model", "cpu")]
+    smoke, timing = get_grid("smoke"), get_grid("perf")
+    plan = make_plan(cands, smoke, timing, owned=["cu", "py"])
+    tasks = warm_tasks(cands, plan, smoke)
+    by = {(t.name, t.what): t.cases for t in tasks}
+    assert by[("cu", "compile")] == smoke[:1]
+    assert by[("py", "timing")] == plan.wanted["py"] and len(plan.wanted["py"]) == 16
+    assert all(c.head_dim != 128 for c in by[("py", "timing")])
+    masks = {w for n, w in by if n == "py" and w.startswith("correctness")}
+    assert masks == {f"correctness {m}" for m in {str(c.mask) for c in smoke}}
+    replayed = [c for (n, w), cs in by.items() if n == "py" and w != "timing" for c in cs]
+    assert sorted(c.id for c in replayed) == sorted(c.id for c in smoke if c.head_dim != 128)
+    assert not any(t.name == "cpu_model" for t in tasks)
+    # the gate's own warm-up (correctness compiles itself, side by side): timing only
+    assert [(t.name, t.what) for t in warm_tasks(cands, plan, correctness=False)] == \
+        [("py", "timing")]
