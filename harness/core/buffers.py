@@ -9,6 +9,7 @@ view itself filled with a recognisable NaN ("poison") before every call. Afterwa
 - `check_guards()` finds guard bytes that changed (a write outside the output: an
   out-of-bounds tile store, a wrong stride).
 `InputSnapshot` keeps bitwise copies of the inputs and says which one a candidate changed.
+`GradBuffers` is the same for a backward's dQ, dK and dV.
 Everything works on CPU and CUDA tensors alike (comparisons happen on the tensors' device).
 """
 
@@ -100,7 +101,26 @@ class _Guarded:
         return "; ".join(msgs) or None
 
 
-class OutputBuffers:
+class _GuardedSet:
+    """Several guarded views checked together."""
+
+    def _parts(self) -> list[_Guarded]:
+        raise NotImplementedError
+
+    def poison(self) -> None:
+        for p in self._parts():
+            p.poison()
+
+    def unwritten(self) -> str | None:
+        msgs = [m for p in self._parts() if (m := p.unwritten())]
+        return "; ".join(msgs) or None
+
+    def check_guards(self) -> str | None:
+        msgs = [m for p in self._parts() if (m := p.check_guards())]
+        return "; ".join(msgs) or None
+
+
+class OutputBuffers(_GuardedSet):
     """`out` (B, H, Nq, d) in the case dtype and `lse` (B, H, Nq) float32 (or None)."""
 
     def __init__(self, out: _Guarded, lse: _Guarded | None) -> None:
@@ -130,20 +150,34 @@ class OutputBuffers:
     def _parts(self) -> list[_Guarded]:
         return [self._out] + ([self._lse] if self._lse is not None else [])
 
-    def poison(self) -> None:
-        for p in self._parts():
-            p.poison()
 
-    def unwritten(self) -> str | None:
-        msgs = [m for p in self._parts() if (m := p.unwritten())]
-        return "; ".join(msgs) or None
+class GradBuffers(_GuardedSet):
+    """The backward's outputs, owned by the harness like the forward's: `dq` (B, H, Nq,
+    d), `dk` and `dv` (B, Hkv, Nk, d), in the case dtype, guarded and poisoned."""
 
-    def check_guards(self) -> str | None:
-        msgs = [m for p in self._parts() if (m := p.check_guards())]
-        return "; ".join(msgs) or None
+    def __init__(self, dq: _Guarded, dk: _Guarded, dv: _Guarded) -> None:
+        self._grads = (dq, dk, dv)
+
+    @classmethod
+    def allocate(cls, case: Case, device: str | torch.device) -> GradBuffers:
+        q_shape = (case.batch, case.heads, case.seqlen_q, case.head_dim)
+        kv_shape = (case.batch, case.kv_heads, case.seqlen_k, case.head_dim)
+        bufs = cls(*(_Guarded.allocate(name, shape, case.torch_dtype, device)
+                     for name, shape in (("dq", q_shape), ("dk", kv_shape),
+                                         ("dv", kv_shape))))
+        bufs.poison()
+        return bufs
+
+    @property
+    def grads(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        dq, dk, dv = self._grads
+        return dq.view, dk.view, dv.view
+
+    def _parts(self) -> list[_Guarded]:
+        return list(self._grads)
 
 
-_INPUT_FIELDS = ("q", "k", "v", "mask", "key_lengths")
+_INPUT_FIELDS = ("q", "k", "v", "mask", "key_lengths", "out", "lse", "dout")
 
 
 @dataclass
@@ -155,13 +189,15 @@ class InputSnapshot:
 
     @classmethod
     def take(cls, inputs: Inputs) -> InputSnapshot:
+        """Of the forward's `Inputs`, or of a backward's (harness.core.cases.GradInputs:
+        also the forward's output, its LSE and dO)."""
         return cls({f: t.clone() for f in _INPUT_FIELDS
-                    if (t := getattr(inputs, f)) is not None})
+                    if (t := getattr(inputs, f, None)) is not None})
 
     def changed(self, inputs: Inputs) -> str | None:
         msgs = []
         for f in _INPUT_FIELDS:
-            now, before = getattr(inputs, f), self.copies.get(f)
+            now, before = getattr(inputs, f, None), self.copies.get(f)
             if (now is None) != (before is None):
                 msgs.append(f"input {f} was replaced")
                 continue

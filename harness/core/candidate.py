@@ -3,7 +3,8 @@ variants from `kernels/`, and the PyTorch SDPA peers.
 
 A candidate never allocates its own outputs: the harness hands it `out` (B, H, Nq, d) in
 the case dtype and, when the candidate declares it writes LSE, `lse` (B, H, Nq) float32,
-both poisoned beforehand, and checks afterwards that every element was written.
+both poisoned beforehand, and checks afterwards that every element was written. A
+candidate with a backward (`Support.backward`) gets dQ, dK and dV the same way.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Literal
 
 import torch
 
-from harness.core.cases import Case, Inputs, MaskKind
+from harness.core.cases import Case, GradInputs, Inputs, MaskKind
 
 Kind = Literal["model", "cuda", "peer", "python"]
 
@@ -36,6 +37,11 @@ class Support:
     decode_only: bool = False  # e.g. split-KV decoding kernels that need Nq small
     max_seqlen_q_decode: int = 64
     min_compute_capability: tuple[int, int] = (0, 0)
+    # A backward (`Candidate.run_backward`), and whether its repeats are bitwise equal
+    # (dQ accumulated by atomics usually is not; a candidate declaring True fails on any
+    # difference, others get it reported).
+    backward: bool = False
+    backward_deterministic: bool = False
 
     def reason_unsupported(self, case: Case) -> str | None:
         if case.dtype not in self.dtypes:
@@ -80,6 +86,13 @@ class Candidate(ABC):
     @abstractmethod
     def run(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None) -> None:
         """Compute attention for `case` into the harness-owned `out` (and `lse`)."""
+
+    def run_backward(self, case: Case, inputs: GradInputs, dq: torch.Tensor, dk: torch.Tensor,
+                     dv: torch.Tensor) -> None:
+        """Compute dQ, dK, dV of `case` into the harness-owned buffers, from the forward's
+        inputs, output, LSE and the output gradient in `inputs` (which it must not
+        modify). Only for candidates whose `support.backward` is True."""
+        raise NotImplementedError(f"{self.name} declares no backward")
 
     def take_notes(self) -> list[str]:
         """What the candidate said about its runs since the last call (a fallback path it

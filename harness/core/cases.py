@@ -145,6 +145,24 @@ class Inputs:
         return Inputs(mv(self.q), mv(self.k), mv(self.v), mv(self.mask), mv(self.key_lengths))
 
 
+@dataclass
+class GradInputs(Inputs):
+    """What a backward gets: the forward's inputs, the forward's output `out` (in the case
+    dtype) and `lse` (float32, in the candidate's masked-row convention), and the output
+    gradient `dout`. All of them are inputs: the backward must leave them unmodified."""
+
+    out: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+    dout: torch.Tensor | None = None
+
+    def to(self, device: str | torch.device) -> GradInputs:
+        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return GradInputs(mv(self.q), mv(self.k), mv(self.v), mv(self.mask),
+                          mv(self.key_lengths), mv(self.out), mv(self.lse), mv(self.dout))
+
+
 def derive_seed(case: Case, secret: int = 0, draw: int = 0) -> int:
     """A 63-bit seed from the case, a secret (0 for public runs) and a draw index.
 
@@ -216,6 +234,26 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", *, secret: int =
     elif case.mask is MaskKind.RANDOM:
         mask = random_mask(case, cpu_gen)
     return Inputs(q, k, v, mask, key_lengths).to(device)
+
+
+# Draw index of the output gradient dO: its own seed, never one of the inputs' draws.
+GRAD_OUTPUT_DRAW = 1 << 41
+
+
+def make_grad_output(case: Case, device: str | torch.device = "cpu", *, secret: int = 0,
+                     draw: int = 0) -> torch.Tensor:
+    """The backward's dO ~ N(0, 1), (B, H, Nq, d) in the case dtype, from the case's seed
+    (and the secret: a submission cannot know it), drawn like the inputs."""
+    import torch
+
+    seed = derive_seed(case, secret, GRAD_OUTPUT_DRAW + draw)
+    shape = (case.batch, case.heads, case.seqlen_q, case.head_dim)
+    big = case.batch * case.heads * case.seqlen_q * case.head_dim > (1 << 24)
+    draw_dev = torch.device(device) if big else torch.device("cpu")
+    gen = torch.Generator(device=draw_dev)
+    gen.manual_seed(seed)
+    do = torch.randn(shape, generator=gen, device=draw_dev, dtype=torch.float32)
+    return do.to(case.torch_dtype).to(device)
 
 
 def visible(case: Case, inputs: Inputs, rows: slice | None = None) -> torch.Tensor | None:

@@ -31,12 +31,12 @@ from harness.core.results import CaseResult, Status
 from harness.core.tolerance import Baseline, check_output
 
 
-def _sync(device: str | torch.device) -> None:
+def sync_device(device: str | torch.device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
 
 
-def _describe(exc: BaseException) -> str:
+def describe_exception(exc: BaseException) -> str:
     """`Type: message` plus the innermost frame, so a candidate's error names its line."""
     tb = traceback.extract_tb(exc.__traceback__)
     where = f" ({tb[-1].filename}:{tb[-1].lineno})" if tb else ""
@@ -50,9 +50,9 @@ def _run_once(candidate: Candidate, case: Case, inputs, bufs: OutputBuffers,
     bufs.poison()
     try:
         candidate.run(case, inputs, bufs.out, bufs.lse)
-        _sync(device)  # an asynchronous CUDA error surfaces here, inside the try
+        sync_device(device)  # an asynchronous CUDA error surfaces here, inside the try
     except Exception as exc:  # any failure of the candidate becomes a verdict, not a dead run
-        return _describe(exc)
+        return describe_exception(exc)
     return None
 
 
@@ -182,8 +182,8 @@ def _race_check(candidate: Candidate, case: Case, inputs, bufs: OutputBuffers,
         if problems:
             return f"repeat {r}: " + "; ".join(problems)
         # Bitwise equality (bits, not values: NaN != NaN, and -0 == +0 would hide races).
-        same = _bitwise_equal(out, bufs.out.to("cpu")) and (
-            lse is None or _bitwise_equal(lse, bufs.lse.to("cpu")))
+        same = bitwise_equal(out, bufs.out.to("cpu")) and (
+            lse is None or bitwise_equal(lse, bufs.lse.to("cpu")))
         if not same:
             return (f"nondeterministic: repeat {r} of {repeats} differs bitwise from the "
                     f"first run (race?)")
@@ -191,6 +191,6 @@ def _race_check(candidate: Candidate, case: Case, inputs, bufs: OutputBuffers,
     return None
 
 
-def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     ints = {2: torch.int16, 4: torch.int32}
     return torch.equal(a.view(ints[a.element_size()]), b.view(ints[b.element_size()]))

@@ -1,4 +1,5 @@
-"""FLOPs of the attention forward pass, counted from the visible (query, key) pairs.
+"""FLOPs of the attention forward and backward passes, counted from the visible (query,
+key) pairs.
 
 Each visible pair costs one dot product of length d for QK^T and one axpy of length d for
 PV: 2 * d + 2 * d = 4 * d FLOPs. Masked pairs cost nothing in an algorithm that skips
@@ -6,6 +7,12 @@ them, so the count follows the actual mask: exact closed forms for no mask and c
 masks (either alignment, any Nq and Nk), and a count over the mask tensor for key padding
 and arbitrary masks. For Nq = Nk causal this gives the familiar "half of 4 * N^2 * d" up to
 the diagonal (N(N+1)/2 pairs, not N^2/2).
+
+The backward does five such products per visible pair: S = QK^T again (FlashAttention's
+backward recomputes it from Q, K and the LSE instead of storing P), dV += P^T dO,
+dP = dO V^T, dQ += dS K and dK += dS^T Q: 10 * d FLOPs, 2.5x the forward's. The
+elementwise softmax terms (P, dS, D = rowsum(dO * O)) are O(pairs) and not counted, as
+they are not counted in the forward.
 """
 
 from __future__ import annotations
@@ -49,3 +56,8 @@ def visible_pairs(case: Case, inputs: Inputs | None = None) -> int:
 def attention_flops(case: Case, inputs: Inputs | None = None) -> int:
     """Forward FLOPs: 4 * d per visible pair."""
     return 4 * case.head_dim * visible_pairs(case, inputs)
+
+
+def attention_bwd_flops(case: Case, inputs: Inputs | None = None) -> int:
+    """Backward FLOPs: 10 * d per visible pair (module doc)."""
+    return 10 * case.head_dim * visible_pairs(case, inputs)

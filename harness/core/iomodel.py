@@ -112,7 +112,7 @@ class Ceilings:
         return GpuSpec(name, self.matmul_tflops, self.copy_gbps / 1000.0)
 
 
-def _elem(case: Case) -> int:
+def elem_bytes(case: Case) -> int:
     return case.torch_dtype.itemsize
 
 
@@ -120,7 +120,7 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _tile(tiles: dict | None, key: str, default: int) -> int:
+def tile_param(tiles: dict | None, key: str, default: int) -> int:
     value = int((tiles or {}).get(key, default))
     if value < 1:
         raise ValueError(f"tile {key} must be >= 1, got {value}")
@@ -144,7 +144,7 @@ def _kv_rows_per_q_block(case: Case, block_q: int, block_k: int) -> int:
     return total
 
 
-def _fa1_q_rows_per_kv_block(case: Case, block_q: int, block_k: int) -> int:
+def q_rows_per_kv_block(case: Case, block_q: int, block_k: int) -> int:
     """Q rows re-visited over all K/V blocks: every Q block for each K/V block; for causal,
     only Q blocks with some row that sees a key of the K/V block."""
     nq, nk = case.seqlen_q, case.seqlen_k
@@ -165,14 +165,14 @@ def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict
     """Bytes per term ("read Q", "write S", ...), summed over batch and heads."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
-    e = _elem(case)
+    e = elem_bytes(case)
     nq, nk, d = case.seqlen_q, case.seqlen_k, case.head_dim
     bh, bhkv = case.batch * case.heads, case.batch * case.kv_heads
     q_bytes, o_bytes = nq * d * e, nq * d * e
     kv_bytes = nk * d * e
     terms: dict[str, int] = {}
     if algorithm in ("naive_3pass", "naive_fused"):
-        sb = _tile(tiles, "score_bytes", e)
+        sb = tile_param(tiles, "score_bytes", e)
         score = nq * nk * sb
         terms = {"read Q": q_bytes, "read K": kv_bytes, "write S": score,
                  "read S": (3 if algorithm == "naive_3pass" else 1) * score,
@@ -181,14 +181,14 @@ def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict
     if algorithm == "ideal":
         return {"read Q": bh * q_bytes, "read K": bhkv * kv_bytes, "read V": bhkv * kv_bytes,
                 "write O": bh * o_bytes}
-    bq = _tile(tiles, "block_q", DEFAULT_BLOCK_Q)
-    bk = _tile(tiles, "block_k", DEFAULT_BLOCK_K)
+    bq = tile_param(tiles, "block_q", DEFAULT_BLOCK_Q)
+    bk = tile_param(tiles, "block_k", DEFAULT_BLOCK_K)
     if algorithm == "fa1":
-        q_rows = _fa1_q_rows_per_kv_block(case, bq, bk)
+        q_rows = q_rows_per_kv_block(case, bq, bk)
         # O lives in HBM between outer iterations (in float32 when acc_bytes = 4, as FA1's
         # own code kept it); a final pass reads it with m and l, writes O in the input
         # dtype and the LSE.
-        acc = _tile(tiles, "acc_bytes", e)
+        acc = tile_param(tiles, "acc_bytes", e)
         terms = {
             "read K": kv_bytes, "read V": kv_bytes,
             # initialisation, once per visit, then the final O in the input dtype
@@ -203,7 +203,7 @@ def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict
     terms = {"read Q": q_bytes, "read K": kv_rows * d * e, "read V": kv_rows * d * e,
              "write O": o_bytes, "write LSE": nq * F32}
     if algorithm == "splitkv":
-        splits = _tile(tiles, "splits", 1)
+        splits = tile_param(tiles, "splits", 1)
         if splits > 1:
             terms["read Q"] = splits * q_bytes
             partial = splits * nq * (d + 1) * F32  # partial O and partial LSE, float32

@@ -33,7 +33,7 @@ from harness.core.cases import Case, Inputs, MaskKind
 REF_BUDGET_BYTES = 512 * 2**20
 # Live tensors of one block, counted in float64 elements per (b, h, row, key).
 _LIVE_PER_SCORE = 3
-_ALIGNS = ("bottom_right", "top_left")
+CAUSAL_ALIGNS = ("bottom_right", "top_left")
 
 
 def block_rows_for(batch: int, heads: int, seqlen_k: int, *, elem_bytes: int = 8,
@@ -49,7 +49,7 @@ def block_working_set_bytes(batch: int, heads: int, seqlen_k: int, rows: int, *,
     return batch * heads * seqlen_k * rows * (elem_bytes * _LIVE_PER_SCORE + 1)
 
 
-def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int]:
+def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int]:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("q, k, v must be 4-D (batch, heads, seq, head_dim)")
     b, h, _, d = q.shape
@@ -63,7 +63,7 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[in
     return h, hkv, h // hkv
 
 
-def _block_visibility(rows: slice, nq: int, nk: int, causal: bool, causal_align: str,
+def block_visibility(rows: slice, nq: int, nk: int, causal: bool, causal_align: str,
                       mask: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """Boolean visibility of one row block, shaped (B|1, H|1, rows, Nk) or None if all."""
     vis = None
@@ -81,7 +81,7 @@ def _block_visibility(rows: slice, nq: int, nk: int, causal: bool, causal_align:
     return vis
 
 
-def _grouped(t: torch.Tensor, hkv: int, group: int, rows: int) -> torch.Tensor:
+def grouped(t: torch.Tensor, hkv: int, group: int, rows: int) -> torch.Tensor:
     """(B|1, H|1, rows, X) -> (B|1, Hkv|1, G * rows, X): the rows of the G query heads that
     share a K/V head are stacked, so one plain matmul per K/V head serves the whole group
     (K and V are never expanded to H heads, which would copy them G times)."""
@@ -97,9 +97,9 @@ def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cau
                        block_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
                        out_dtype: torch.dtype, lse_dtype: torch.dtype,
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    if causal_align not in _ALIGNS:
-        raise ValueError(f"causal_align must be one of {_ALIGNS}, got {causal_align!r}")
-    h, hkv, group = _check_shapes(q, k, v)
+    if causal_align not in CAUSAL_ALIGNS:
+        raise ValueError(f"causal_align must be one of {CAUSAL_ALIGNS}, got {causal_align!r}")
+    h, hkv, group = check_shapes(q, k, v)
     b, _, nq, d = q.shape
     nk = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -109,9 +109,9 @@ def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cau
     for r0 in range(0, nq, rows):
         r = slice(r0, min(r0 + rows, nq))
         n = r.stop - r.start
-        qg = _grouped(q[:, :, r], hkv, group, n)  # (B, Hkv, G * rows, d)
-        vis = _block_visibility(r, nq, nk, causal, causal_align, mask, q.device)
-        vis = None if vis is None else _grouped(vis, hkv, group, n)
+        qg = grouped(q[:, :, r], hkv, group, n)  # (B, Hkv, G * rows, d)
+        vis = block_visibility(r, nq, nk, causal, causal_align, mask, q.device)
+        vis = None if vis is None else grouped(vis, hkv, group, n)
         o_blk, lse_blk = block_fn(qg, k, v, vis, scale)
         out[:, :, r] = o_blk.reshape(b, h, n, d)
         lse[:, :, r] = lse_blk.reshape(b, h, n)

@@ -13,6 +13,11 @@ On top of the error bound, some outputs are wrong whatever their size:
 - an LSE that is not -inf (or +inf, for candidates declaring that convention) on a fully
   masked row, or is not finite elsewhere.
 LSE error follows the same 2x-of-naive form, with a small floor for float32 rounding.
+
+The backward's gradients dQ, dK and dV are judged by the same rule (`check_grads`), each
+against the same-precision naive backward's error with the backward's factor, 3
+(FlashAttention's own backward tests allow 3x where the forward allows 2x: the chain rule
+compounds the forward's rounding), and a fully masked row's dQ must be exactly 0.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from harness.core.results import Errors
 
 OUT_FACTOR = 2.0
 LSE_FACTOR = 2.0
+BWD_FACTOR = 3.0
+GRAD_NAMES = ("dq", "dk", "dv")
 # LSE is float32 in every candidate: allow a few float32 ulps of the LSE's magnitude on
 # top of an absolute 1e-5, so that a candidate more exact than the naive one never fails.
 LSE_ABS_FLOOR = 1e-5
@@ -39,6 +46,9 @@ class Verdict:
     passed: bool
     message: str
     errors: Errors = field(default_factory=Errors)
+    # Per-tensor errors of a backward check: {"dq": {"err", "base_err", "floor", "ratio"},
+    # ..., "factor": 3.0}; recorded with the result.
+    detail: dict = field(default_factory=dict)
 
 
 def _index(flat: int, shape: torch.Size) -> list[int]:
@@ -108,39 +118,12 @@ def check_output(case: Case, out: torch.Tensor, lse: torch.Tensor | None,
                                     tuple(t.to(out.device) for t in base), out.dtype)
     masked_rows = baseline.masked_rows.to(out.device)
 
-    finite = torch.isfinite(out)
-    if not bool(finite.all()):
-        bad = ~finite
-        first = _index(int(bad.flatten().nonzero()[0]), out.shape)
-        val = float(out[tuple(first)])
-        problems.append(f"out: {int(bad.sum())} non-finite element(s), first {val} at "
-                        f"{_fmt_index(first)}")
-        errors.worst_index = first
-
-    if bool(masked_rows.any()):
-        nonzero = (out != 0) & masked_rows[..., None]
-        if bool(nonzero.any()):
-            first = _index(int(nonzero.flatten().nonzero()[0]), out.shape)
-            problems.append(f"out: fully masked row not exactly 0: {int(nonzero.sum())} "
-                            f"element(s), first {float(out[tuple(first)])!r} at "
-                            f"{_fmt_index(first)}")
-            errors.worst_index = errors.worst_index or first
-
-    diff = (out.double() - ref_out).abs_()
-    diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
+    out_err, ratio, worst, found = judge_tensor("out", out, ref_out, baseline.out_err,
+                                                baseline.floor, OUT_FACTOR, masked_rows)
+    problems += found
     base_err, floor = baseline.out_err, baseline.floor
-    out_err = float(diff.max()) if diff.numel() else 0.0
-    errors.out_err, errors.base_err, errors.floor = out_err, base_err, floor
-    errors.ratio = _ratio(out_err, base_err, floor)
-    bound = OUT_FACTOR * base_err + floor
-    if finite.all() and out_err > bound:
-        worst = _index(int(diff.flatten().argmax()), out.shape)
-        errors.worst_index = worst
-        problems.append(
-            f"out: max error {out_err:.3e} at {_fmt_index(worst)} (got "
-            f"{float(out[tuple(worst)]):.6g}, expected {float(ref_out[tuple(worst)]):.6g}) "
-            f"exceeds {OUT_FACTOR:g} x naive error {base_err:.3e} + floor {floor:.3e} "
-            f"(ratio {errors.ratio:.2f})")
+    errors.out_err, errors.base_err, errors.floor, errors.ratio = out_err, base_err, floor, ratio
+    errors.worst_index = worst
 
     if writes_lse:
         problems += _check_lse(lse, ref_lse, baseline.lse_err, masked_rows, masked_lse, errors)
@@ -149,6 +132,44 @@ def check_output(case: Case, out: torch.Tensor, lse: torch.Tensor | None,
         return Verdict(False, "; ".join(problems), errors)
     return Verdict(True, f"max error {out_err:.3e} <= {OUT_FACTOR:g} x {base_err:.3e} + "
                          f"{floor:.3e} (ratio {errors.ratio:.2f})", errors)
+
+
+def judge_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, base_err: float,
+                 floor: float, factor: float, masked_rows: torch.Tensor | None = None,
+                 ) -> tuple[float, float, list[int] | None, list[str]]:
+    """The rule on one tensor: no NaN/Inf, rows of `masked_rows` (a boolean over all but
+    the last dimension) exactly 0, and max |got - ref| <= factor x `base_err` + `floor`.
+    Returns (max error, ratio to the naive error, worst index, problems)."""
+    problems: list[str] = []
+    worst: list[int] | None = None
+    finite = torch.isfinite(got)
+    if not bool(finite.all()):
+        bad = ~finite
+        first = _index(int(bad.flatten().nonzero()[0]), got.shape)
+        val = float(got[tuple(first)])
+        problems.append(f"{name}: {int(bad.sum())} non-finite element(s), first {val} at "
+                        f"{_fmt_index(first)}")
+        worst = first
+    if masked_rows is not None and bool(masked_rows.any()):
+        nonzero = (got != 0) & masked_rows[..., None]
+        if bool(nonzero.any()):
+            first = _index(int(nonzero.flatten().nonzero()[0]), got.shape)
+            problems.append(f"{name}: fully masked row not exactly 0: {int(nonzero.sum())} "
+                            f"element(s), first {float(got[tuple(first)])!r} at "
+                            f"{_fmt_index(first)}")
+            worst = worst or first
+    diff = (got.double() - ref).abs_()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
+    err = float(diff.max()) if diff.numel() else 0.0
+    ratio = _ratio(err, base_err, floor)
+    if finite.all() and err > factor * base_err + floor:
+        worst = _index(int(diff.flatten().argmax()), got.shape)
+        problems.append(
+            f"{name}: max error {err:.3e} at {_fmt_index(worst)} (got "
+            f"{float(got[tuple(worst)]):.6g}, expected {float(ref[tuple(worst)]):.6g}) "
+            f"exceeds {factor:g} x naive error {base_err:.3e} + floor {floor:.3e} "
+            f"(ratio {ratio:.2f})")
+    return err, ratio, worst, problems
 
 
 def _check_lse(lse: torch.Tensor | None, ref_lse: torch.Tensor, lse_base: float,
@@ -188,3 +209,54 @@ def _check_lse(lse: torch.Tensor | None, ref_lse: torch.Tensor, lse_base: float,
                         f"{float(ref_lse[tuple(worst)]):.6g}) exceeds {LSE_FACTOR:g} x naive "
                         f"error {lse_base:.3e} + floor {floor:.3e}")
     return problems
+
+
+@dataclass(frozen=True)
+class GradBaseline:
+    """What the rule measures a backward against, once per case: the naive backward's
+    error and the data floor of each gradient, and the fully masked query rows."""
+
+    base_err: tuple[float, float, float]
+    floor: tuple[float, float, float]
+    masked_rows: torch.Tensor
+
+    @classmethod
+    def compute(cls, ref: tuple[torch.Tensor, ...], base: tuple[torch.Tensor, ...],
+                dtype: torch.dtype, masked_rows: torch.Tensor) -> GradBaseline:
+        errs = tuple(float((b.double() - r).abs_().max()) if r.numel() else 0.0
+                     for r, b in zip(ref, base, strict=True))
+        floors = tuple(data_floor(r, dtype) for r in ref)
+        return cls(errs, floors, masked_rows)  # type: ignore[arg-type]
+
+
+def check_grads(grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                ref: tuple[torch.Tensor, ...], baseline: GradBaseline, *,
+                factor: float = BWD_FACTOR) -> Verdict:
+    """Judge a backward's (dq, dk, dv) against the float64 oracle's with `judge_tensor`
+    (the module doc). `errors.ratio` is the worst of the three ratios, `detail` has each."""
+    errors = Errors()
+    detail: dict = {"factor": factor}
+    problems: list[str] = []
+    worst_ratio, worst_name = -1.0, ""
+    for i, (name, got, want) in enumerate(zip(GRAD_NAMES, grads, ref, strict=True)):
+        if tuple(got.shape) != tuple(want.shape):
+            problems.append(f"{name}: shape {tuple(got.shape)} != expected "
+                            f"{tuple(want.shape)}")
+            continue
+        want = want.to(got.device)
+        masked = baseline.masked_rows.to(got.device) if name == "dq" else None
+        err, ratio, worst, found = judge_tensor(name, got, want, baseline.base_err[i],
+                                                baseline.floor[i], factor, masked)
+        detail[name] = {"err": err, "base_err": baseline.base_err[i],
+                        "floor": baseline.floor[i], "ratio": ratio}
+        problems += found
+        if ratio > worst_ratio:
+            worst_ratio, worst_name = ratio, name
+            errors.out_err, errors.base_err = err, baseline.base_err[i]
+            errors.floor, errors.ratio = baseline.floor[i], ratio
+        if found and errors.worst_index is None:
+            errors.worst_index = worst
+    if problems:
+        return Verdict(False, "; ".join(problems), errors, detail)
+    return Verdict(True, f"gradients within {factor:g} x naive error + floor (worst "
+                         f"{worst_name}, ratio {worst_ratio:.2f})", errors, detail)

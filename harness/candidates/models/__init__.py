@@ -3,7 +3,9 @@
 The models (`all_models`) compute attention the way each algorithm's loops do it (naive
 3-step, FA1, FA2, split-KV), in float32 from fp16/bf16 inputs, and count the HBM bytes
 those loops move (`model.last_bytes` after a run). They pass the harness's correctness
-check; the planted bugs (`planted_bugs`) must not.
+check; the planted bugs (`planted_bugs`) must not. The FA2 model also has FA2's backward
+(`run_backward`, harness.candidates.models.fa2_bwd), whose planted bugs are
+`planted_backward_bugs`.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from harness.candidates.models.fa1 import FA1Model
 from harness.candidates.models.fa2 import FA2Model
 from harness.candidates.models.naive import NaiveModel
 from harness.candidates.models.planted import planted_bugs
+from harness.candidates.models.planted_bwd import planted_backward_bugs
 from harness.candidates.models.splitkv import SplitKVModel, choose_num_splits
 from harness.candidates.models.tiles import ByteCounter
 
 __all__ = ["ByteCounter", "FA1Model", "FA2Model", "ModelCandidate", "NaiveModel",
-           "SplitKVModel", "all_models", "choose_num_splits", "planted_bugs"]
+           "SplitKVModel", "all_models", "choose_num_splits", "planted_backward_bugs",
+           "planted_bugs"]
 
 
 def all_models() -> list[ModelCandidate]:

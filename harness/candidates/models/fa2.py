@@ -9,26 +9,37 @@ reach HBM once, at the end. Masks add two things to the pseudocode:
 
 Bytes, per (b, h) program and Q block: Q tile once, every visited K and V tile, O tile
 once, LSE once. K/V tiles entirely above the causal diagonal are skipped, not loaded.
+
+The backward is FA2's Algorithm 2 (harness.candidates.models.fa2_bwd).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from harness.candidates.models import tiles as T
 from harness.candidates.models.base import ModelCandidate
+from harness.candidates.models.fa2_bwd import FA2Backward
+from harness.core.candidate import Support
 from harness.core.cases import Case, Inputs
 
 State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # O (unnormalised), m, l
 
 
 @dataclass
-class FA2Model(ModelCandidate):
+class FA2Model(FA2Backward, ModelCandidate):
     name: str = "fa2_model"
     algorithm: str = "fa2"
-    description: str = "FA2 forward on the CPU: outer Q blocks, inner K/V blocks, online softmax"
+    description: str = ("FA2 on the CPU: forward outer Q blocks, inner K/V blocks, online "
+                        "softmax; backward outer K/V blocks, inner Q blocks")
+    # Its backward (harness.candidates.models.fa2_bwd) sums dQ block by block in order:
+    # deterministic.
+    support: Support = field(default_factory=lambda: Support(
+        masked_lse="-inf", backward=True, backward_deterministic=True))
+    # Bytes moved by the last `run_backward` (None before the first one).
+    last_bytes_bwd: T.ByteCounter | None = field(default=None, repr=False, compare=False)
 
     def compute(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None,
                 counter: T.ByteCounter) -> None:

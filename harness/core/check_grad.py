@@ -1,0 +1,150 @@
+"""Check one candidate's backward on one case: the forward's protocol (harness.core.check)
+for dQ, dK and dV.
+
+- The inputs: q, k, v and the mask of the case's seeded draw, the output gradient dO of
+  its own seeded draw (harness.core.cases.make_grad_output; the secret mixed into both),
+  and the forward's output O (the float64 oracle's, rounded to the case dtype) and LSE
+  (float32, in the candidate's masked-row convention), as a FlashAttention backward
+  receives them from its forward. All of them are inputs: a backward that modifies any
+  of them fails.
+- The candidate runs first, its repeats too, into harness-owned, guarded, poisoned dQ,
+  dK and dV buffers; the gradient oracle and the naive backward are computed afterwards
+  (harness.core.reference_grad) and judged with the one tolerance rule at the backward's
+  factor (harness.core.tolerance.check_grads): every gradient finite, a fully masked
+  row's dQ exactly 0, each within 3x the naive backward's error plus the data floor.
+- Determinism: with `repeats` > 1 the repeats are compared bitwise; a candidate that
+  declares `backward_deterministic` fails on a difference, the others get it reported
+  (`extra["determinism"]`).
+
+The result is the candidate's backward entry (`extra["pass"] = "bwd"`, the backward's
+FLOPs and IO-model bytes), never folded into its forward's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.core import flops as flops_mod
+from harness.core import iomodel_bwd
+from harness.core.buffers import GradBuffers, InputSnapshot
+from harness.core.candidate import Candidate
+from harness.core.cases import Case, GradInputs, make_grad_output, make_inputs
+from harness.core.check import bitwise_equal, describe_exception, sync_device
+from harness.core.reference import reference_for_case
+from harness.core.reference_grad import grad_naive_for_case, grad_reference_for_case
+from harness.core.results import CaseResult, Status
+from harness.core.tolerance import GradBaseline, check_grads
+
+BWD_ALGORITHM = {"fa2": "fa2_bwd", "splitkv": "fa2_bwd", "naive_3pass": "naive_bwd",
+                 "naive_fused": "naive_bwd"}
+
+
+def grad_inputs(case: Case, candidate: Candidate, device: str | torch.device,
+                secret: int = 0) -> GradInputs:
+    """The backward's inputs of the module doc, on `device`."""
+    inputs = make_inputs(case, device, secret=secret)
+    out, lse = reference_for_case(case, inputs)
+    if candidate.support.masked_lse == "+inf":
+        lse = torch.where(torch.isneginf(lse), torch.full_like(lse, torch.inf), lse)
+    return GradInputs(inputs.q, inputs.k, inputs.v, inputs.mask, inputs.key_lengths,
+                      out=out.to(case.torch_dtype), lse=lse.float(),
+                      dout=make_grad_output(case, device, secret=secret))
+
+
+def _run(candidate: Candidate, case: Case, inputs: GradInputs, bufs: GradBuffers,
+         device: str | torch.device) -> str | None:
+    bufs.poison()
+    try:
+        candidate.run_backward(case, inputs, *bufs.grads)
+        sync_device(device)
+    except Exception as exc:  # any failure of the candidate is a verdict
+        return describe_exception(exc)
+    return None
+
+
+def _bwd_bytes(candidate: Candidate, case: Case) -> int | None:
+    alg = BWD_ALGORITHM.get(candidate.algorithm)
+    if alg is None:
+        return None
+    return iomodel_bwd.hbm_bytes_bwd(alg, case, candidate.tiles)
+
+
+def check_backward_case(candidate: Candidate, case: Case, *, device: str | torch.device,
+                        secret: int = 0, repeats: int = 1) -> CaseResult:
+    """Run `candidate`'s backward on `case` and judge it; never raises for a candidate's
+    fault."""
+    reason = candidate.supports(case)
+    if reason is None and not candidate.support.backward:
+        reason = "declares no backward"
+    if reason:
+        return CaseResult(candidate.name, case, Status.SKIPPED, reason,
+                          extra={"pass": "bwd"})
+    inputs = grad_inputs(case, candidate, device, secret)
+    result = CaseResult(candidate.name, case, Status.PASSED,
+                        flops=flops_mod.attention_bwd_flops(case, inputs),
+                        bytes_model=_bwd_bytes(candidate, case),
+                        bytes_ideal=iomodel_bwd.ideal_bytes_bwd(case), extra={"pass": "bwd"})
+    bufs = GradBuffers.allocate(case, device)
+    snapshot = InputSnapshot.take(inputs)
+
+    def fail(status: Status, message: str) -> CaseResult:
+        result.status, result.message = status, message
+        return result
+
+    try:
+        err = _run(candidate, case, inputs, bufs, device)
+        if err:
+            return fail(Status.ERROR, f"candidate raised {err}")
+        problems = [p for p in (bufs.check_guards(), bufs.unwritten(),
+                                snapshot.changed(inputs)) if p]
+        if problems:
+            return fail(Status.FAILED, "; ".join(problems))
+        grads = tuple(g.detach().to("cpu", copy=True) for g in bufs.grads)
+        why = _repeat(candidate, case, inputs, bufs, snapshot, grads, repeats, device, result)
+        if why:
+            return fail(Status.ERROR if why.startswith("candidate raised") else
+                        Status.FAILED, why)
+        # Only now the expected gradients, on the CPU copies.
+        cpu = inputs.to("cpu")
+        ref = grad_reference_for_case(case, cpu, cpu.dout)
+        base = grad_naive_for_case(case, cpu, cpu.dout)
+        masked = torch.isneginf(reference_for_case(case, cpu)[1])
+        baseline = GradBaseline.compute(ref, base, case.torch_dtype, masked)
+        verdict = check_grads(grads, ref, baseline)  # type: ignore[arg-type]
+    finally:
+        notes = candidate.take_notes()
+        if notes:
+            result.extra["notes"] = notes
+        bufs.poison()  # what the candidate wrote may be a right answer
+    result.errors = verdict.errors
+    result.extra["grad_errors"] = verdict.detail
+    if not verdict.passed:
+        return fail(Status.FAILED, verdict.message)
+    result.message = verdict.message
+    return result
+
+
+def _repeat(candidate: Candidate, case: Case, inputs: GradInputs, bufs: GradBuffers,
+            snapshot: InputSnapshot, grads: tuple, repeats: int,
+            device: str | torch.device, result: CaseResult) -> str | None:
+    """The repeats, compared bitwise with the first run."""
+    if repeats <= 1:
+        return None
+    for r in range(1, repeats):
+        err = _run(candidate, case, inputs, bufs, device)
+        if err:
+            return f"candidate raised on repeat {r}: {err}"
+        problems = [p for p in (bufs.check_guards(), bufs.unwritten(),
+                                snapshot.changed(inputs)) if p]
+        if problems:
+            return f"repeat {r}: " + "; ".join(problems)
+        same = all(bitwise_equal(a, b.to("cpu")) for a, b in zip(grads, bufs.grads,
+                                                                   strict=True))
+        if not same:
+            what = f"repeat {r} of {repeats} differs bitwise from the first run"
+            if candidate.support.backward_deterministic:
+                return f"nondeterministic backward (declared deterministic): {what}"
+            result.extra["determinism"] = f"not bitwise deterministic: {what}"
+            return None
+    result.extra["determinism"] = f"{repeats} runs bitwise equal"
+    return None
