@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from harness.candidates.python_candidate import PythonKernel
+from harness.candidates.python_candidate import PythonKernel, autograd_backward
 
 _compiled: dict[str, Any] = {}
 # The path (compiled, compiled with small tiles, eager) that worked for a shape, so every
@@ -194,4 +194,7 @@ def flex_candidates() -> list[PythonKernel]:
         tiles={"block_q": 128} if device == "cuda" else {},
         description="PyTorch flex_attention (compiled on the GPU, eager on the CPU), "
                     "every mask kind as a block mask",
-        available=_available, prepare=flex_prepare, notes=take_notes)]
+        available=_available, prepare=flex_prepare, notes=take_notes,
+        # its own (compiled) backward kernel, through autograd; torch has no flex
+        # backward on the CPU ("FlexAttention does not support backward on CPU")
+        backward_prepare=autograd_backward(flex_attention_fn) if device == "cuda" else None)]

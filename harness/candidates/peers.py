@@ -20,6 +20,12 @@ aten op with the lower-right mask type; cuDNN and math get the materialised
 GQA uses `enable_gqa=True`, or K/V repeated per head where a backend refuses that.
 
 Peers do not write LSE (`writes_lse=False`); the output is checked.
+
+The backward of each backend is torch.autograd through its forward, run under the same
+`sdpa_kernel` (the forward's autograd node names the backend's backward kernel): the
+forward runs in the preparation, the timed call is the backward alone. A backend that
+refuses the backward of a case is a skip with its reason (probed once per signature, as
+the forward); only math's backward is declared bitwise deterministic.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.core.candidate import Candidate, Support
-from harness.core.cases import Case, Inputs, MaskKind, make_inputs
+from harness.core.cases import Case, GradInputs, Inputs, MaskKind, make_grad_output, make_inputs
 
 # The math backend materialises the B*H*Nq*Nk score matrix (fp32); past this it is not
 # a meaningful peer, only a way to run out of memory.
@@ -89,6 +95,7 @@ def _refusal_reason(err: BaseException, caught: list, backend: str = "") -> str:
 class SdpaPeer(Candidate):
     backend: str = "math"
     _support_cache: dict = field(default_factory=dict, repr=False)
+    _bwd_support_cache: dict = field(default_factory=dict, repr=False)
 
     # -------------------------------------------------------------- building the call
 
@@ -228,6 +235,50 @@ class SdpaPeer(Candidate):
         result = self.timed_call(case, inputs, out, lse)()
         out.copy_(result)
 
+    # -------------------------------------------------------------- the backward
+
+    def backward_timed_call(self, case: Case, inputs: GradInputs | Inputs,
+                            dout: torch.Tensor | None = None) -> Callable[[], tuple]:
+        """The forward through autograd here; the call returns (dq, dk, dv) for dO."""
+        reason, native = self._probe(case)
+        if reason:
+            raise BackendRefused(reason)
+        dout = dout if dout is not None else inputs.dout  # type: ignore[union-attr]
+        leaves = tuple(t.detach().requires_grad_() for t in (inputs.q, inputs.k, inputs.v))
+        with torch.enable_grad():
+            out = self._call(case, Inputs(*leaves, inputs.mask, inputs.key_lengths),
+                             gqa_native=native)()
+        return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
+
+    def supports_backward(self, case: Case) -> str | None:
+        key = _signature(case, self.device)
+        if key not in self._bwd_support_cache:
+            probe = Case(1, case.heads, case.kv_heads, case.seqlen_q, case.seqlen_k,
+                         case.head_dim, case.dtype, case.mask, case.seed)
+            inputs = make_inputs(probe, self.device)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    grads = self.backward_timed_call(probe, inputs,
+                                                     make_grad_output(probe, self.device))()
+                    if grads[0].is_cuda:
+                        torch.cuda.synchronize()
+                    reason = None
+                except Exception as e:  # a refusal by trying, as for the forward
+                    from harness.core.faults import is_cuda_fatal
+
+                    if is_cuda_fatal(str(e)):
+                        raise
+                    reason = f"{self.name} backward: {_refusal_reason(e, caught, self.backend)}"
+            self._bwd_support_cache[key] = reason
+        return self._bwd_support_cache[key]
+
+    def run_backward(self, case: Case, inputs: GradInputs, dq: torch.Tensor,
+                     dk: torch.Tensor, dv: torch.Tensor) -> None:
+        for buf, got in zip((dq, dk, dv), self.backward_timed_call(case, inputs)(),
+                            strict=True):
+            buf.copy_(got)
+
 
 def _peer(backend: str, device: str, description: str, algorithm: str,
           tiles: dict[str, int] | None = None) -> SdpaPeer:
@@ -236,7 +287,8 @@ def _peer(backend: str, device: str, description: str, algorithm: str,
         kind="peer",
         device=device,  # type: ignore[arg-type]
         algorithm=algorithm,
-        support=Support(writes_lse=False, deterministic=backend != "efficient"),
+        support=Support(writes_lse=False, deterministic=backend != "efficient",
+                        backward=True, backward_deterministic=backend == "math"),
         description=description,
         isolate=False,
         tiles=dict(tiles or {}),

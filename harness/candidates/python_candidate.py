@@ -34,6 +34,22 @@ tolerance rule, timing method, records and gate apply; the candidate runs in an 
 child process, so a crash or a hang is a verdict. A result of the wrong type, shape,
 dtype or device is the case's `error` verdict, naming what was expected.
 
+A backward is declared with `backward` (and optionally `backward_prepare`, the same
+split as `prepare`):
+
+    def my_attention_bwd(q, k, v, out, lse, dout, *, mask_kind, mask, key_lengths,
+                         causal_offset, scale):
+        return dq, dk, dv     # dq like q; dk, dv like k and v (GQA: summed per K/V head)
+
+    candidate = PythonKernel(..., backward=my_attention_bwd,
+                             backward_deterministic=False)   # dQ by atomics
+
+`out` and `lse` are the forward's (the harness gives the oracle's, rounded to the case
+dtype, and the LSE in the declared convention), `dout` the output gradient; none of them
+may be modified. `autograd_backward(fn)` builds a `backward_prepare` from the forward `fn`
+through torch.autograd (the forward runs in the prepare, the timed call is the backward
+alone): how the shipped flex_attention and the SDPA peers get theirs.
+
 This is trusted code: it runs in the CI of the team that wrote it. Submissions, which
 are not trusted, stay CUDA source only.
 """
@@ -47,7 +63,7 @@ from typing import Any, Literal
 import torch
 
 from harness.core.candidate import Candidate, Support
-from harness.core.cases import DTYPES, Case, Inputs, MaskKind
+from harness.core.cases import DTYPES, Case, GradInputs, Inputs, MaskKind
 
 
 class CandidateOutputError(RuntimeError):
@@ -79,6 +95,12 @@ class PythonKernel:
     # Optional: notes() -> the lines it has to say about its calls since the last notes()
     # (a fallback it took); the harness keeps them with the case's result (extra.notes).
     notes: Callable[[], list[str]] | None = None
+    # Optional: the backward (module doc). backward_prepare(q, k, v, out, lse, dout,
+    # **keywords) -> a call of no arguments returning (dq, dk, dv); or `backward`, the
+    # same returning them directly.
+    backward: Callable[..., Any] | None = None
+    backward_prepare: Callable[..., Callable[[], Any]] | None = None
+    backward_deterministic: bool = False
 
     def problems(self) -> list[str]:
         """What is wrong with the declaration (empty when it is valid)."""
@@ -100,7 +122,17 @@ class PythonKernel:
         if self.head_dims is not None and not all(isinstance(d, int) and d > 0
                                                   for d in self.head_dims):
             out.append("head_dims must be positive integers (or None for any)")
+        for what in ("backward", "backward_prepare"):
+            f = getattr(self, what)
+            if f is not None and not callable(f):
+                out.append(f"{what} is not callable")
+        if self.backward is not None and self.backward_prepare is not None:
+            out.append("give backward or backward_prepare, not both")
         return out
+
+    @property
+    def has_backward(self) -> bool:
+        return self.backward is not None or self.backward_prepare is not None
 
 
 MAX_NOTES, MAX_NOTE_CHARS = 5, 300
@@ -147,6 +179,27 @@ class PythonCandidate(Candidate):
             _expect(got_lse, "lse", lse)
             lse.copy_(got_lse)
 
+    def backward_timed_call(self, case: Case, inputs: GradInputs) -> Callable[[], Any]:
+        """The backward call the timing method measures (its preparation done here)."""
+        k_ = self.kernel
+        if k_ is None or not k_.has_backward:
+            raise NotImplementedError(f"{self.name} declares no backward")
+        args = (inputs.q, inputs.k, inputs.v, inputs.out, inputs.lse, inputs.dout)
+        kw = self._args(case, inputs)
+        if k_.backward_prepare is not None:
+            return k_.backward_prepare(*args, **kw)
+        return lambda: k_.backward(*args, **kw)
+
+    def run_backward(self, case: Case, inputs: GradInputs, dq: torch.Tensor,
+                     dk: torch.Tensor, dv: torch.Tensor) -> None:
+        result = self.backward_timed_call(case, inputs)()
+        if not (isinstance(result, tuple | list) and len(result) == 3):
+            raise CandidateOutputError(f"backward returned {type(result).__name__}, "
+                                       f"expected (dq, dk, dv)")
+        for name, got, buf in zip(("dq", "dk", "dv"), result, (dq, dk, dv), strict=True):
+            _expect(got, name, buf)
+            buf.copy_(got)
+
     def take_notes(self) -> list[str]:
         if self.kernel is None or self.kernel.notes is None:
             return []
@@ -187,7 +240,8 @@ def to_candidate(k: PythonKernel, origin: str) -> PythonCandidate:
                       head_dims=frozenset(k.head_dims) if k.head_dims is not None else None,
                       masks=frozenset(MaskKind(m) for m in k.masks), gqa=k.gqa,
                       writes_lse=k.lse is not None, masked_lse=k.lse or "-inf",
-                      deterministic=k.deterministic)
+                      deterministic=k.deterministic, backward=k.has_backward,
+                      backward_deterministic=k.backward_deterministic)
     return PythonCandidate(name=k.name, kind="python", device=k.device, algorithm=k.algorithm,
                            support=support, description=k.description, isolate=True,
                            tiles=dict(k.tiles), meta={"origin": origin}, kernel=k,
@@ -207,3 +261,23 @@ def kernels_of(obj: Any, where: str) -> list[PythonKernel]:
         if probs:
             raise TypeError(f"{where}: candidate {x.name!r}: {'; '.join(probs)}")
     return items
+
+
+def autograd_backward(fn: Callable[..., Any]) -> Callable[..., Callable[[], Any]]:
+    """A `backward_prepare` from a forward `fn` of this protocol: the forward runs once on
+    copies of q, k, v that require gradients (in the prepare, outside the timed call), and
+    the call returns torch.autograd's (dq, dk, dv) for `dout`, keeping the graph so that
+    it can be timed again. A forward returning (out, lse) is differentiated through out."""
+
+    def prepare(q, k, v, out, lse, dout, **kw) -> Callable[[], Any]:  # noqa: ANN001
+        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        with torch.enable_grad():
+            got = fn(*leaves, **kw)
+        got_out = got[0] if isinstance(got, tuple | list) else got
+
+        def call() -> tuple[torch.Tensor, ...]:
+            return torch.autograd.grad(got_out, leaves, dout, retain_graph=True)
+
+        return call
+
+    return prepare

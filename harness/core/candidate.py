@@ -87,6 +87,12 @@ class Candidate(ABC):
     def run(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None) -> None:
         """Compute attention for `case` into the harness-owned `out` (and `lse`)."""
 
+    def supports_backward(self, case: Case) -> str | None:
+        """None when the backward can run `case` (beyond `supports`), else the reason it
+        is skipped (a library backend that refuses the backward of a case it runs
+        forward)."""
+        return None
+
     def run_backward(self, case: Case, inputs: GradInputs, dq: torch.Tensor, dk: torch.Tensor,
                      dv: torch.Tensor) -> None:
         """Compute dQ, dK, dV of `case` into the harness-owned buffers, from the forward's

@@ -76,6 +76,8 @@ def check_backward_case(candidate: Candidate, case: Case, *, device: str | torch
     reason = candidate.supports(case)
     if reason is None and not candidate.support.backward:
         reason = "declares no backward"
+    if reason is None:
+        reason = candidate.supports_backward(case)
     if reason:
         return CaseResult(candidate.name, case, Status.SKIPPED, reason,
                           extra={"pass": "bwd"})
