@@ -473,3 +473,18 @@ def test_run_without_results(page: str, tmp_path: Path, monkeypatch) -> None:
     assert not at.error or page == "overview"
     if page in ("run", "correctness"):
         assert {m.label: m.value for m in at.metric}.get("passed") == "0"
+
+
+def test_text_shown_through_markdown_is_escaped():
+    """st.table renders its cells as Markdown: a sanitizer's "__global__" turned bold on
+    the Leaderboard's messages, and a submitter's text could have been a link."""
+    import re
+
+    from harness.dashboard.ui import md_escape
+
+    text = "memcheck: Invalid __global__ write at k.cu:97 [x](http://e) :red[y] $z$ *a*"
+    out = md_escape(text)
+    assert "\\_\\_global\\_\\_" in out and "\\[x\\]\\(http\\:" in out
+    # every Markdown-active character is preceded by a backslash
+    assert not re.search(r"(?<!\\)[`*_\[\]()!<>#|~&$:]", out.replace("\\\\", ""))
+    assert md_escape(None) == "" and md_escape("a\nb") == "a b"

@@ -49,5 +49,9 @@ def render(ctx: Ctx) -> None:
         said = others[others["message"].notna() & others["message"].astype(str).str.len().gt(0)]
         if len(said):
             st.markdown("##### Messages")
-            # A table wraps long text where a data grid cuts it off.
-            st.table(said[["id", "name", "verdict", "message"]].set_index("id"))
+            # A table wraps long text where a data grid cuts it off; its cells are
+            # Markdown, so the text is escaped (a sanitizer's "__global__" stays literal).
+            shown = said[["id", "name", "verdict", "message"]].copy()
+            for col in ("name", "message"):
+                shown[col] = shown[col].map(ui.md_escape)
+            st.table(shown.set_index("id"))

@@ -131,3 +131,17 @@ def fmt_bytes(n: float | None) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+# Every character that starts inline Markdown or one of Streamlit's directives
+# (":red[...]", ":material/...:", emoji shortcodes, "$...$" LaTeX).
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]()!<>#|~&$:{}+.-])")
+
+
+def md_escape(text: Any) -> str:
+    """`text` shown literally where Streamlit renders Markdown (st.table's cells, labels):
+    a compiler's `__global__` must not turn bold, and a submitter's text must not become
+    a link or a directive."""
+    if text is None:
+        return ""
+    return _MD_SPECIAL.sub(r"\\\1", str(text)).replace("\n", " ")
