@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import traceback
+from typing import Any
 
 import torch
 
@@ -34,6 +35,14 @@ from harness.core.tolerance import Baseline, check_output
 def sync_device(device: str | torch.device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def integrity_problems(bufs: Any, snapshot: InputSnapshot, inputs: Any) -> str | None:
+    """What a run did to the harness's buffers and the inputs: writes outside the outputs,
+    outputs left unwritten, inputs modified (one line, or None)."""
+    problems = [p for p in (bufs.check_guards(), bufs.unwritten(), snapshot.changed(inputs))
+                if p]
+    return "; ".join(problems) or None
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -135,10 +144,9 @@ def check_case(candidate: Candidate, case: Case, *, device: str | torch.device, 
         err = _run_once(candidate, case, inputs, bufs, device)
         if err:
             return fail(Status.ERROR, f"candidate raised {err}")
-        problems = [p for p in (bufs.check_guards(), bufs.unwritten(),
-                                snapshot.changed(inputs)) if p]
+        problems = integrity_problems(bufs, snapshot, inputs)
         if problems:
-            return fail(Status.FAILED, "; ".join(problems))
+            return fail(Status.FAILED, problems)
         out = bufs.out.detach().to("cpu", copy=True)
         lse = None if bufs.lse is None else bufs.lse.detach().to("cpu", copy=True)
         why = _race_check(candidate, case, inputs, bufs, snapshot, out, lse, repeats, device,
@@ -177,10 +185,9 @@ def _race_check(candidate: Candidate, case: Case, inputs, bufs: OutputBuffers,
         err = _run_once(candidate, case, inputs, bufs, device)
         if err:
             return f"candidate raised on repeat {r}: {err}"
-        problems = [p for p in (bufs.check_guards(), bufs.unwritten(),
-                                snapshot.changed(inputs)) if p]
+        problems = integrity_problems(bufs, snapshot, inputs)
         if problems:
-            return f"repeat {r}: " + "; ".join(problems)
+            return f"repeat {r}: {problems}"
         # Bitwise equality (bits, not values: NaN != NaN, and -0 == +0 would hide races).
         same = bitwise_equal(out, bufs.out.to("cpu")) and (
             lse is None or bitwise_equal(lse, bufs.lse.to("cpu")))

@@ -29,7 +29,12 @@ from harness.core import iomodel_bwd
 from harness.core.buffers import GradBuffers, InputSnapshot
 from harness.core.candidate import Candidate
 from harness.core.cases import Case, GradInputs, make_grad_output, make_inputs
-from harness.core.check import bitwise_equal, describe_exception, sync_device
+from harness.core.check import (
+    bitwise_equal,
+    describe_exception,
+    integrity_problems,
+    sync_device,
+)
 from harness.core.reference import reference_for_case
 from harness.core.reference_grad import grad_naive_for_case, grad_reference_for_case
 from harness.core.results import CaseResult, Status
@@ -97,10 +102,9 @@ def check_backward_case(candidate: Candidate, case: Case, *, device: str | torch
         err = _run(candidate, case, inputs, bufs, device)
         if err:
             return fail(Status.ERROR, f"candidate raised {err}")
-        problems = [p for p in (bufs.check_guards(), bufs.unwritten(),
-                                snapshot.changed(inputs)) if p]
+        problems = integrity_problems(bufs, snapshot, inputs)
         if problems:
-            return fail(Status.FAILED, "; ".join(problems))
+            return fail(Status.FAILED, problems)
         grads = tuple(g.detach().to("cpu", copy=True) for g in bufs.grads)
         why = _repeat(candidate, case, inputs, bufs, snapshot, grads, repeats, device, result)
         if why:
@@ -136,10 +140,9 @@ def _repeat(candidate: Candidate, case: Case, inputs: GradInputs, bufs: GradBuff
         err = _run(candidate, case, inputs, bufs, device)
         if err:
             return f"candidate raised on repeat {r}: {err}"
-        problems = [p for p in (bufs.check_guards(), bufs.unwritten(),
-                                snapshot.changed(inputs)) if p]
+        problems = integrity_problems(bufs, snapshot, inputs)
         if problems:
-            return f"repeat {r}: " + "; ".join(problems)
+            return f"repeat {r}: {problems}"
         same = all(bitwise_equal(a, b.to("cpu")) for a, b in zip(grads, bufs.grads,
                                                                    strict=True))
         if not same:
