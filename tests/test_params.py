@@ -30,10 +30,11 @@ def _layout_source(asserts: str) -> str:
 
 
 def test_dtype_shape():
-    assert PARAMS_DTYPE.itemsize == 248
+    assert PARAMS_DTYPE.itemsize == 376
     offs = field_offsets()
     assert offs["q"] == 0 and offs["workspace"] == 56 and offs["q_batch_stride"] == 88
-    assert offs["batch"] == 200 and offs["scale_log2"] == 244
+    assert offs["dout"] == 200 and offs["dv_row_stride"] == 320
+    assert offs["batch"] == 328 and offs["scale_log2"] == 372
     assert list(PARAMS_DTYPE.names)[-2:] == ["scale", "scale_log2"]
 
 
@@ -48,7 +49,7 @@ def test_layout_matches_header_with_nvcc():
 @needs_nvcc
 def test_layout_check_can_fail():
     """The same check with one offset off by 8 must not compile: the test has teeth."""
-    broken = layout_asserts().replace("FaParams, seqlen_q) == 212", "FaParams, seqlen_q) == 220")
+    broken = layout_asserts().replace("FaParams, seqlen_q) == 340", "FaParams, seqlen_q) == 348")
     assert broken != layout_asserts()
     res = compile_with_timeout(_layout_source(broken), timeout_s=120, arch="sm_80")
     assert not res.ok and "seqlen_q" in res.message

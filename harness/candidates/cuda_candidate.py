@@ -33,7 +33,7 @@ from harness.candidates.launch_state import (
 from harness.candidates.params import build_params
 from harness.candidates.variants import LoadError, VariantSpec, load_specs, size_env
 from harness.core.candidate import Candidate
-from harness.core.cases import Case, Inputs
+from harness.core.cases import Case, GradInputs, Inputs
 
 WORKSPACE_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16,
                           "bfloat16": torch.bfloat16, "int32": torch.int32}
@@ -68,6 +68,10 @@ class CudaVariant(Candidate):
     # Untrusted source (submissions): build with nvcc in harness.candidates.sandbox and load
     # the cubin, instead of NVRTC inside this process.
     sandboxed_build: bool = False
+    # This object launches the manifest's `[backward]` (the sibling `run_backward` uses):
+    # the same module, its own launches, workspaces and launch cache.
+    backward_pass: bool = False
+    _bwd: Any = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_spec(cls, spec: VariantSpec) -> CudaVariant:
@@ -153,7 +157,7 @@ class CudaVariant(Candidate):
         assert self.spec is not None
         env = self.env(case, num_splits=num_splits, sm_count=sm_count)
         out = []
-        for launch in self.spec.launches:
+        for launch in self.spec.pass_launches(self.backward_pass):
             grid = tuple(e.evaluate(env) for e in launch.grid)
             block = tuple(e.evaluate(env) for e in launch.block)
             out.append(PlannedLaunch(launch.entry_name(case.dtype, case.head_dim),
@@ -163,7 +167,7 @@ class CudaVariant(Candidate):
     def workspace_sizes(self, case: Case, *, num_splits: int, sm_count: int) -> list[int]:
         assert self.spec is not None
         env = self.env(case, num_splits=num_splits, sm_count=sm_count)
-        return [w.elements.evaluate(env) for w in self.spec.workspaces]
+        return [w.elements.evaluate(env) for w in self.spec.pass_workspaces(self.backward_pass)]
 
     @staticmethod
     def check_limits(p: PlannedLaunch, limits: DeviceLimits, static_smem: int = 0,
@@ -188,6 +192,25 @@ class CudaVariant(Candidate):
 
     # --- running ------------------------------------------------------------------------
     def run(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+        self._launch(case, inputs, out, lse, None)
+
+    def run_backward(self, case: Case, inputs: GradInputs, dq: torch.Tensor, dk: torch.Tensor,
+                     dv: torch.Tensor) -> None:
+        """The manifest's `[backward]` launches, into the harness's dQ, dK and dV; the
+        forward's O and LSE go in the `o` and `lse` fields, dO in `dout`."""
+        if self._bwd is None:
+            if self.spec is None or self.spec.backward is None:
+                raise NotImplementedError(f"{self.name} declares no backward")
+            self._bwd = CudaVariant.from_spec(self.spec)
+            self._bwd.backward_pass = True
+            self._bwd.sandboxed_build = self.sandboxed_build
+            self._bwd.sync_after_run = self.sync_after_run
+            self._bwd.cache_launches = self.cache_launches
+            self._bwd.launch_via_driver = self.launch_via_driver
+        self._bwd._launch(case, inputs, inputs.out, inputs.lse, (inputs.dout, dq, dk, dv))
+
+    def _launch(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None,
+                grads: tuple[torch.Tensor, ...] | None) -> None:
         """Launch the variant on torch's current stream.
 
         The hot path (the same case again, on tensors already seen: every timing loop and
@@ -206,10 +229,10 @@ class CudaVariant(Candidate):
         if state is None or state.case != case or state.stream_id != sid \
                 or not self.cache_launches:
             state = self._state = self._new_state(case, out.device, tstream)
-        key = tensor_key(inputs, out, lse)
+        key = tensor_key(inputs, out, lse, grads)
         prepared = state.params.get(key) if self.cache_launches else None
         if prepared is None or not prepared.fresh(inputs):
-            prepared = self._prepare(case, inputs, out, lse, state)
+            prepared = self._prepare(case, inputs, out, lse, state, grads)
             if prepared.cacheable and self.cache_launches:
                 if len(state.params) >= MAX_CACHED_PARAM_SETS:
                     state.params.pop(next(iter(state.params)))
@@ -263,7 +286,7 @@ class CudaVariant(Candidate):
                 raise LaunchRefused(f"{self.name}: launch refused, {why}")
         workspaces = [
             torch.empty(max(1, n), dtype=WORKSPACE_TORCH_DTYPES[w.dtype], device=device)
-            for w, n in zip(self.spec.workspaces,
+            for w, n in zip(self.spec.pass_workspaces(self.backward_pass),
                             self.workspace_sizes(case, num_splits=num_splits,
                                                  sm_count=limits.sm_count), strict=True)
         ]
@@ -292,12 +315,14 @@ class CudaVariant(Candidate):
                           driver_launch=driver_launch)
 
     def _prepare(self, case: Case, inputs: Inputs, out: torch.Tensor,
-                 lse: torch.Tensor | None, state: CaseState) -> PreparedParams:
+                 lse: torch.Tensor | None, state: CaseState,
+                 grads: tuple[torch.Tensor, ...] | None = None) -> PreparedParams:
         q, k, v = (aligned_for_vector_loads(t, case.head_dim) for t in (inputs.q, inputs.k, inputs.v))
         copies = [t for t, src in zip((q, k, v), (inputs.q, inputs.k, inputs.v), strict=True)
                   if t is not src]
         dev_inputs = Inputs(q, k, v, inputs.mask, inputs.key_lengths)
-        params = build_params(case, dev_inputs, out, lse, state.workspaces, state.num_splits)
+        params = build_params(case, dev_inputs, out, lse, state.workspaces, state.num_splits,
+                              grads)
         sources = tuple(t for t in (inputs.mask, inputs.key_lengths) if t is not None)
         # cuLaunchKernel's kernelParams: one pointer, to the FaParams bytes (the struct is
         # the kernel's only argument, passed by value; the driver copies it at launch).

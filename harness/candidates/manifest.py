@@ -16,6 +16,8 @@ from harness.candidates.variant_spec import (
     ALGORITHMS,
     ALLOWED_OPTIONS,
     ARCH_RE,
+    BACKWARD_OPTIONAL,
+    BACKWARD_REQUIRED,
     CC_RE,
     ENTRY_RE,
     HEADER_NAME,
@@ -32,6 +34,7 @@ from harness.candidates.variant_spec import (
     TOP_REQUIRED,
     WORKSPACE_DTYPES,
     WORKSPACE_KEYS,
+    BackwardSpec,
     LaunchSpec,
     LoadError,
     SupportSpec,
@@ -195,41 +198,11 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
         tiles[k] = _int(ctx, v, f"tiles.{k}", 1)
     names = SIZE_NAMES | frozenset(tiles)
 
-    workspaces: list[WorkspaceSpec] = []
-    raw_ws = _list(ctx, data.get("workspace", []), "workspace", nonempty=False)
-    if len(raw_ws) > MAX_WORKSPACES:
-        raise ctx.fail("workspace", f"at most {MAX_WORKSPACES} workspaces "
-                       f"(FaParams.workspace has {MAX_WORKSPACES} slots), got {len(raw_ws)}")
-    for i, w in enumerate(raw_ws):
-        where = f"workspace[{i}]"
-        _keys(ctx, w, where, WORKSPACE_KEYS, ())
-        wname = _str(ctx, w["name"], f"{where}.name")
-        if not IDENT_RE.match(wname) or any(x.name == wname for x in workspaces):
-            raise ctx.fail(f"{where}.name", f"{wname!r} must be a unique identifier")
-        wdt = _str(ctx, w["dtype"], f"{where}.dtype")
-        if wdt not in WORKSPACE_DTYPES:
-            raise ctx.fail(f"{where}.dtype", f"unknown dtype {wdt!r} "
-                           f"(one of {', '.join(WORKSPACE_DTYPES)})")
-        workspaces.append(WorkspaceSpec(wname, wdt, _expr(ctx, w["elements"],
-                                                          f"{where}.elements", names)))
-
-    launches: list[LaunchSpec] = []
-    for i, launch in enumerate(_list(ctx, data["launch"], "launch")):
-        where = f"launch[{i}]"
-        _keys(ctx, launch, where, LAUNCH_REQUIRED, LAUNCH_OPTIONAL)
-        entry = _str(ctx, launch["entry"], f"{where}.entry")
-        if not ENTRY_RE.match(entry) or entry[0].isdigit():
-            raise ctx.fail(f"{where}.entry", f"{entry!r} must be an identifier, optionally "
-                           "with {dtype} and {head_dim} placeholders")
-        if "{head_dim}" in entry and supports.head_dims is None:
-            raise ctx.fail(f"{where}.entry", "uses {head_dim} but supports.head_dims is "
-                           "\"any\": list the head dims the entries exist for")
-        launches.append(LaunchSpec(
-            entry=entry,
-            grid=_dims(ctx, launch["grid"], f"{where}.grid", names),
-            block=_dims(ctx, launch["block"], f"{where}.block", names),
-            shared_mem=_expr(ctx, launch.get("shared_mem", 0), f"{where}.shared_mem", names),
-        ))
+    workspaces = _workspaces(ctx, data.get("workspace", []), "workspace", names)
+    launches = _launches(ctx, data["launch"], "launch", names, supports)
+    backward = None
+    if "backward" in data:
+        backward = _backward(ctx, data["backward"], names, supports)
 
     # Sources: read them and check their includes.
     texts: list[tuple[str, str]] = []
@@ -273,8 +246,63 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
         workspaces=tuple(workspaces), launches=tuple(launches), manifest_path=path,
         source_texts=tuple(texts), raw=data, timing=timing,
         timing_max_seqlen=timing_max_seqlen, timing_min=timing_min,
-        timing_cases=timing_cases,
+        timing_cases=timing_cases, backward=backward,
     )
+
+
+def _workspaces(ctx: _Ctx, raw: Any, where0: str, names: frozenset[str]
+                ) -> tuple[WorkspaceSpec, ...]:
+    workspaces: list[WorkspaceSpec] = []
+    raw_ws = _list(ctx, raw, where0, nonempty=False)
+    if len(raw_ws) > MAX_WORKSPACES:
+        raise ctx.fail(where0, f"at most {MAX_WORKSPACES} workspaces "
+                       f"(FaParams.workspace has {MAX_WORKSPACES} slots), got {len(raw_ws)}")
+    for i, w in enumerate(raw_ws):
+        where = f"{where0}[{i}]"
+        _keys(ctx, w, where, WORKSPACE_KEYS, ())
+        wname = _str(ctx, w["name"], f"{where}.name")
+        if not IDENT_RE.match(wname) or any(x.name == wname for x in workspaces):
+            raise ctx.fail(f"{where}.name", f"{wname!r} must be a unique identifier")
+        wdt = _str(ctx, w["dtype"], f"{where}.dtype")
+        if wdt not in WORKSPACE_DTYPES:
+            raise ctx.fail(f"{where}.dtype", f"unknown dtype {wdt!r} "
+                           f"(one of {', '.join(WORKSPACE_DTYPES)})")
+        workspaces.append(WorkspaceSpec(wname, wdt, _expr(ctx, w["elements"],
+                                                          f"{where}.elements", names)))
+    return tuple(workspaces)
+
+
+def _launches(ctx: _Ctx, raw: Any, where0: str, names: frozenset[str],
+              supports: SupportSpec) -> tuple[LaunchSpec, ...]:
+    launches: list[LaunchSpec] = []
+    for i, launch in enumerate(_list(ctx, raw, where0)):
+        where = f"{where0}[{i}]"
+        _keys(ctx, launch, where, LAUNCH_REQUIRED, LAUNCH_OPTIONAL)
+        entry = _str(ctx, launch["entry"], f"{where}.entry")
+        if not ENTRY_RE.match(entry) or entry[0].isdigit():
+            raise ctx.fail(f"{where}.entry", f"{entry!r} must be an identifier, optionally "
+                           "with {dtype} and {head_dim} placeholders")
+        if "{head_dim}" in entry and supports.head_dims is None:
+            raise ctx.fail(f"{where}.entry", "uses {head_dim} but supports.head_dims is "
+                           "\"any\": list the head dims the entries exist for")
+        launches.append(LaunchSpec(
+            entry=entry,
+            grid=_dims(ctx, launch["grid"], f"{where}.grid", names),
+            block=_dims(ctx, launch["block"], f"{where}.block", names),
+            shared_mem=_expr(ctx, launch.get("shared_mem", 0), f"{where}.shared_mem", names),
+        ))
+    return tuple(launches)
+
+
+def _backward(ctx: _Ctx, table: Any, names: frozenset[str], supports: SupportSpec
+              ) -> BackwardSpec:
+    """The `[backward]` table: its own launches and workspaces, run with the backward's
+    FaParams fields filled (dout, dq, dk, dv; o and lse hold the forward's O and LSE)."""
+    _keys(ctx, table, "backward", BACKWARD_REQUIRED, BACKWARD_OPTIONAL)
+    return BackwardSpec(
+        deterministic=_bool(ctx, table.get("deterministic", False), "backward.deterministic"),
+        workspaces=_workspaces(ctx, table.get("workspace", []), "backward.workspace", names),
+        launches=_launches(ctx, table["launch"], "backward.launch", names, supports))
 
 
 def _supports(ctx: _Ctx, table: Any) -> SupportSpec:

@@ -34,6 +34,11 @@ _FIELDS: list[tuple[str, str, int]] = [
     ("v_batch_stride", "i8", 1), ("v_head_stride", "i8", 1), ("v_row_stride", "i8", 1),
     ("o_batch_stride", "i8", 1), ("o_head_stride", "i8", 1), ("o_row_stride", "i8", 1),
     ("mask_batch_stride", "i8", 1), ("mask_row_stride", "i8", 1),
+    ("dout", "u8", 1), ("dq", "u8", 1), ("dk", "u8", 1), ("dv", "u8", 1),
+    ("do_batch_stride", "i8", 1), ("do_head_stride", "i8", 1), ("do_row_stride", "i8", 1),
+    ("dq_batch_stride", "i8", 1), ("dq_head_stride", "i8", 1), ("dq_row_stride", "i8", 1),
+    ("dk_batch_stride", "i8", 1), ("dk_head_stride", "i8", 1), ("dk_row_stride", "i8", 1),
+    ("dv_batch_stride", "i8", 1), ("dv_head_stride", "i8", 1), ("dv_row_stride", "i8", 1),
     ("batch", "i4", 1), ("heads", "i4", 1), ("kv_heads", "i4", 1),
     ("seqlen_q", "i4", 1), ("seqlen_k", "i4", 1), ("head_dim", "i4", 1),
     ("mask_kind", "i4", 1), ("causal_offset", "i4", 1), ("dtype", "i4", 1),
@@ -103,8 +108,11 @@ def _strides(t: torch.Tensor, what: str) -> tuple[int, int, int]:
 
 
 def build_params(case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None,
-                 workspaces: Sequence[torch.Tensor], num_splits: int) -> BuiltParams:
-    """Fill FaParams for one launch sequence. Tensors must already be on the device."""
+                 workspaces: Sequence[torch.Tensor], num_splits: int,
+                 grads: Sequence[torch.Tensor] | None = None) -> BuiltParams:
+    """Fill FaParams for one launch sequence. Tensors must already be on the device.
+    A backward launch gives `grads` = (dout, dq, dk, dv); `out` and `lse` are then the
+    forward's O and LSE, which the backward reads."""
     if len(workspaces) > NUM_WORKSPACES:
         raise ValueError(f"at most {NUM_WORKSPACES} workspaces, got {len(workspaces)}")
     if num_splits < 1:
@@ -168,4 +176,20 @@ def build_params(case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tenso
     scale = 1.0 / math.sqrt(case.head_dim)
     p["scale"] = scale
     p["scale_log2"] = scale * LOG2E
+    if grads is not None:
+        _grad_fields(p, case, grads)
     return BuiltParams(arr, keep)
+
+
+def _grad_fields(p: np.void, case: Case, grads: Sequence[torch.Tensor]) -> None:
+    dout, dq, dk, dv = grads
+    expect_q = (case.batch, case.heads, case.seqlen_q, case.head_dim)
+    expect_kv = (case.batch, case.kv_heads, case.seqlen_k, case.head_dim)
+    for t, want, what in ((dout, expect_q, "do"), (dq, expect_q, "dq"), (dk, expect_kv, "dk"),
+                          (dv, expect_kv, "dv")):
+        if tuple(t.shape) != want or t.dtype != case.torch_dtype:
+            raise ValueError(f"{what} is {tuple(t.shape)} {t.dtype}, expected {want} "
+                             f"{case.torch_dtype}")
+        p["dout" if what == "do" else what] = t.data_ptr()
+        (p[f"{what}_batch_stride"], p[f"{what}_head_stride"],
+         p[f"{what}_row_stride"]) = _strides(t, what)

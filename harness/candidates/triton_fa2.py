@@ -21,18 +21,15 @@ one line.
 from __future__ import annotations
 
 import math
-import os
 from functools import cache
 
 import torch
 
 from harness.candidates.python_candidate import PythonKernel
+from harness.candidates.triton_common import MAX_HEAD_DIM, interpret
+from harness.candidates.triton_fa2_bwd import triton_fa2_bwd_fn
 
-MAX_HEAD_DIM = 256
-
-
-def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+_interpret = interpret
 
 
 # Triton compiles one kernel per distinct pattern of its integer arguments (equal to 1,
@@ -192,5 +189,6 @@ def triton_candidates() -> list[PythonKernel]:
         name="triton_fa2", fn=triton_fa2_fn, device=_device(),  # type: ignore[arg-type]
         dtypes=("float16", "bfloat16"), head_dims=None, gqa=True, lse="-inf",
         deterministic=True, algorithm="fa2", tiles={"block_q": 128},
-        description="Triton FlashAttention-2 forward (the project's own), every mask kind",
-        available=_available)]
+        description="Triton FlashAttention-2 (the project's own), forward and backward, "
+                    "every mask kind",
+        available=_available, backward=triton_fa2_bwd_fn, backward_deterministic=True)]

@@ -29,7 +29,9 @@ MAX_HEAD_DIM = 256
 TOP_REQUIRED = ("name", "description", "algorithm", "sources", "min_compute_capability",
                 "supports", "launch")
 TOP_OPTIONAL = ("arch", "compile_options", "deterministic", "num_splits", "tiles", "workspace",
-                "timing", "timing_max_seqlen", "timing_min", "timing_cases")
+                "timing", "timing_max_seqlen", "timing_min", "timing_cases", "backward")
+BACKWARD_REQUIRED = ("launch",)
+BACKWARD_OPTIONAL = ("deterministic", "workspace")
 # How the CI gate times a variant (harness.records.plan): "full" every timing case it
 # supports (as the budget allows), "smoke" its two cheapest, "none" correctness only.
 TIMING_MODES = ("full", "smoke", "none")
@@ -102,6 +104,17 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True)
+class BackwardSpec:
+    """A manifest's `[backward]`: the launches computing dQ, dK and dV, their workspaces
+    (an fp32 dQ accumulator, the D = rowsum(dO * O) buffer, ...) and whether repeats are
+    bitwise equal (dQ by atomics is not)."""
+
+    deterministic: bool
+    workspaces: tuple[WorkspaceSpec, ...]
+    launches: tuple[LaunchSpec, ...]
+
+
+@dataclass(frozen=True)
 class SupportSpec:
     dtypes: tuple[str, ...]
     head_dims: tuple[int, ...] | None  # None: any head dim up to max_head_dim
@@ -139,19 +152,39 @@ class VariantSpec:
     timing_max_seqlen: int | None = None  # timed only on cases with seqlen_q, seqlen_k <= this
     timing_min: int | None = None  # the gate's floor of timed cases (owned variants)
     timing_cases: int | None = None  # the gate's target of timed cases (owned variants)
+    backward: BackwardSpec | None = None
+
+    def pass_launches(self, backward: bool = False) -> tuple[LaunchSpec, ...]:
+        if backward:
+            if self.backward is None:
+                raise ValueError(f"{self.name} declares no backward")
+            return self.backward.launches
+        return self.launches
+
+    def pass_workspaces(self, backward: bool = False) -> tuple[WorkspaceSpec, ...]:
+        if backward:
+            if self.backward is None:
+                raise ValueError(f"{self.name} declares no backward")
+            return self.backward.workspaces
+        return self.workspaces
 
     # --- entry points -------------------------------------------------------------------
     def expansions(self) -> list[tuple[str, int | None]]:
         """(dtype, head_dim) pairs the entries are instantiated for; head_dim is None when
         no entry depends on it."""
-        uses_d = any("{head_dim}" in launch.entry for launch in self.launches)
+        uses_d = any("{head_dim}" in launch.entry for launch in self.all_launches)
         dims: list[int | None] = list(self.supports.head_dims or []) if uses_d else [None]
         return [(dt, d) for dt in self.supports.dtypes for d in dims]
+
+    @property
+    def all_launches(self) -> tuple[LaunchSpec, ...]:
+        """The forward's launches, then the backward's (one module holds both)."""
+        return self.launches + (self.backward.launches if self.backward else ())
 
     def entry_names(self) -> list[str]:
         names: list[str] = []
         for dt, d in self.expansions():
-            for launch in self.launches:
+            for launch in self.all_launches:
                 n = launch.entry_name(dt, d if d is not None else 0)
                 if n not in names:
                     names.append(n)
@@ -195,6 +228,8 @@ class VariantSpec:
             max_seqlen_k=s.max_seqlen_k,
             decode_only=s.decode_only,
             min_compute_capability=self.min_compute_capability,
+            backward=self.backward is not None,
+            backward_deterministic=bool(self.backward and self.backward.deterministic),
         )
 
     def workspace_bytes(self, env: Mapping[str, int]) -> int:

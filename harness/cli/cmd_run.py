@@ -28,7 +28,12 @@ MAX_FAILURES_SHOWN = 20
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="check (and on a GPU, time) candidates over a case grid")
-    p.add_argument("--grid", default="smoke", help="smoke | full | perf | decode (default smoke)")
+    p.add_argument("--grid", default="smoke",
+                   help="smoke | full | perf | decode | perf-bwd (default smoke; perf-bwd "
+                        "times the candidates' backward)")
+    p.add_argument("--backward", action="store_true",
+                   help="judge (and on a timing grid, time) each candidate's backward "
+                        "(dQ, dK, dV) instead of its forward; candidates without one skip")
     p.add_argument("--kernels", default=None, metavar="NAMES",
                    help="comma-separated candidate names or globs (default: all available)")
     p.add_argument("--cases", default=None, metavar="PATTERNS",
@@ -124,7 +129,10 @@ def run(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not cuda:
         raise UsageError("--device cuda: no CUDA device is available on this machine")
     console = _console()
-    timing_grid = args.grid in ("perf", "decode")
+    from harness.core.grids import TIMING_GRIDS, grid_pass
+
+    timing_grid = args.grid in TIMING_GRIDS
+    backward = args.backward or grid_pass(args.grid) == "bwd"
     if timing_grid and not cuda:
         console.print(f"timing needs a GPU: no CUDA device here, the {args.grid} grid was not "
                       f"run (on a CPU machine use --grid smoke or --grid full)")
@@ -150,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     if timing_grid:
         # The timing run checks every (candidate, case) once before sampling it, so a
         # separate correctness pass over these large cases would only do that work twice.
-        perf_results = _perf(args, candidates, cases, console)
+        perf_results = _perf(args, candidates, cases, console, backward)
         console.print(summary_table(summarize(perf_results),
                                     title=f"checked before timing: grid {args.grid}, "
                                           f"{len(cases)} cases"))
@@ -171,9 +179,10 @@ def run(args: argparse.Namespace) -> int:
         results = run_correctness(candidates, cases, secret=args.secret,
                                   repeats=args.repeats, cases_for=per_candidate,
                                   progress=not args.no_progress and tty and sys.stderr.isatty(),
-                                  timeout_s=args.timeout, on_result=keep)
+                                  timeout_s=args.timeout, on_result=keep, backward=backward)
         console.print(summary_table(summarize(results),
-                                    title=f"correctness: grid {args.grid}, "
+                                    title=f"{'backward ' if backward else ''}correctness: "
+                                          f"grid {args.grid}, "
                                           + (f"{len(results)} (candidate, case) pairs, "
                                              f"generated per candidate" if per_candidate
                                              else f"{len(cases)} cases")))
@@ -199,7 +208,8 @@ def _print_failures(console: Any, results: list) -> None:
         console.print(f"... and {len(bad) - MAX_FAILURES_SHOWN} more failing case(s)")
 
 
-def _perf(args: argparse.Namespace, candidates: list, cases: list, console: Any) -> list:
+def _perf(args: argparse.Namespace, candidates: list, cases: list, console: Any,
+          backward: bool = False) -> list:
     """Time every GPU candidate over the grid (each case checked once before sampling; a
     case that fails its check is reported and not timed)."""
     from harness.measure.perf import run_perf
@@ -215,7 +225,8 @@ def _perf(args: argparse.Namespace, candidates: list, cases: list, console: Any)
     lines = None if sys.stdout.isatty() else LineReport({c.name: len(cases) for c in timed})
     keep = _keeper(args, lines)
     results = run_perf(timed, cases, baseline=args.baseline, ncu=args.ncu,
-                       timeout_s=args.timeout, timing=timing, on_result=keep)
+                       timeout_s=args.timeout, timing=timing, on_result=keep,
+                       backward=backward)
     print(format_table(results, args.baseline))
     return results
 

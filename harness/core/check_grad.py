@@ -40,6 +40,10 @@ from harness.core.reference_grad import grad_naive_for_case, grad_reference_for_
 from harness.core.results import CaseResult, Status
 from harness.core.tolerance import GradBaseline, check_grads
 
+# The isolated child's case function for a backward correctness run
+# (harness.execution.isolate's `case_fn` option).
+BWD_CASE_FN = "harness.core.check_grad:check_backward_fn"
+
 BWD_ALGORITHM = {"fa2": "fa2_bwd", "splitkv": "fa2_bwd", "naive_3pass": "naive_bwd",
                  "naive_fused": "naive_bwd"}
 
@@ -153,3 +157,10 @@ def _repeat(candidate: Candidate, case: Case, inputs: GradInputs, bufs: GradBuff
             return None
     result.extra["determinism"] = f"{repeats} runs bitwise equal"
     return None
+
+
+def check_backward_fn(candidate: Candidate, case: Case, options: dict) -> CaseResult:
+    """`check_backward_case` as an isolated child's case function."""
+    return check_backward_case(candidate, case, device=options.get("device") or candidate.device,
+                               secret=int(options.get("secret", 0)),
+                               repeats=int(options.get("repeats", 1)))

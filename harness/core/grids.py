@@ -1,4 +1,4 @@
-"""The named case grids: smoke, full, perf, decode.
+"""The named case grids: smoke, full, perf, decode, and the backward's perf-bwd.
 
 Every grid is a deterministic list (same order in every process, which pytest-xdist
 needs). Inputs are drawn per case from the case id (harness.core.cases.derive_seed), so every
@@ -199,6 +199,24 @@ def perf() -> list[Case]:
     return cases
 
 
+PERF_BWD_SEQLENS = (1024, 2048, 4096, 8192, 16384)
+
+
+def perf_bwd() -> list[Case]:
+    """The backward's throughput grid (40 cases): the perf grid's layout (B * N = 16384
+    tokens, heads = 2048 / d, causal bottom-right or not, fp16 and bf16, d in {64, 128})
+    at N = 1k ... 16k. Its cases are run through the candidates' backward
+    (`GRID_PASS`)."""
+    cases = []
+    for dtype in DTYPES:
+        for d in MAIN_HEAD_DIMS:
+            heads = PERF_MODEL_DIM // d
+            for n in PERF_BWD_SEQLENS:
+                for mask in (MaskKind.NONE, MaskKind.CAUSAL_BR):
+                    cases.append(Case(PERF_TOKENS // n, heads, heads, n, n, d, dtype, mask))
+    return cases
+
+
 DECODE_SEQLENS_K = (1024, 8192, 32768, 65536, 131072)
 
 
@@ -211,8 +229,16 @@ def decode() -> list[Case]:
 
 
 GRIDS: dict[str, Callable[[], list[Case]]] = {
-    "smoke": smoke, "full": full, "perf": perf, "decode": decode,
+    "smoke": smoke, "full": full, "perf": perf, "decode": decode, "perf-bwd": perf_bwd,
 }
+# The pass a grid's cases are run through: "fwd" unless named here.
+GRID_PASS: dict[str, str] = {"perf-bwd": "bwd"}
+# Grids whose cases are timed (the others are correctness only).
+TIMING_GRIDS = ("perf", "decode", "perf-bwd")
+
+
+def grid_pass(name: str) -> str:
+    return GRID_PASS.get(name, "fwd")
 
 
 def get_grid(name: str) -> list[Case]:

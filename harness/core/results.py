@@ -71,6 +71,11 @@ class CaseResult:
     bytes_measured_write: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def pass_name(self) -> str:
+        """The pass judged: "fwd" (the forward) or "bwd" (the backward)."""
+        return str(self.extra.get("pass", "fwd"))
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["case"] = self.case.to_dict()

@@ -47,13 +47,17 @@ def run_correctness(candidates: Sequence[Candidate], cases: Sequence[Case], *, s
                     isolate_options: dict[str, Any] | None = None,
                     cases_for: Callable[[Candidate], Sequence[Case]] | None = None,
                     parallel: int = 1,
-                    split: Callable[[Candidate], Callable[[Case], Any] | None] | None = None
-                    ) -> list[CaseResult]:
+                    split: Callable[[Candidate], Callable[[Case], Any] | None] | None = None,
+                    backward: bool = False) -> list[CaseResult]:
     """One CaseResult per (candidate, case), candidate-major in the given orders. With
     `cases_for`, each candidate runs its own list (the per-candidate full grid) and
-    `cases` is ignored. `parallel`, `split`: the module doc."""
+    `cases` is ignored. `parallel`, `split`: the module doc. `backward`: each
+    candidate's backward is judged (harness.core.check_grad) instead of its forward."""
     from harness.candidates.registry import unavailable_reason
     from harness.core.check import check_case
+    from harness.core.check_grad import BWD_CASE_FN, check_backward_case
+
+    check_fn = check_backward_case if backward else check_case
 
     lists = [list(cases_for(c)) if cases_for else list(cases) for c in candidates]
     results: dict[tuple[int, int], CaseResult] = {}
@@ -65,6 +69,8 @@ def run_correctness(candidates: Sequence[Candidate], cases: Sequence[Case], *, s
 
         def settle(ci: int, ki: int, res: CaseResult) -> None:
             with lock:  # children's results arrive from several threads
+                if backward:  # skips and crash verdicts made here carry the pass too
+                    res.extra.setdefault("pass", "bwd")
                 results[(ci, ki)] = res
                 if prog is not None:
                     prog.update(task, advance=1, description=f"{res.kernel}")
@@ -90,6 +96,8 @@ def run_correctness(candidates: Sequence[Candidate], cases: Sequence[Case], *, s
                 in_process.append(ci)
 
         extra = dict(isolate_options or {})
+        if backward:
+            extra.setdefault("case_fn", BWD_CASE_FN)
         if parallel > 1:
             import os
 
@@ -119,8 +127,8 @@ def run_correctness(candidates: Sequence[Candidate], cases: Sequence[Case], *, s
             for ci in in_process:
                 cand = candidates[ci]
                 for ki, case in enumerate(lists[ci]):
-                    settle(ci, ki, check_case(cand, case, device=cand.device, secret=secret,
-                                              repeats=repeats))
+                    settle(ci, ki, check_fn(cand, case, device=cand.device, secret=secret,
+                                            repeats=repeats))
         finally:
             for f in futures:
                 f.result()

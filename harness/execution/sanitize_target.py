@@ -1,11 +1,13 @@
 """The program compute-sanitizer runs: a submission on a few cases, once each.
 
     python -m harness.execution.sanitize_target --variant PATH --cases ID[,ID...] [--trusted]
+        [--backward]
 
 The variant is built with nvcc in the compile sandbox (as the worker builds it) with
 `-lineinfo`, so findings name the submission's source line; with `--trusted` (the CI
 gate's tier, on the team's own source) it is built with NVRTC as the gate builds it. Inputs are drawn as for any
-case; outputs go to the harness's guarded buffers. Exit 0 when every launch returned, 1
+case; outputs go to the harness's guarded buffers. `--backward` runs the variant's
+`[backward]` launches (after its forward) into guarded dQ, dK, dV buffers. Exit 0 when every launch returned, 1
 when a launch raised (the sanitizer's report says why), 2 on bad input.
 """
 
@@ -22,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", required=True, help="comma-separated case ids")
     ap.add_argument("--trusted", action="store_true",
                     help="the team's own source: NVRTC in this process, no sandbox")
+    ap.add_argument("--backward", action="store_true",
+                    help="also run the manifest's [backward] launches on each case")
     args = ap.parse_args(argv)
 
     import torch
@@ -53,11 +57,26 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cand.run(case, inputs, bufs.out, bufs.lse)
             torch.cuda.synchronize()
+            if args.backward and cand.support.backward:
+                _backward(cand, case)
         except Exception as e:  # noqa: BLE001 - reported, the sanitizer has the detail
             print(f"sanitize_target: {case.id}: {type(e).__name__}: "
                   f"{str(e).splitlines()[0][:150] if str(e) else ''}", file=sys.stderr)
             return 1
     return 0
+
+
+def _backward(cand, case) -> None:  # noqa: ANN001 - a CudaVariant, a Case
+    import torch
+
+    from harness.core.buffers import GradBuffers
+    from harness.core.check_grad import grad_inputs
+
+    inputs = grad_inputs(case, cand, "cuda")
+    bufs = GradBuffers.allocate(case, "cuda")
+    bufs.poison()
+    cand.run_backward(case, inputs, *bufs.grads)
+    torch.cuda.synchronize()
 
 
 if __name__ == "__main__":

@@ -243,11 +243,15 @@ def add_baseline_ratios(results: Sequence[CaseResult], baseline: str) -> None:
 # ---------------------------------------------------------------- the run
 
 
-def _isolation_options(candidate: Candidate, mode: str, timing: dict[str, Any]) -> dict[str, Any]:
+def _isolation_options(candidate: Candidate, mode: str, timing: dict[str, Any],
+                       backward: bool = False) -> dict[str, Any]:
     from pathlib import Path
 
+    from harness.measure.perf_bwd import BWD_CASE_FN
+
     options: dict[str, Any] = {"device": "cuda", "timing": dict(timing, mode=mode),
-                               "case_fn": "harness.measure.perf:check_then_time"}
+                               "case_fn": (BWD_CASE_FN if backward else
+                                           "harness.measure.perf:check_then_time")}
     if candidate.meta.get("factory"):
         options["factory"] = candidate.meta["factory"]
     manifest = candidate.meta.get("manifest_path")
@@ -280,11 +284,14 @@ def run_perf(candidates: Sequence[Candidate], cases: Sequence[Case], *,
              timing: dict[str, Any] | None = None,
              log: Callable[[str], None] | None = None,
              on_result: Callable[[CaseResult], None] | None = None,
-             turn: Callable[[], None] | None = None) -> list[CaseResult]:
+             turn: Callable[[], None] | None = None,
+             backward: bool = False) -> list[CaseResult]:
     """Time every candidate on every case it supports; results ordered by case, then by
     candidate. Raises PerfUnavailable without a CUDA GPU. `turn` (one candidate only):
     its timing child starts at once and runs when `turn()` returns
-    (harness.execution.isolate.run_isolated)."""
+    (harness.execution.isolate.run_isolated). `backward`: the candidates' backward pass
+    instead (harness.measure.perf_bwd); a candidate without one is skipped with that
+    reason."""
     import torch
 
     from harness.execution.isolate import run_isolated
@@ -302,24 +309,27 @@ def run_perf(candidates: Sequence[Candidate], cases: Sequence[Case], *,
     cases = list(cases)
     by_candidate: list[list[CaseResult]] = []
     ncu_broken: str | None = None
+    tag = {"pass": "bwd"} if backward else {}
     for cand in candidates:
-        if cand.device != "cuda":
-            rows = [CaseResult(cand.name, c, Status.SKIPPED, "CPU candidate: not timed")
-                    for c in cases]
-            by_candidate.append(rows)
+        why = ("CPU candidate: not timed" if cand.device != "cuda" else
+               "declares no backward" if backward and not cand.support.backward else None)
+        if why:
+            by_candidate.append([CaseResult(cand.name, c, Status.SKIPPED, why, extra=dict(tag))
+                                 for c in cases])
             continue
-        opts = _isolation_options(cand, mode, timing or {})
+        opts = _isolation_options(cand, mode, timing or {}, backward)
         if turn is None:
             log(f"timing {cand.name} on {len(cases)} case(s)")
         rows = run_isolated(cand.name, cases, mode="check", options=opts, timeout_s=timeout_s,
                             turn=turn)
         for res in rows:
+            res.extra.update(tag)  # a crash verdict made by the parent carries the pass too
             if res.status is Status.PASSED and res.timing is not None:
                 if not res.timing.median_ms:
                     res.status = Status.ERROR
                     res.message = f"no valid timing sample ({res.timing.method})"
                 annotate(res, calibration, gpu_key)
-            if ncu and res.status is Status.PASSED and ncu_broken is None:
+            if ncu and not backward and res.status is Status.PASSED and ncu_broken is None:
                 from harness.measure import ncu as ncu_mod
 
                 m = ncu_mod.measure_bytes(cand, res.case,

@@ -33,6 +33,16 @@ struct FaParams {
     long long v_batch_stride, v_head_stride, v_row_stride;
     long long o_batch_stride, o_head_stride, o_row_stride;
     long long mask_batch_stride, mask_row_stride;  // 0 broadcasts
+    // The backward's (null in a forward launch): dO is read, dQ, dK, dV written; o and
+    // lse then hold the forward's O and LSE, which the backward only reads.
+    const void* dout;
+    void* dq;
+    void* dk;
+    void* dv;
+    long long do_batch_stride, do_head_stride, do_row_stride;
+    long long dq_batch_stride, dq_head_stride, dq_row_stride;
+    long long dk_batch_stride, dk_head_stride, dk_row_stride;
+    long long dv_batch_stride, dv_head_stride, dv_row_stride;
     // 4-byte fields.
     int batch, heads, kv_heads;
     int seqlen_q, seqlen_k, head_dim;

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The backward on the H200 test machine, in stages, each bounded in time:
+#     bash bench/h200_backward.sh check sanitize perf     # any of these, in order
+# check:    the backward of every candidate that has one on the smoke grid (2 repeats,
+#           bitwise compared) and on the full grid's backward for the in-repo kernels
+# sanitize: compute-sanitizer memcheck and racecheck on fa2_mma's backward, small cases
+# perf:     the perf-bwd grid (PERF_BWD_CASES, default all) with the peers in the same run
+# Set FA_HARNESS_COMMIT / FA_HARNESS_BRANCH to the commit measured (the tree comes without
+# .git). Logs, the JSON results and the run records go to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/h200-backward}
+mkdir -p "$OUT"
+if [ -f .whl/prelude.sh ]; then source .whl/prelude.sh; fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
+  echo "note: editable install failed; running from PYTHONPATH"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FA_HARNESS_HOME=${FA_HARNESS_HOME:-/tmp/fa-harness-home}
+mkdir -p "$FA_HARNESS_HOME"
+FA="python3 -m harness"
+KERNELS=${KERNELS:-fa2_mma,triton_fa2,sdpa_flash,sdpa_cudnn,sdpa_efficient,flex_attention}
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+
+step() {  # step NAME TIMEOUT_S CMD...: run, log to $OUT/NAME.log, print its tail
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc, $((SECONDS - t0)) s" | tee -a "$OUT/times.txt"
+  tail -n "${TAIL:-25}" "$OUT/$name.log"
+}
+
+for stage in "$@"; do
+  case $stage in
+    check)
+      step check-smoke "${CHECK_S:-240}" $FA run --grid smoke --backward --kernels "$KERNELS" \
+        --repeats 2 --no-progress --json "$OUT/check-smoke.json" --no-store ;;
+    full)
+      step check-full "${FULL_S:-300}" $FA run --grid full --backward \
+        --kernels "${FULL_KERNELS:-fa2_mma,triton_fa2}" --repeats 2 --no-progress \
+        --secret "${SECRET:-0}" --json "$OUT/check-full.json" --no-store ;;
+    sanitize)
+      CASES=${SAN_CASES:-b2h4k2-113x203-d64-fp16-causal_br,b1h4-203x113-d128-bf16-key_padding}
+      for tool in memcheck racecheck; do
+        step "sanitize-$tool" 180 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+          python3 -m harness.execution.sanitize_target --variant harness/kernels/fa2_mma \
+          --cases "$CASES" --trusted --backward
+      done ;;
+    perf)
+      step perf-bwd "${PERF_S:-420}" $FA run --grid perf-bwd --kernels "$KERNELS" \
+        ${PERF_BWD_CASES:+--cases "$PERF_BWD_CASES"} --no-progress \
+        --json "$OUT/perf-bwd.json" --record "$OUT/h200-$stamp-perf-bwd.json" ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
