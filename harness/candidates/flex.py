@@ -40,6 +40,13 @@ def _flex(device: str):
         for knob in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, knob):
                 setattr(torch._dynamo.config, knob, 256)
+        # The backward is timed again and again on one graph (autograd_backward keeps it):
+        # a compiled backward with donated buffers refuses retain_graph=True, so buffers
+        # are not donated (the setting torch's own error message names).
+        import torch._functorch.config as functorch_config
+
+        if hasattr(functorch_config, "donated_buffer"):
+            functorch_config.donated_buffer = False
         # dynamic=None: after the first recompile torch marks the changing sizes dynamic,
         # so the grids' many shapes share a few compiled kernels.
         _compiled["cuda"] = torch.compile(flex_attention)

@@ -60,6 +60,16 @@ def grad_inputs(case: Case, candidate: Candidate, device: str | torch.device,
                       dout=make_grad_output(case, device, secret=secret))
 
 
+def _cpu(grads: tuple) -> tuple:
+    """CPU copies; the device copies are overwritten before their memory is freed, so that
+    no later call of a candidate in this process can find the expected answer there."""
+    out = tuple(g.detach().to("cpu", copy=True) for g in grads)
+    for g in grads:
+        if g.device.type != "cpu":
+            g.detach().fill_(float("nan"))
+    return out
+
+
 def _run(candidate: Candidate, case: Case, inputs: GradInputs, bufs: GradBuffers,
          device: str | torch.device) -> str | None:
     bufs.poison()
@@ -114,11 +124,11 @@ def check_backward_case(candidate: Candidate, case: Case, *, device: str | torch
         if why:
             return fail(Status.ERROR if why.startswith("candidate raised") else
                         Status.FAILED, why)
-        # Only now the expected gradients, on the CPU copies.
-        cpu = inputs.to("cpu")
-        ref = grad_reference_for_case(case, cpu, cpu.dout)
-        base = grad_naive_for_case(case, cpu, cpu.dout)
-        masked = torch.isneginf(reference_for_case(case, cpu)[1])
+        # Only now the expected gradients, where the inputs are (a GPU computes the float64
+        # oracle of a perf-sized case in milliseconds, a CPU in minutes), then on the CPU.
+        ref = _cpu(grad_reference_for_case(case, inputs, inputs.dout))
+        base = _cpu(grad_naive_for_case(case, inputs, inputs.dout))
+        masked = torch.isinf(inputs.lse).to("cpu")  # the LSE given: the oracle's
         baseline = GradBaseline.compute(ref, base, case.torch_dtype, masked)
         verdict = check_grads(grads, ref, baseline)  # type: ignore[arg-type]
     finally:
