@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from harness.records.record import RunRecord
+from harness.records.record import RunRecord, entry_pass
 
 OK_STATUSES = ("passed", "skipped")
 FAILING_VERDICTS = ("regression", "correctness_regression", "precision_drift")
@@ -70,6 +70,12 @@ class Verdict:
     base_median_ms: float | None = None
     new_median_ms: float | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    pass_name: str = "fwd"  # the forward's and the backward's verdicts are separate entries
+
+    @property
+    def label(self) -> str:
+        """The candidate as tables name it: `fa2_mma`, and `fa2_mma (bwd)` for its backward."""
+        return self.variant if self.pass_name == "fwd" else f"{self.variant} ({self.pass_name})"
 
     @property
     def fails(self) -> bool:
@@ -158,8 +164,15 @@ def _num(x: Any) -> float | None:
 
 def compare_entries(base: Sequence[dict[str, Any]], new: dict[str, Any],
                     policy: Policy = DEFAULT_POLICY) -> Verdict:
-    """Verdict of one new result entry against the base entries of the same kernel and
-    case (newest first; several when the baseline is a window of runs)."""
+    """Verdict of one new result entry against the base entries of the same kernel, pass
+    and case (newest first; several when the baseline is a window of runs)."""
+    verdict = _compare_entries(base, new, policy)
+    verdict.pass_name = entry_pass(new)
+    return verdict
+
+
+def _compare_entries(base: Sequence[dict[str, Any]], new: dict[str, Any],
+                     policy: Policy) -> Verdict:
     kernel, case_id = new["kernel"], new["case_id"]
     if not base:
         return Verdict(kernel, case_id, "new", detail={"reason": "not in the baseline"})
@@ -240,7 +253,7 @@ class Report:
             lines += ["", "| verdict | kernel | case | base ms | new ms | ratio | p |",
                       "|---|---|---|---|---|---|---|"]
             for v in shown[:limit]:
-                lines.append(f"| {v.verdict} | `{v.variant}` | `{v.case_id}` | "
+                lines.append(f"| {v.verdict} | `{v.label}` | `{v.case_id}` | "
                              f"{_fmt(v.base_median_ms)} | {_fmt(v.new_median_ms)} | "
                              f"{_fmt(v.ratio, '.3f')} | {_fmt(v.p_value, '.2g')} |")
             if len(shown) > limit:
@@ -252,8 +265,9 @@ def _fmt(x: float | None, spec: str = ".4g") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _index(entries: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(e["kernel"], e["case_id"]): e for e in entries}
+def _index(entries: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Entries by (kernel, pass, case): a kernel's forward and backward never meet."""
+    return {(e["kernel"], entry_pass(e), e["case_id"]): e for e in entries}
 
 
 def compare_records(base: RunRecord | Sequence[RunRecord], new: RunRecord,
@@ -277,8 +291,9 @@ def compare_records(base: RunRecord | Sequence[RunRecord], new: RunRecord,
     for k, entry in new_index.items():
         verdicts.append(compare_entries([ix[k] for ix in indexes if k in ix], entry, policy))
     for k in sorted({k for ix in indexes for k in ix} - set(new_index)):
-        verdicts.append(Verdict(k[0], k[1], "missing", detail={"reason": "not in this run"}))
-    verdicts.sort(key=lambda v: (v.variant, v.case_id))
+        verdicts.append(Verdict(k[0], k[2], "missing", detail={"reason": "not in this run"},
+                                pass_name=k[1]))
+    verdicts.sort(key=lambda v: (v.variant, v.pass_name, v.case_id))
     label = base_label or ", ".join(_label(b) for b in bases[:3]) + (
         f" (+{len(bases) - 3} more)" if len(bases) > 3 else "")
     return Report(base_label=label, new_label=_label(new), gpu_model_key=key,

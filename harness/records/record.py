@@ -166,10 +166,12 @@ def entry_from_result(r: CaseResult, kernel_info: dict[str, Any] | None = None) 
     def res(key: str) -> Any:  # compile resources: per result when given, else per kernel
         return extra.pop(key, info.get(key))
 
+    pass_name = str(extra.pop("pass", "fwd"))
     return {
         "kernel": r.kernel,
         "case": r.case.to_dict(),
         "case_id": r.case.id,
+        "pass": pass_name,
         "status": Status(r.status).value,
         "message": r.message or "",
         "errors": {k: _json_number(v) for k, v in asdict(r.errors).items()},
@@ -192,6 +194,12 @@ def entry_from_result(r: CaseResult, kernel_info: dict[str, Any] | None = None) 
     }
 
 
+def entry_pass(e: dict[str, Any]) -> str:
+    """The pass of a record entry: "fwd" or "bwd". Records written before the backward
+    existed have no "pass": they are forward results."""
+    return str(e.get("pass") or "fwd")
+
+
 def result_from_entry(e: dict[str, Any]) -> CaseResult:
     errors = {k: _from_json_number(v) for k, v in (e.get("errors") or {}).items()
               if k in ERROR_KEYS}
@@ -207,6 +215,8 @@ def result_from_entry(e: dict[str, Any]) -> CaseResult:
     for k in ("registers", "spills", "shared_bytes"):
         if e.get(k) is not None:
             extra[k] = e[k]
+    if entry_pass(e) != "fwd":
+        extra["pass"] = entry_pass(e)
     return CaseResult(kernel=e["kernel"], case=Case.from_dict(e["case"]),
                       status=Status(e["status"]), message=e.get("message") or "",
                       errors=Errors(**errors), timing=timing, flops=e.get("flops"),

@@ -6,7 +6,7 @@ One validation for every database: the JSON Schema the record format publishes
 lengths and integer ranges of the database), then `jsonio.value_problems` (what JSON Schema
 cannot say: non-finite numbers, integers outside 64 bits, NUL characters, nesting depth),
 then the checks that need the harness itself (a valid UUID and time, a valid `Case`, a
-`case_id` that matches it, no two entries for one kernel and case).
+`case_id` that matches it, no two entries for one kernel, pass and case).
 """
 
 from __future__ import annotations
@@ -115,10 +115,11 @@ def _semantic(data: dict[str, Any], problems: list[str]) -> None:
         if e.get("case_id") not in (None, case_id):
             problems.append(f"results[{i}].case_id: {_short(e['case_id'])} does not match "
                             f"case ({case_id})")
-        key = f"{e['kernel']}|{case_id}"
+        pass_name = e.get("pass") or "fwd"
+        key = f"{e['kernel']}|{pass_name}|{case_id}"
         if key in seen:
             problems.append(f"results[{i}]: duplicate of results[{seen[key]}] "
-                            f"(kernel and case {e['kernel']}, {case_id})")
+                            f"(kernel, pass and case {e['kernel']}, {pass_name}, {case_id})")
         seen.setdefault(key, i)
 
 

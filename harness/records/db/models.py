@@ -149,7 +149,7 @@ class CaseRow(Base):
 
 
 class Result(Base):
-    """Outcome of one (run, variant, case): status, errors, timing, FLOPs and bytes."""
+    """Outcome of one (run, variant, case, pass): status, errors, timing, FLOPs and bytes."""
 
     __tablename__ = "results"
 
@@ -179,13 +179,16 @@ class Result(Base):
     spills: Mapped[int | None] = mapped_column(Integer)
     shared_bytes: Mapped[int | None] = mapped_column(Integer)
     extra: Mapped[dict[str, Any] | None]
+    # "fwd" or "bwd": a candidate's backward is an entry of its own (migration 0002).
+    pass_name: Mapped[str] = mapped_column(String(8), default="fwd", server_default="fwd")
 
     run: Mapped[Run] = relationship(back_populates="results")
     variant: Mapped[Variant] = relationship()
     case: Mapped[CaseRow] = relationship()
 
     __table_args__ = (
-        UniqueConstraint("run_id", "variant_id", "case_pk", name="uq_results_run_variant_case"),
+        UniqueConstraint("run_id", "variant_id", "case_pk", "pass_name",
+                         name="uq_results_run_variant_case_pass"),
         # History of one kernel on one case (dashboard, baselines).
         Index("ix_results_variant_case", "variant_id", "case_pk"),
         Index("ix_results_run", "run_id"),
@@ -208,6 +211,7 @@ class Comparison(Base):
     p_value: Mapped[float | None]
     detail: Mapped[dict[str, Any] | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    pass_name: Mapped[str] = mapped_column(String(8), default="fwd", server_default="fwd")
 
     __table_args__ = (
         Index("ix_comparisons_run", "run_id"),

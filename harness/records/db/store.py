@@ -42,9 +42,9 @@ from harness.records.db.queries import (
     ping,
     recent_runs,
 )
-from harness.records.record import RunRecord, parse_time
+from harness.records.record import RunRecord, entry_pass, parse_time
 
-_RESULT_RECORD_ONLY = ("timing_mode", "timing_method", "case_id")
+_RESULT_RECORD_ONLY = ("timing_mode", "timing_method", "case_id", "pass")
 
 
 class RecordRefused(DatabaseError):
@@ -174,6 +174,7 @@ def _result_row(e: dict[str, Any], run_id: int, variant_id: int, case_pk: int
         "bytes_read": b.get("read"), "bytes_write": b.get("write"),
         "registers": e.get("registers"), "spills": e.get("spills"),
         "shared_bytes": e.get("shared_bytes"), "extra": extra,
+        "pass_name": entry_pass(e),
     }
 
 
@@ -259,6 +260,7 @@ def store_comparisons(db: Database, run_id: int, base_run_id: int | None,
         rows = [{"run_id": run_id, "base_run_id": base_run_id, "variant": v.variant,
                  "case_id": v.case_id, "verdict": v.verdict, "ratio": v.ratio,
                  "p_value": v.p_value, "detail": v.detail,
+                 "pass_name": getattr(v, "pass_name", "fwd"),
                  "created_at": parse_time(_now())} for v in verdicts]
         if rows:
             s.execute(insert(Comparison.__table__), rows)
