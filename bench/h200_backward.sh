@@ -47,7 +47,7 @@ for stage in "$@"; do
       done ;;
     perf)
       step perf-bwd "${PERF_S:-420}" $FA run --grid perf-bwd --kernels "$KERNELS" \
-        ${PERF_BWD_CASES:+--cases "$PERF_BWD_CASES"} --no-progress \
+        ${PERF_BWD_CASES:+--cases "$PERF_BWD_CASES"} --no-progress ${MIN_TIME:+--min-time "$MIN_TIME"} \
         --json "$OUT/perf-bwd.json" --record "$OUT/h200-$stamp-perf-bwd.json" ;;
     *) echo "unknown stage $stage" ;;
   esac
