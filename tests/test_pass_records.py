@@ -108,3 +108,15 @@ def test_upgrade_from_the_schema_before_the_pass(tmp_path):
             passes = {r[0] for r in s.execute(select(Result.pass_name)).all()}
         assert passes == {"fwd"}
         store_record(db, _record(1.0, 2.0))
+
+
+def test_an_infinite_gradient_error_is_recorded_not_refused():
+    """A backward that writes NaN into dQ has error ratio inf in its per-gradient detail:
+    the record keeps it as the string "inf" (JSON has no inf), and stays valid."""
+    r = CaseResult("sdpa_cudnn", CASE, Status.FAILED, "dq: non-finite",
+                   extra={"pass": "bwd", "grad_errors": {"dq": {"ratio": float("inf"),
+                                                                "err": float("nan")}}})
+    rec = RunRecord.from_results([r], {"commit": None, "parent": None, "branch": None,
+                                       "gpu": None, "env": {}})
+    assert validate_mod.validate(rec.to_dict()) == []
+    assert rec.results[0]["extra"]["grad_errors"]["dq"] == {"ratio": "inf", "err": "nan"}
