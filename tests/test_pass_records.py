@@ -63,12 +63,16 @@ def test_a_duplicate_is_per_pass():
     assert any("duplicate" in p and "bwd" in p for p in problems), problems
 
 
-def test_committed_records_have_no_pass_and_read_as_forward():
+def test_committed_records_before_the_backward_read_as_forward():
     paths = sorted(RESULTS.glob("h200-*.json"))
     assert paths
     for p in paths:
         data = json.loads(p.read_text())
-        assert all(entry_pass(e) == "fwd" for e in data["results"])
+        passes = {entry_pass(e) for e in data["results"]}
+        if "perf-bwd" in data["grids"]:
+            assert passes == {"bwd"} and all(e["pass"] == "bwd" for e in data["results"])
+        else:
+            assert passes == {"fwd"} and all("pass" not in e for e in data["results"])
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -120,3 +124,25 @@ def test_an_infinite_gradient_error_is_recorded_not_refused():
                                        "gpu": None, "env": {}})
     assert validate_mod.validate(rec.to_dict()) == []
     assert rec.results[0]["extra"]["grad_errors"]["dq"] == {"ratio": "inf", "err": "nan"}
+
+
+def test_dashboard_keeps_the_committed_backward_apart(tmp_path):
+    """The committed H200 records imported: the perf-bwd run's fa2_mma is "fa2_mma (bwd)"
+    on every page, and a case both grids hold has one series per pass."""
+    from harness.cli import main
+    from harness.dashboard import queries
+    from harness.records.db.engine import make_engine
+
+    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    assert main(["import", str(RESULTS), "--db", url]) == 0
+    engine = make_engine(url)
+    names = queries.variant_names(engine)
+    assert {"fa2_mma", "fa2_mma (bwd)", "triton_fa2 (bwd)", "sdpa_flash (bwd)"} <= set(names)
+    case_id = "b4h16-4096x4096-d128-fp16-none"
+    fwd = queries.series(engine, "fa2_mma", case_id, "nvidia-h200")
+    bwd = queries.series(engine, "fa2_mma (bwd)", case_id, "nvidia-h200")
+    assert len(bwd) == 1 and len(fwd) >= 1
+    assert set(bwd["run_id"]).isdisjoint(fwd["run_id"])
+    # The backward does 2.5x the forward's FLOPs.
+    assert int(bwd["flops"].iloc[0]) == int(2.5 * fwd["flops"].iloc[-1])
+    engine.dispose()

@@ -261,3 +261,38 @@ def test_a_candidates_notes_are_kept_with_its_result():
     res = check_case(declared(broken), CASE, device="cpu")
     assert res.status is Status.PASSED and res.extra["notes"] == ["notes() raised KeyError: 'x'"]
     flex.take_notes()
+
+
+@pytest.mark.slow
+def test_triton_backward_in_the_interpreter():
+    """triton_fa2's backward (harness.candidates.triton_fa2_bwd) in Triton's CPU
+    interpreter (when Triton is installed): GQA with odd head dim under causal
+    bottom-right, fully masked rows (Nq > Nk), a random mask in bf16, key padding with
+    MQA, top-left causal; two repeats bitwise equal (it declares itself deterministic)."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("the GPU runs the compiled kernel (bench/h200_backward.sh)")
+    code = """
+import json
+from harness.candidates import registry
+from harness.core.cases import Case, MaskKind
+from harness.core.check_grad import check_backward_case
+tri = next(c for c in registry.discover(("python",)) if c.name == "triton_fa2")
+assert tri.support.backward and tri.support.backward_deterministic
+out = {}
+for case in (Case(1, 4, 2, 45, 70, 59, "float16", MaskKind.CAUSAL_BR),
+             Case(1, 2, 2, 70, 45, 64, "float16", MaskKind.CAUSAL_BR),
+             Case(2, 2, 2, 33, 40, 64, "bfloat16", MaskKind.RANDOM),
+             Case(3, 2, 1, 20, 50, 32, "float16", MaskKind.KEY_PADDING),
+             Case(1, 2, 2, 37, 29, 64, "bfloat16", MaskKind.CAUSAL_TL)):
+    res = check_backward_case(tri, case, device="cpu", repeats=2)
+    out[case.id] = [res.status.value, res.message, res.extra.get("determinism")]
+print(json.dumps(out))
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(got) == 5 and all(v[0] == "passed" for v in got.values()), got
+    assert all(v[2] == "2 runs bitwise equal" for v in got.values()), got

@@ -235,6 +235,8 @@ def _keeper(args: argparse.Namespace, lines: Any) -> Any:
     """The per-result callback: the CI log's line (`lines`, None on a terminal) and, with
     --record FILE, each result appended to FILE.partial.jsonl as it lands, so a run cut
     short by its caller (a job's time limit) still leaves every settled case."""
+    from harness.records.record import json_safe
+
     partial = Path(args.record + ".partial.jsonl") if args.record else None
     if partial is not None:
         try:
@@ -248,19 +250,21 @@ def _keeper(args: argparse.Namespace, lines: Any) -> Any:
             lines.on_result(res)
         if partial is not None:
             with partial.open("a") as f:
-                f.write(json.dumps(res.to_dict()) + "\n")
+                f.write(json.dumps(json_safe(res.to_dict()), allow_nan=False) + "\n")
 
     return keep
 
 
 def _write_json(path: Path, args: argparse.Namespace, results: list) -> None:
     from harness.execution.runner import summarize
+    from harness.records.record import json_safe
 
     data = {"grid": args.grid, "results": [r.to_dict() for r in results],
             "summary": [vars(row) for row in summarize(results)]}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1) + "\n")
+        # Strict JSON: an infinite error ratio (a NaN gradient) is the string "inf".
+        path.write_text(json.dumps(json_safe(data), indent=1, allow_nan=False) + "\n")
     except OSError as e:
         raise UsageError(f"cannot write {path}: {e}") from None
 

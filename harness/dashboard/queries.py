@@ -14,11 +14,24 @@ Streamlit layer can cache them; nothing here imports Streamlit.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Engine, Select, String, and_, case, cast, distinct, func, inspect, select
+from sqlalchemy import (
+    Engine,
+    Select,
+    String,
+    and_,
+    case,
+    cast,
+    distinct,
+    func,
+    inspect,
+    literal,
+    select,
+)
 from sqlalchemy.orm import aliased
 
 from harness.dashboard.schema import CaseRow, Comparison, Result, Run, Submission, Variant
@@ -35,6 +48,27 @@ NOT_OK = ("failed", "crashed", "timeout", "error", "invalid")
 # table and scans. Naming the index keeps these lookups on it; PostgreSQL's per-value
 # statistics choose it by themselves.
 _BY_VERDICT = "INDEXED BY ix_comparisons_verdict"
+
+
+
+# A candidate's backward is an entry of its own: every page names it "<variant> (bwd)"
+# (its forward keeps the plain name), so that no table, series or ranking mixes the passes.
+_PASS_SUFFIX = re.compile(r"^(?P<name>.+) \((?P<pass>bwd)\)$")
+
+
+def _label(name_col: Any, pass_col: Any) -> Any:
+    return case((pass_col == "fwd", name_col),
+                else_=name_col + literal(" (", String) + pass_col + literal(")", String))
+
+
+RESULT_LABEL = _label(Variant.name, Result.pass_name).label("variant")
+COMPARISON_LABEL = _label(Comparison.variant, Comparison.pass_name).label("variant")
+
+
+def split_label(label: str) -> tuple[str, str]:
+    """("fa2_mma (bwd)") -> ("fa2_mma", "bwd"); a plain name is its forward."""
+    m = _PASS_SUFFIX.match(label)
+    return (m["name"], m["pass"]) if m else (label, "fwd")
 
 
 def _frame(engine: Engine, stmt: Select[Any]) -> pd.DataFrame:
@@ -82,8 +116,15 @@ def branches(engine: Engine) -> list[str]:
 
 
 def variant_names(engine: Engine) -> list[str]:
+    """Every candidate name, a backward's as "<variant> (bwd)"; variants stored without
+    any result (only named in a record's kernels) under their plain name."""
     with engine.connect() as conn:
-        return sorted(conn.execute(select(Variant.name).distinct()).scalars())
+        with_results = set(conn.execute(select(RESULT_LABEL).select_from(Result)
+                                        .join(Variant, Variant.id == Result.variant_id)
+                                        .distinct()).scalars())
+        plain = set(conn.execute(select(Variant.name).distinct()).scalars())
+    return sorted(with_results | {n for n in plain
+                                  if not any(split_label(w)[0] == n for w in with_results)})
 
 
 def case_ids(engine: Engine) -> list[str]:
@@ -95,12 +136,13 @@ def timed_pair(engine: Engine) -> tuple[str, str] | None:
     """(variant, case) of the newest timed result: History opens on a line that can be
     drawn, not on the alphabetically first pair (a correctness-only smoke case of a
     variant that is never timed draws nothing)."""
-    stmt = (select(Variant.name, CaseRow.case_id)
+    stmt = (select(RESULT_LABEL, CaseRow.case_id).select_from(Variant)
             .join(Result, Result.variant_id == Variant.id)
             .join(CaseRow, CaseRow.id == Result.case_pk)
             .join(Run, Run.id == Result.run_id)
             .where(Result.median_ms.is_not(None))
-            .order_by(Run.created_at.desc(), Run.id.desc(), Variant.name, CaseRow.case_id)
+            .order_by(Run.created_at.desc(), Run.id.desc(), Variant.name, Result.pass_name,
+                      CaseRow.case_id)
             .limit(1))
     with engine.connect() as conn:
         row = conn.execute(stmt).first()
@@ -174,7 +216,7 @@ def flagged_in_runs(engine: Engine, run_ids: Sequence[int]) -> pd.DataFrame:
                                      "ratio", "p_value", "gpu_model_key", "commit",
                                      "base_commit"])
     new, base = aliased(Run), aliased(Run)
-    stmt = (select(Comparison.run_id, Comparison.base_run_id, Comparison.variant,
+    stmt = (select(Comparison.run_id, Comparison.base_run_id, COMPARISON_LABEL,
                    Comparison.case_id, Comparison.verdict, Comparison.ratio, Comparison.p_value,
                    new.gpu_model_key, new.commit, base.commit.label("base_commit"))
             .join(new, new.id == Comparison.run_id)
@@ -205,7 +247,7 @@ def recent_flags(engine: Engine, limit: int = 50) -> pd.DataFrame:
     # Pick the few newest flagged rows first, then join their runs (joining first makes
     # the planner walk every run).
     newest = (select(Comparison.id, Comparison.run_id, Comparison.created_at,
-                     Comparison.variant, Comparison.case_id, Comparison.verdict,
+                     COMPARISON_LABEL, Comparison.case_id, Comparison.verdict,
                      Comparison.ratio, Comparison.p_value)
               .with_hint(Comparison, _BY_VERDICT, "sqlite")
               .where(Comparison.verdict.in_(FLAGGED))
@@ -223,12 +265,12 @@ def best_tflops(engine: Engine, run_ids: Sequence[int]) -> pd.DataFrame:
     """Best passing TFLOP/s of every variant in each of these runs (with the case count)."""
     if not run_ids:
         return pd.DataFrame(columns=["run_id", "variant", "best_tflops", "passed"])
-    stmt = (select(Result.run_id, Variant.name.label("variant"),
+    stmt = (select(Result.run_id, RESULT_LABEL,
                    func.max(Result.tflops).label("best_tflops"),
                    func.count().label("passed"))
             .join(Variant, Variant.id == Result.variant_id)
             .where(Result.run_id.in_(list(run_ids)), Result.status == "passed")
-            .group_by(Result.run_id, Variant.name))
+            .group_by(Result.run_id, Variant.name, Result.pass_name))
     return _frame(engine, stmt)
 
 
@@ -237,7 +279,9 @@ def best_tflops(engine: Engine, run_ids: Sequence[int]) -> pd.DataFrame:
 
 def series(engine: Engine, variant: str, case_id: str, gpu: str,
            branch: str | None = None) -> pd.DataFrame:
-    """One (variant, case, GPU) over time: one row per run, oldest first."""
+    """One (variant, case, GPU) over time: one row per run, oldest first. `variant` is
+    a label of `variant_names` (a backward's: "<variant> (bwd)")."""
+    name, pass_name = split_label(variant)
     case_pk = select(CaseRow.id).where(CaseRow.case_id == case_id).scalar_subquery()
     stmt = (select(Run.id.label("run_id"), Run.commit, Run.parent_commit, Run.branch,
                    Run.created_at, Run.grids, Run.gpu_model_key,
@@ -246,8 +290,8 @@ def series(engine: Engine, variant: str, case_id: str, gpu: str,
                    Result.err_ratio, Result.out_err, Result.base_err)
             .join(Run, Run.id == Result.run_id)
             .join(Variant, Variant.id == Result.variant_id)
-            .where(Variant.name == variant, Result.case_pk == case_pk,
-                   Run.gpu_model_key == gpu)
+            .where(Variant.name == name, Result.pass_name == pass_name,
+                   Result.case_pk == case_pk, Run.gpu_model_key == gpu)
             .order_by(Run.created_at, Run.id))
     if branch:
         stmt = stmt.where(Run.branch == branch)
@@ -256,16 +300,19 @@ def series(engine: Engine, variant: str, case_id: str, gpu: str,
 
 def series_flags(engine: Engine, variant: str, case_id: str) -> pd.DataFrame:
     """Non-neutral verdicts recorded for one (variant, case), any run."""
+    name, pass_name = split_label(variant)
     stmt = (select(Comparison.run_id, Comparison.base_run_id, Comparison.verdict,
                    Comparison.ratio, Comparison.p_value)
             .with_hint(Comparison, _BY_VERDICT, "sqlite")
-            .where(Comparison.variant == variant, Comparison.case_id == case_id,
+            .where(Comparison.variant == name, Comparison.pass_name == pass_name,
+                   Comparison.case_id == case_id,
                    Comparison.verdict.in_(FLAGGED + GOOD)))
     return _frame(engine, stmt)
 
 
 def err_ratio_history(engine: Engine, variant: str, gpu: str) -> pd.DataFrame:
     """Worst error ratio and failure count of one variant per run on one GPU."""
+    name, pass_name = split_label(variant)
     failed = func.sum(case((Result.status.in_(NOT_OK), 1), else_=0))
     stmt = (select(Run.id.label("run_id"), Run.commit, Run.parent_commit, Run.created_at,
                    cast(Run.grids, String).label("grids"),
@@ -273,7 +320,8 @@ def err_ratio_history(engine: Engine, variant: str, gpu: str) -> pd.DataFrame:
                    failed.label("not_ok"), func.count().label("cases"))
             .join(Run, Run.id == Result.run_id)
             .join(Variant, Variant.id == Result.variant_id)
-            .where(Variant.name == variant, Run.gpu_model_key == gpu)
+            .where(Variant.name == name, Result.pass_name == pass_name,
+                   Run.gpu_model_key == gpu)
             .group_by(Run.id, Run.commit, Run.parent_commit, Run.created_at,
                       cast(Run.grids, String))
             .order_by(Run.created_at, Run.id))
@@ -298,7 +346,7 @@ def run_detail(engine: Engine, run_id: int) -> dict[str, Any] | None:
 
 def run_results(engine: Engine, run_id: int) -> pd.DataFrame:
     """Every result of one run, with its variant and case (thousands of rows at most)."""
-    stmt = (select(Variant.name.label("variant"), Variant.kind, Variant.source_hash,
+    stmt = (select(RESULT_LABEL, Variant.kind, Variant.source_hash,
                    CaseRow.case_id, CaseRow.batch, CaseRow.heads, CaseRow.seqlen_q,
                    CaseRow.seqlen_k, CaseRow.head_dim, CaseRow.dtype, CaseRow.mask,
                    Result.status, Result.message, Result.out_err, Result.base_err,
@@ -306,15 +354,16 @@ def run_results(engine: Engine, run_id: int) -> pd.DataFrame:
                    Result.iqr_ms, Result.rel_noise, Result.tflops, Result.flops,
                    Result.bytes_model, Result.bytes_ideal, Result.bytes_read,
                    Result.bytes_write, Result.registers, Result.spills, Result.shared_bytes)
+            .select_from(Result)
             .join(Variant, Variant.id == Result.variant_id)
             .join(CaseRow, CaseRow.id == Result.case_pk)
             .where(Result.run_id == run_id)
-            .order_by(Variant.name, CaseRow.case_id))
+            .order_by(Variant.name, Result.pass_name, CaseRow.case_id))
     return _frame(engine, stmt)
 
 
 def run_comparisons(engine: Engine, run_id: int) -> pd.DataFrame:
-    stmt = (select(Comparison.base_run_id, Comparison.variant, Comparison.case_id,
+    stmt = (select(Comparison.base_run_id, COMPARISON_LABEL, Comparison.case_id,
                    Comparison.verdict, Comparison.ratio, Comparison.p_value)
             .where(Comparison.run_id == run_id))
     return _frame(engine, stmt)
@@ -334,12 +383,13 @@ def compile_resources(engine: Engine, run_id: int) -> pd.DataFrame:
 
 
 def run_failures(engine: Engine, run_id: int) -> pd.DataFrame:
-    stmt = (select(Variant.name.label("variant"), CaseRow.case_id, Result.status,
+    stmt = (select(RESULT_LABEL, CaseRow.case_id, Result.status,
                    Result.message, Result.err_ratio)
+            .select_from(Result)
             .join(Variant, Variant.id == Result.variant_id)
             .join(CaseRow, CaseRow.id == Result.case_pk)
             .where(and_(Result.run_id == run_id, Result.status.in_(NOT_OK)))
-            .order_by(Variant.name, CaseRow.case_id))
+            .order_by(Variant.name, Result.pass_name, CaseRow.case_id))
     return _frame(engine, stmt)
 
 

@@ -81,13 +81,13 @@ def _json_number(x: Any) -> Any:
     return x
 
 
-def _json_safe(x: Any) -> Any:
+def json_safe(x: Any) -> Any:
     """`_json_number` through nested dicts and lists (a result's `extra`, such as the
     backward's per-gradient errors, where an infinite error ratio is a real verdict)."""
     if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
+        return {k: json_safe(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
-        return [_json_safe(v) for v in x]
+        return [json_safe(v) for v in x]
     return _json_number(x)
 
 
@@ -200,7 +200,7 @@ def entry_from_result(r: CaseResult, kernel_info: dict[str, Any] | None = None) 
         "registers": res("registers"),
         "spills": res("spills"),
         "shared_bytes": res("shared_bytes"),
-        "extra": _json_safe(extra),
+        "extra": json_safe(extra),
     }
 
 
