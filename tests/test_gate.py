@@ -132,7 +132,14 @@ def test_cli_ci_runs_cpu_models_and_compares_with_the_parent(tmp_path, monkeypat
     monkeypatch.setenv("FA_HARNESS_PARENT", "0" * 40)
     assert cli_main(args) == 0
     rec = RunRecord.read(tmp_path / "run.json")
-    assert len(rec.results) == 4 and {e["status"] for e in rec.results} == {"passed"}
+    assert {e["status"] for e in rec.results} == {"passed"}
+    # Both forwards, and the backward of the one that declares one (fa2_model): its own
+    # entries, judged on the same cases.
+    passes = sorted((e["kernel"], e.get("pass", "fwd")) for e in rec.results)
+    assert passes == [("fa2_model", "bwd")] * 2 + [("fa2_model", "fwd")] * 2 + \
+        [("naive_model", "fwd")] * 2, passes
+    assert all(e["extra"]["grad_errors"]["factor"] == 3.0 for e in rec.results
+               if e.get("pass") == "bwd")
     assert rec.gpu is None and rec.commit == "1" * 40 and rec.grids == ["tiny", "perf"]
     assert all(e["errors"]["ratio"] is not None for e in rec.results)
     text = (tmp_path / "s.md").read_text()
@@ -142,7 +149,7 @@ def test_cli_ci_runs_cpu_models_and_compares_with_the_parent(tmp_path, monkeypat
     assert cli_main(args) == 0
     assert "parent commit 111111111111" in capsys.readouterr().out
     with open_db(db) as d:
-        assert counts(d)["comparisons"] == 4
+        assert counts(d)["comparisons"] == 6
 
 
 def test_cli_ci_usage_errors_write_nothing(tmp_path, monkeypatch, capsys):

@@ -41,6 +41,7 @@ from harness.records.gate_options import (
 )
 from harness.records.gate_prepare import sanitize_tier, split_python, warm
 from harness.records.plan import Plan, make_plan, replan
+from harness.records.plan_bwd import backward_checked, plan_backward
 from harness.records.record import environment
 from harness.records.run_meta import calibration_object, gpu_meta, kernel_info, plain_dict
 
@@ -169,6 +170,8 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
     plan_kw = {"owned": owned, "timing_min": floor, "timing_target": target}
     plan = make_plan(candidates, check_cases, timing_cases, budget_min=opts.budget_min,
                      min_time_s=opts.min_time_s, gpu=gpu, parallel=jobs, **plan_kw)
+    if gpu:
+        plan_backward(plan, candidates, timing_cases, owned=owned)
     for line in plan.lines():
         log(line)
     for err in errors:
@@ -200,6 +203,15 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
             results += run_correctness(candidates, check_cases, secret=opts.secret,
                                        timeout_s=opts.timeout_s, on_result=report,
                                        parallel=jobs, split=split_python)
+            with_bwd = backward_checked(candidates, owned)
+            if with_bwd:
+                log(f"backward correctness: {len(check_cases)} case(s) x {len(with_bwd)} "
+                    "candidate(s)")
+                report = LineReport({c.name: len(check_cases) for c in with_bwd},
+                                    stream=sys.stdout, label=" (bwd)")
+                results += run_correctness(with_bwd, check_cases, secret=opts.secret,
+                                           timeout_s=opts.timeout_s, on_result=report,
+                                           parallel=jobs, split=split_python, backward=True)
         correctness_s = time.monotonic() - t0
         if warm_f is not None:
             plan.compile_took_s = warm_f.result()
@@ -217,12 +229,15 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
     if gpu and plan.timed:
         before = {k: len(v) for k, v in plan.timed.items()}
         plan = replan(plan, candidates, timing_cases, time.monotonic() - t0, **plan_kw)
+        plan_backward(plan, candidates, timing_cases, owned=owned)
         after = {k: len(v) for k, v in plan.timed.items()}
         if after != before:
             log(f"re-plan: {plan.correctness_took_s:.0f} s spent; timing "
                 f"{sum(after.values())} case(s), {plan.timed_s:.0f} s")
     timed_results, calibration = (_time_all(opts, candidates, plan, notes, log) if gpu
                                   else ([], None))
+    if gpu and plan.timed_bwd:
+        timed_results += _time_backward(opts, candidates, plan, calibration, log)
     results = _dedupe(results + timed_results)
     not_measured += _under_floor(plan, timed_results, not_measured)
     kernels = {c.name: kernel_info(c) for c in candidates}
@@ -316,28 +331,51 @@ def _time_all(opts: GateOptions, candidates: Sequence[Any], plan: Plan,
     return out, calibration
 
 
-def timed_count(results: Sequence[CaseResult], name: str) -> int:
+def _time_backward(opts: GateOptions, candidates: Sequence[Any], plan: Plan,
+                   calibration: Any | None, log: Callable[[str], None]) -> list[CaseResult]:
+    """The backward's timing (harness.records.plan_bwd): one child per candidate, after
+    the forward's, the baseline first."""
+    from harness.execution.report import LineReport
+    from harness.measure.perf import add_baseline_ratios, run_perf
+
+    out: list[CaseResult] = []
+    order = sorted((c for c in candidates if plan.timed_bwd.get(c.name)),
+                   key=lambda c: (c.name != BASELINE, c.name))
+    for c in order:
+        cases = plan.timed_bwd[c.name]
+        log(f"timing {c.name} (bwd) on {len(cases)} case(s)")
+        report = LineReport({c.name: len(cases)}, stream=sys.stdout, label=" (bwd, timed)")
+        out += run_perf([c], cases, calibration=calibration, timeout_s=opts.timeout_s,
+                        timing={"rule": {"min_time_s": opts.min_time_s}}, log=log,
+                        on_result=report.on_result, backward=True)
+    add_baseline_ratios(out, BASELINE)
+    return out
+
+
+def timed_count(results: Sequence[CaseResult], name: str, pass_name: str = "fwd") -> int:
     return sum(1 for r in results if r.kernel == name and r.status is Status.PASSED
-               and r.timing is not None and r.timing.median_ms)
+               and r.pass_name == pass_name and r.timing is not None and r.timing.median_ms)
 
 
 def _under_floor(plan: Plan, timed: Sequence[CaseResult],
                  already: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     done = {n for n, _ in already}
     out = []
-    for name, floor in sorted(plan.minimum.items()):
-        n = timed_count(timed, name)
-        if name not in done and n < floor:
-            out.append((name, f"{n} timed case(s), fewer than its floor of {floor}"))
+    for pass_name, floors in (("fwd", plan.minimum), ("bwd", plan.minimum_bwd)):
+        what = "" if pass_name == "fwd" else "backward: "
+        for name, floor in sorted(floors.items()):
+            n = timed_count(timed, name, pass_name)
+            if name not in done and n < floor:
+                out.append((name, f"{what}{n} timed case(s), fewer than its floor of {floor}"))
     return out
 
 
 def _dedupe(results: list[CaseResult]) -> list[CaseResult]:
-    """One result per (kernel, case): a case in two grids keeps the later (timed) one,
-    unless that one was skipped and the earlier one was not."""
-    by_key: dict[tuple[str, str], CaseResult] = {}
+    """One result per (kernel, pass, case): a case in two grids keeps the later (timed)
+    one, unless that one was skipped and the earlier one was not."""
+    by_key: dict[tuple[str, str, str], CaseResult] = {}
     for r in results:
-        key = (r.kernel, r.case.id)
+        key = (r.kernel, r.pass_name, r.case.id)
         prev = by_key.get(key)
         if prev is not None and r.status == "skipped" and prev.status != "skipped":
             continue

@@ -56,9 +56,12 @@ def summary_markdown(out: Any) -> str:
         lines.append(f"- plan: budget {plan['budget_s'] / 60:g} min, estimate "
                      f"{plan['estimate_s']:.0f} s, {', '.join(took)}; "
                      f"{timed} timed case(s)")
-        for k, n in sorted((plan.get("minimum") or {}).items()):
-            got = sum(1 for e in rec.results if e["kernel"] == k and e.get("median_ms"))
-            lines.append(f"- owned: {k}: {got} timed case(s) (floor {n})")
+        for pass_name, key in (("fwd", "minimum"), ("bwd", "minimum_bwd")):
+            for k, n in sorted((plan.get(key) or {}).items()):
+                got = sum(1 for e in rec.results if e["kernel"] == k and e.get("median_ms")
+                          and (e.get("pass") or "fwd") == pass_name)
+                label = k if pass_name == "fwd" else f"{k} (bwd)"
+                lines.append(f"- owned: {label}: {got} timed case(s) (floor {n})")
         for lo in plan.get("left_out", []):
             lines.append(f"- left out: {lo['kernel']}: {len(lo['cases'])} timing case(s) "
                          f"not timed ({lo['reason']})")
@@ -82,7 +85,8 @@ def summary_markdown(out: Any) -> str:
         lines += ["", f"### Failing results ({len(fails)})", "",
                   "| kernel | case | status | message |", "|---|---|---|---|"]
         for e in fails[:MAX_ROWS]:
-            lines.append(f"| `{e['kernel']}` | `{e['case_id']}` | {e['status']} | "
+            name = e["kernel"] + ("" if (e.get("pass") or "fwd") == "fwd" else " (bwd)")
+            lines.append(f"| `{name}` | `{e['case_id']}` | {e['status']} | "
                          f"{_cell(e.get('message') or '')} |")
         if len(fails) > MAX_ROWS:
             lines.append(f"\n... and {len(fails) - MAX_ROWS} more")

@@ -134,6 +134,9 @@ class Plan:
     # Candidate -> the cases it would be timed on with time to spare (owned: up to its
     # target), in timing order: what the warm-up compiles before the clock starts.
     wanted: dict[str, list[Case]] = field(default_factory=dict)
+    # The backward's timing and floors (harness.records.plan_bwd).
+    timed_bwd: dict[str, list[Case]] = field(default_factory=dict)
+    minimum_bwd: dict[str, int] = field(default_factory=dict)
 
     @property
     def estimate_s(self) -> float:
@@ -153,6 +156,7 @@ class Plan:
                 floor = (f" (owned, at least {self.minimum[k]})" if k in self.minimum
                          else "")
                 out.append(f"timed: {k} on {len(v)} case(s){floor}")
+        out += [f"timed: {k} (bwd) on {len(v)} case(s)" for k, v in self.timed_bwd.items()]
         out += [f"left out: {lo.line()}" for lo in self.left_out]
         return out
 
@@ -167,6 +171,8 @@ class Plan:
                 "compile_took_s": r(self.compile_took_s),
                 "minimum": dict(self.minimum),
                 "timed": {k: [c.id for c in v] for k, v in self.timed.items()},
+                "timed_bwd": {k: [c.id for c in v] for k, v in self.timed_bwd.items()},
+                "minimum_bwd": dict(self.minimum_bwd),
                 "left_out": [{"kernel": lo.kernel, "reason": lo.reason, "cases": lo.cases}
                              for lo in self.left_out]}
 
