@@ -139,3 +139,14 @@ def test_backward_fields_of_the_parameter_block():
     with pytest.raises(ValueError, match="dk is"):
         build_params(case, inp, out, lse, [], 1, (dout, dq, dq, dv))
     assert field_offsets()["dout"] % 8 == 0
+
+
+def test_a_submission_with_a_backward_is_refused_with_one_message():
+    """Submissions are scored on the forward only: a [backward] would never be judged."""
+    from harness.submissions.submit import Rejected, validate
+
+    files = {"manifest.toml": HEAD + BACKWARD, "v.cu": KERNEL}
+    with pytest.raises(Rejected) as info:
+        validate(files, compile_sources=False)
+    assert "[backward]" in str(info.value) and "\n" not in str(info.value)
+    validate({"manifest.toml": HEAD, "v.cu": KERNEL}, compile_sources=False)  # accepted

@@ -291,6 +291,11 @@ def validate(files: dict[str, str], *, compile_timeout_s: float = COMPILE_TIMEOU
     workdir = Path(tempfile.mkdtemp(prefix="fa-submit-"))
     try:
         spec = load_spec(files, workdir)
+        if spec.backward is not None:
+            # Scoring checks and times the forward only: a backward would be accepted
+            # and never judged, which is worse than saying so.
+            raise Rejected("manifest: [backward]: submissions are scored on the forward "
+                           "only; submit the variant without its [backward] table")
         limits = check_launch_limits(spec, cases if cases is not None else limit_cases())
         if limits["cases_checked"] == 0:
             raise Rejected("the submission supports none of the scoring grids' cases "
