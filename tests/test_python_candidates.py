@@ -61,6 +61,16 @@ def test_triton_reports_itself_unavailable_in_one_line(monkeypatch):
     assert reason.startswith(("needs Triton", "needs a CUDA GPU"))
 
 
+def _in_the_interpreter(code: str) -> dict:
+    """Run `code` in a fresh process under Triton's CPU interpreter (Triton reads
+    TRITON_INTERPRET when it is imported); its last stdout line is JSON."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.slow
 def test_triton_kernel_in_the_interpreter():
     """The Triton kernel itself, run by Triton's CPU interpreter (when Triton is installed:
@@ -84,11 +94,7 @@ for case in (Case(1, 4, 2, 45, 70, 59, "float16", MaskKind.CAUSAL_BR),
     out[case.id] = [res.status.value, res.message]
 print(json.dumps(out))
 """
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _in_the_interpreter(code)
     assert len(got) == 3 and all(v[0] == "passed" for v in got.values()), got
 
 
@@ -289,10 +295,6 @@ for case in (Case(1, 4, 2, 45, 70, 59, "float16", MaskKind.CAUSAL_BR),
     out[case.id] = [res.status.value, res.message, res.extra.get("determinism")]
 print(json.dumps(out))
 """
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _in_the_interpreter(code)
     assert len(got) == 5 and all(v[0] == "passed" for v in got.values()), got
     assert all(v[2] == "2 runs bitwise equal" for v in got.values()), got
