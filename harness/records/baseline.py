@@ -67,6 +67,7 @@ def judge_runs(db: Database, run_ids: Sequence[int], *, policy: Policy = DEFAULT
         except CompareError as exc:
             out.append(Judged(run.id, how, bases[0].id, {}, note=str(exc)))
             continue
-        store_comparisons(db, run.id, bases[0].id, report.verdicts)
+        store_comparisons(db, run.id, bases[0].id, report.verdicts,
+                          {b.uuid: b.id for b in bases})
         out.append(Judged(run.id, how, bases[0].id, report.counts()))
     return out

@@ -71,6 +71,10 @@ class Verdict:
     new_median_ms: float | None = None
     detail: dict[str, Any] = field(default_factory=dict)
     pass_name: str = "fwd"  # the forward's and the backward's verdicts are separate entries
+    # The baseline run whose entry this verdict was judged against (the newest of the
+    # window that holds this candidate, pass and case; the others only pooled samples),
+    # by uuid: where "base vs new" links must point.
+    base_uuid: str | None = None
 
     @property
     def label(self) -> str:
@@ -289,10 +293,14 @@ def compare_records(base: RunRecord | Sequence[RunRecord], new: RunRecord,
     verdicts = []
     new_index = _index(new.results)
     for k, entry in new_index.items():
-        verdicts.append(compare_entries([ix[k] for ix in indexes if k in ix], entry, policy))
+        v = compare_entries([ix[k] for ix in indexes if k in ix], entry, policy)
+        v.base_uuid = next((b.uuid for b, ix in zip(bases, indexes, strict=True) if k in ix),
+                           None)
+        verdicts.append(v)
     for k in sorted({k for ix in indexes for k in ix} - set(new_index)):
+        holder = next(b.uuid for b, ix in zip(bases, indexes, strict=True) if k in ix)
         verdicts.append(Verdict(k[0], k[2], "missing", detail={"reason": "not in this run"},
-                                pass_name=k[1]))
+                                pass_name=k[1], base_uuid=holder))
     verdicts.sort(key=lambda v: (v.variant, v.pass_name, v.case_id))
     label = base_label or ", ".join(_label(b) for b in bases[:3]) + (
         f" (+{len(bases) - 3} more)" if len(bases) > 3 else "")

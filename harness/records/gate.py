@@ -186,7 +186,8 @@ def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),
                 out.report = compare_records(bases, record, opts.policy, base_label=how)
                 excuse_missing(out.report, plan, selected=opts.kernels, case_ids=case_ids,
                                not_here=not_here, broken=load_errors)
-                store_comparisons(db, out.run_id, base_runs[0].id, out.report.verdicts)
+                store_comparisons(db, out.run_id, base_runs[0].id, out.report.verdicts,
+                                  {r.uuid: r.id for r in base_runs})
         except (DatabaseError, CompareError) as exc:
             out.notes.append(f"comparison not done: {exc}")
         finally:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Insert, and_, insert, select
+from sqlalchemy import Insert, and_, insert, or_, select
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -249,15 +249,26 @@ def _store(s: Session, dialect: str, record: RunRecord) -> tuple[int, bool]:
 
 
 def store_comparisons(db: Database, run_id: int, base_run_id: int | None,
-                      verdicts: Sequence[Any]) -> int:
+                      verdicts: Sequence[Any], base_ids: dict[str, int] | None = None) -> int:
     """Store regression verdicts (objects with variant, case_id, verdict, ratio, p_value,
-    detail) of `run_id` against `base_run_id`; earlier verdicts of that pair are replaced."""
+    detail) of `run_id` against its baseline; earlier verdicts of `run_id` against the
+    same base runs are replaced. Each verdict is stored against the base run whose entry
+    it was judged on (`v.base_uuid`, looked up in `base_ids`: uuid -> run id), else
+    `base_run_id`: a pooled window's newest run may not hold that candidate at all."""
+    ids = base_ids or {}
+
+    def base_of(v: Any) -> int | None:
+        return ids.get(getattr(v, "base_uuid", None) or "", base_run_id)
+
+    used = {base_of(v) for v in verdicts} | {base_run_id}
     with db.session() as s:
-        s.execute(Comparison.__table__.delete().where(
-            and_(Comparison.run_id == run_id,
-                 Comparison.base_run_id.is_(None) if base_run_id is None
-                 else Comparison.base_run_id == base_run_id)))
-        rows = [{"run_id": run_id, "base_run_id": base_run_id, "variant": v.variant,
+        known = [i for i in used if i is not None]
+        cond = Comparison.base_run_id.in_(known) if known else None
+        if None in used:
+            cond = (Comparison.base_run_id.is_(None) if cond is None
+                    else or_(cond, Comparison.base_run_id.is_(None)))
+        s.execute(Comparison.__table__.delete().where(and_(Comparison.run_id == run_id, cond)))
+        rows = [{"run_id": run_id, "base_run_id": base_of(v), "variant": v.variant,
                  "case_id": v.case_id, "verdict": v.verdict, "ratio": v.ratio,
                  "p_value": v.p_value, "detail": v.detail,
                  "pass_name": getattr(v, "pass_name", "fwd"),
