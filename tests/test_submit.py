@@ -171,9 +171,15 @@ def test_good_submissions_validate(tmp_path):
     v = submit.validate(submit.pack_path(DATA / "good_rowwarp.cu"))
     assert v.name == "good_rowwarp" and v.limits["cases_checked"] > 0
     assert v.limits["threads"] == 128
-    # A copy of a shipped variant folder validates the same way.
+    # A copy of a shipped variant folder validates the same way, once its [backward] is
+    # taken out (scoring judges the forward only, so a backward is refused, not ignored).
     folder = tmp_path / "fa2_mma"
     shutil.copytree(ROOT / "harness" / "kernels" / "fa2_mma", folder)
+    with pytest.raises(submit.Rejected, match=r"\[backward\]"):
+        submit.validate(submit.pack_path(folder))
+    manifest = folder / "manifest.toml"
+    text = manifest.read_text()
+    manifest.write_text(text[:text.index("[backward]")])
     v = submit.validate(submit.pack_path(folder))
     assert v.name == "fa2_mma" and v.limits["shared_bytes"] > 48 * 1024
 

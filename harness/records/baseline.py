@@ -19,6 +19,8 @@ from harness.records.compare import DEFAULT_POLICY, CompareError, Policy, compar
 from harness.records.db.database import Database
 from harness.records.db.models import Comparison
 from harness.records.db.queries import baseline_runs, get_run, load_record
+from harness.records.noise import from_db as noise_from_db
+from harness.records.noise import source_hashes
 
 # The gate's defaults (GateOptions.window, .baseline_branch), so an imported run is judged
 # against the runs a CI job on its branch would have compared it with.
@@ -62,8 +64,11 @@ def judge_runs(db: Database, run_ids: Sequence[int], *, policy: Policy = DEFAULT
             out.append(Judged(run.id, how, None, {}))
             continue
         try:
-            report = compare_records([load_record(db, b.id) for b in bases],
-                                     load_record(db, run.id), policy, base_label=how)
+            new = load_record(db, run.id)
+            noise = noise_from_db(db, new.gpu_model_key, before_run_id=run.id,
+                                  source_hashes=source_hashes(new))
+            report = compare_records([load_record(db, b.id) for b in bases], new, policy,
+                                     base_label=how, noise=noise)
         except CompareError as exc:
             out.append(Judged(run.id, how, bases[0].id, {}, note=str(exc)))
             continue

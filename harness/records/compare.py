@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from harness.records.noise import NoiseModel, judge
 from harness.records.record import RunRecord, entry_pass
 
 OK_STATUSES = ("passed", "skipped")
@@ -275,10 +276,12 @@ def _index(entries: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str], dict
 
 
 def compare_records(base: RunRecord | Sequence[RunRecord], new: RunRecord,
-                    policy: Policy = DEFAULT_POLICY, *, base_label: str | None = None
-                    ) -> Report:
+                    policy: Policy = DEFAULT_POLICY, *, base_label: str | None = None,
+                    noise: NoiseModel | None = None) -> Report:
     """Compare `new` with one baseline record or a window of them (any order; the newest
-    decides the baseline status, all passed ones pool their samples). Raises CompareError
+    decides the baseline status, all passed ones pool their samples). With `noise` (the
+    run-to-run spread from history, harness.records.noise) a timing change within that
+    spread is "same", and a verdict without enough history says so. Raises CompareError
     when a baseline run is of another GPU model."""
     bases = [base] if isinstance(base, RunRecord) else list(base)
     if not bases:
@@ -294,6 +297,8 @@ def compare_records(base: RunRecord | Sequence[RunRecord], new: RunRecord,
     new_index = _index(new.results)
     for k, entry in new_index.items():
         v = compare_entries([ix[k] for ix in indexes if k in ix], entry, policy)
+        if noise is not None:
+            v.verdict = judge(v.verdict, v.ratio, noise.spread(k), noise.history(k), v.detail)
         v.base_uuid = next((b.uuid for b, ix in zip(bases, indexes, strict=True) if k in ix),
                            None)
         verdicts.append(v)

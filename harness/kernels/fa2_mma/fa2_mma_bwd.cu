@@ -18,8 +18,9 @@
 // A fully masked row (LSE = -inf) has P = 0: its dQ row is 0 and it adds nothing to dK/dV.
 // The dQ atomics make the result depend on the order CTAs finish: not bitwise
 // deterministic (the manifest says so).
-// Block of bwd_main: 4 warps; BN = 64 keys; BM = 64 query rows per step at d = 64, 32 at
+// Block of bwd_main: 4 warps; BN = 64 keys; BM = 64 query rows per step at d = 64, 16 at
 // d = 128 (the dK and dV accumulators hold 16 x d fp32 per warp each).
+#include "fa_harness.h"
 
 namespace fa2mma {
 
