@@ -1,0 +1,118 @@
+"""Steps across commits: where a candidate's timing changed in its commit-ordered history.
+
+A pairwise comparison sees one commit against its parent; a 2% slowdown spread over
+three 0.7% commits passes each of them. Here the whole series of one (candidate, pass,
+case) on one GPU model (one median per commit, oldest first) is segmented with PELT
+(Killick, Fearnhead and Eckley 2012, "Optimal detection of changepoints with a linear
+computational cost"; the `ruptures` implementation, least-squares cost) on the log
+medians, so that a step is a ratio whatever the kernel's speed.
+
+- The penalty is the BIC's for a change in mean with known noise, `PENALTY_K * sigma^2 *
+  log(n)`, where sigma is the run-to-run spread of the series itself
+  (harness.records.noise.relative_spread: robust to the steps), floored at `SIGMA_FLOOR`
+  (a series measured to 0.1% still moves by that much between runs).
+- A change point is kept when its step (the difference of the medians of up to `WINDOW`
+  commits on either side, not reaching back past the previous step kept) is at least
+  `MIN_STEP` and `NOISE_K` sigma, and the Mann-Whitney U test between those two windows
+  gives p <= `ALPHA` (run-to-run noise is heavy tailed, so a rank test: two slow runs in
+  a row are not a new level, one wild run does not hide one).
+- Its commit range: the last commit still nearer the level before than the level after,
+  and the first nearer the level after. One commit apart for a sharp step; a step spread
+  over several commits names the commits around its middle.
+- A later step back to within `NOISE_K` sigma of the level before marks it recovered.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from harness.records.noise import NOISE_K, relative_spread
+
+MIN_STEP = 0.01
+SIGMA_FLOOR = 0.001
+PENALTY_K = 2.0
+MIN_POINTS = 4
+ALPHA = 1e-2  # Mann-Whitney U between the WINDOW points on either side of a change
+WINDOW = 10
+
+
+@dataclass
+class Step:
+    index: int  # first point of the new level
+    last_good: str
+    first_bad: str
+    ratio: float  # level after / level before (> 1: slower, for times)
+    sigma: float
+    recovered_at: str | None = None
+
+    @property
+    def direction(self) -> str:
+        return "regression" if self.ratio > 1.0 else "improvement"
+
+    def to_dict(self) -> dict:
+        return {"last_good": self.last_good, "first_bad": self.first_bad,
+                "ratio": self.ratio, "direction": self.direction, "sigma": self.sigma,
+                "recovered_at": self.recovered_at}
+
+
+def _p_value(a: Sequence[float], b: Sequence[float]) -> float:
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        return 1.0
+    return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+
+
+def find_steps(commits: Sequence[str], medians: Sequence[float], *,
+               min_step: float = MIN_STEP) -> list[Step]:
+    """The steps of one commit-ordered series of medians (module doc), oldest first."""
+    import numpy as np
+    import ruptures
+
+    pts = [(c, m) for c, m in zip(commits, medians, strict=True)
+           if m is not None and m > 0 and math.isfinite(m)]
+    if len(pts) < MIN_POINTS:
+        return []
+    names = [c for c, _ in pts]
+    xs = [math.log(m) for _, m in pts]
+    sigma = max(relative_spread([m for _, m in pts]) or 0.0, SIGMA_FLOOR)
+    pen = PENALTY_K * sigma * sigma * math.log(len(xs))
+    algo = ruptures.Pelt(model="l2", min_size=2, jump=1).fit(np.asarray(xs)[:, None])
+    bkps = algo.predict(pen=pen)
+    tol = NOISE_K * sigma
+    steps: list[Step] = []
+    levels: list[tuple[int, float, float]] = []  # (index, level before, level after)
+    prev = 0
+    for b in bkps[:-1]:
+        # The level on either side: up to WINDOW points, not reaching back past the
+        # previous step kept (PELT may cut a heavy-tailed pair of runs off as a segment
+        # of its own; the windows look through such cuts).
+        left, right = xs[max(prev, b - WINDOW):b], xs[b:b + WINDOW]
+        if len(left) < 2 or len(right) < 2:
+            continue
+        before, after = statistics.median(left), statistics.median(right)
+        delta = after - before
+        if abs(delta) < max(math.log1p(min_step), tol) or _p_value(left, right) > ALPHA:
+            continue  # within the noise, or a short excursion of heavy-tailed noise
+        # The range: back to the last point nearer the old level, on to the first nearer
+        # the new one (a step spread over several commits names all of them).
+        lo = b - 1
+        while lo > prev and abs(xs[lo] - after) < abs(xs[lo] - before):
+            lo -= 1
+        hi = b
+        while hi < min(len(xs), b + WINDOW) - 1 and abs(xs[hi] - before) < abs(xs[hi] - after):
+            hi += 1
+        steps.append(Step(index=b, last_good=names[lo], first_bad=names[hi],
+                          ratio=math.exp(delta), sigma=sigma))
+        levels.append((b, before, after))
+        prev = b
+    # A step undone later: a later step that brings the level back to before it.
+    for st, (b, before, _after) in zip(steps, levels, strict=True):
+        for later, (b2, _before2, after2) in zip(steps, levels, strict=True):
+            if b2 > b and abs(after2 - before) <= tol:
+                st.recovered_at = later.first_bad
+                break
+    return steps
