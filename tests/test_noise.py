@@ -9,9 +9,9 @@ import math
 from pathlib import Path
 
 import pytest
+import realdata
 
 from harness.records import noise
-from tests import realdata
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

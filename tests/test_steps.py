@@ -60,3 +60,46 @@ def test_the_detection_benchmark_on_the_committed_noise():
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| ")]
     aa = [r for r in rows if r[3].strip() == "0%"]
     assert aa and all(float(r[5].strip().rstrip("%")) <= 1.0 for r in aa), proc.stdout
+
+
+def test_the_gate_flags_a_slowdown_spread_over_small_commits(tmp_path):
+    """Ten runs of the committed perf record at ten commits, fa2_mma (owned) 0.7% slower
+    at each of three of them: no pairwise comparison calls 0.7% a regression, the step
+    across commits (2.1%, confirmed by the two commits after it) does."""
+    import realdata
+
+    from harness.records import gate
+    from harness.records.compare import compare_records
+    from harness.records.db.store import get_run, load_record, open_db
+    from harness.records.record import RunRecord
+
+    perf = realdata.load(sorted((ROOT / "results").glob("h200-*-perf.json"))[-1])
+    perf["kernels"]["fa2_mma"] = dict(perf["kernels"].get("fa2_mma") or {}, owned=True)
+    recs, factor = [], 1.0
+    for i in range(10):
+        if i in (5, 6, 7):
+            factor *= 1.007
+        r = realdata.derive(perf, hours=i, commit=f"{i:040x}", parent=f"{i - 1:040x}")
+        realdata.slower(r, "fa2_mma", factor)
+        recs.append(r)
+    url = realdata.fa_import(f"sqlite:///{tmp_path / 'r.sqlite'}",
+                             realdata.write(recs, tmp_path / "recs"))
+    with open_db(url) as db:
+        last = get_run(db, "latest")
+        new = RunRecord.from_dict(recs[-1])  # the gate's own record: it knows what is owned
+        assert load_record(db, last.id).uuid == new.uuid
+        prev = RunRecord.from_dict(recs[-2])
+        out = gate.GateOutcome(record=new, run_id=last.id,
+                               report=compare_records(prev, new))
+        fa2 = [v for v in out.report.verdicts if v.variant == "fa2_mma" and v.ratio]
+        assert fa2 and all(v.verdict != "regression" for v in fa2)  # pairwise: nothing
+        gate._steps(db, out, new)
+    flagged = [v for v in out.report.verdicts if v.variant == "fa2_mma"
+               and v.verdict == "regression"]
+    assert len(flagged) >= 0.9 * len(fa2), [v.detail.get("reason") for v in fa2][:3]
+    st = flagged[0].detail["step"]
+    assert math.isclose(st["ratio"], 1.007 ** 3, rel_tol=0.003)
+    assert f"{4:040x}" <= st["last_good"] < st["first_bad"] <= f"{7:040x}"
+    assert "step(s) across commits" in out.notes[-1]
+    others = [v for v in out.report.verdicts if v.variant != "fa2_mma"]
+    assert all(v.verdict != "regression" or "step" not in v.detail for v in others)

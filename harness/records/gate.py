@@ -132,6 +132,21 @@ class GateOutcome:
 # --------------------------------------------------------------------------- finishing
 
 
+def _steps(db: Any, out: GateOutcome, record: RunRecord) -> None:
+    """A step across commits that this commit confirms is a regression of the owned
+    candidate even when the pairwise comparison saw none (harness.records.steps)."""
+    from harness.records.steps import apply_steps, confirmed_steps, series_from_db
+
+    owned = [k for k, info in record.kernels.items() if info.get("owned")]
+    if out.report is None or not record.commit or not owned or out.run_id is None:
+        return
+    series = series_from_db(db, record.gpu_model_key, upto_run_id=out.run_id, kernels=owned)
+    n = apply_steps(out.report, confirmed_steps(series, record.commit))
+    if n:
+        out.notes.append(f"{n} step(s) across commits confirmed by this commit "
+                         "(harness.records.steps)")
+
+
 def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),
            log: Callable[[str], None] = print, plan: Plan | None = None,
            load_errors: Sequence[str] = (), case_ids: set[str] | None = None,
@@ -191,6 +206,7 @@ def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),
                                              noise=noise)
                 excuse_missing(out.report, plan, selected=opts.kernels, case_ids=case_ids,
                                not_here=not_here, broken=load_errors)
+                _steps(db, out, record)
                 store_comparisons(db, out.run_id, base_runs[0].id, out.report.verdicts,
                                   {r.uuid: r.id for r in base_runs})
         except (DatabaseError, CompareError) as exc:

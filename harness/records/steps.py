@@ -28,6 +28,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from harness.records.noise import NOISE_K, relative_spread
 
@@ -37,6 +38,9 @@ PENALTY_K = 2.0
 MIN_POINTS = 4
 ALPHA = 1e-2  # Mann-Whitney U between the WINDOW points on either side of a change
 WINDOW = 10
+SERIES_RUNS = 30
+CONFIRM_POINTS = 2  # a step is a regression once two commits hold the new level ...
+CONFIRM_WINDOW = 4  # ... and the gate reports it while its first bad commit is this recent
 
 
 @dataclass
@@ -116,3 +120,80 @@ def find_steps(commits: Sequence[str], medians: Sequence[float], *,
                 st.recovered_at = later.first_bad
                 break
     return steps
+
+
+# ---------------------------------------------------------------- the gate's use
+
+
+def series_from_db(db: Any, gpu_model_key: str | None, *, upto_run_id: int,
+                   kernels: Sequence[str], runs: int = SERIES_RUNS
+                   ) -> dict[tuple[str, str, str], list[tuple[str, float]]]:
+    """(candidate, pass, case) -> [(commit, median)], oldest first: the last `runs`
+    stored runs on `gpu_model_key` up to and including run `upto_run_id`, one median per
+    commit (its newest run's), passed timed results of `kernels` only."""
+    from sqlalchemy import select
+
+    from harness.records.db.models import CaseRow, Result, Run, Variant
+
+    recent = (select(Run.id).where(Run.gpu_model_key == gpu_model_key,
+                                   Run.commit.is_not(None),
+                                   Run.created_at <= select(Run.created_at)
+                                   .where(Run.id == upto_run_id).scalar_subquery())
+              .order_by(Run.created_at.desc(), Run.id.desc()).limit(runs).subquery())
+    stmt = (select(Variant.name, Result.pass_name, CaseRow.case_id, Run.commit,
+                   Result.median_ms)
+            .select_from(Result)
+            .join(Variant, Variant.id == Result.variant_id)
+            .join(CaseRow, CaseRow.id == Result.case_pk)
+            .join(Run, Run.id == Result.run_id)
+            .where(Result.run_id.in_(select(recent.c.id)), Result.status == "passed",
+                   Result.median_ms.is_not(None), Variant.name.in_(list(kernels)))
+            .order_by(Run.created_at, Run.id))
+    out: dict[tuple[str, str, str], dict[str, float]] = {}
+    with db.session() as s:
+        for name, pass_name, case_id, commit, median in s.execute(stmt):
+            per_commit = out.setdefault((name, pass_name or "fwd", case_id), {})
+            per_commit.pop(commit, None)  # a re-run moves the commit to its newest place
+            per_commit[commit] = float(median)
+    return {k: list(v.items()) for k, v in out.items()}
+
+
+def confirmed_steps(series: dict[tuple[str, str, str], list[tuple[str, float]]],
+                    commit: str) -> dict[tuple[str, str, str], Step]:
+    """The regression steps that `commit` (the newest point of each series) confirms:
+    from its first bad commit on, the new level holds `CONFIRM_POINTS` to
+    `CONFIRM_WINDOW` commits, the last of them this one, and has not recovered. A
+    slowdown spread over small commits that no pairwise comparison flags is caught here
+    once it is complete; it stays flagged for the next few commits (an open regression),
+    then ages out of the gate (the dashboard's history keeps it)."""
+    out = {}
+    for key, pts in series.items():
+        if len(pts) < MIN_POINTS or pts[-1][0] != commit:
+            continue
+        found = find_steps([c for c, _ in pts], [m for _, m in pts])
+        names = [c for c, _ in pts]
+        for st in reversed(found):
+            held = len(pts) - names.index(st.first_bad)  # commits at the new level
+            if st.direction == "regression" and st.recovered_at is None and \
+                    CONFIRM_POINTS <= held <= CONFIRM_WINDOW:
+                out[key] = st
+                break
+    return out
+
+
+def apply_steps(report: Any, steps: dict[tuple[str, str, str], Step]) -> int:
+    """Turn the verdicts of `report` (harness.records.compare.Report) whose series shows
+    a confirmed step into regressions naming the step; returns how many changed."""
+    changed = 0
+    for v in report.verdicts:
+        st = steps.get((v.variant, v.pass_name, v.case_id))
+        if st is None or v.verdict in ("regression", "correctness_regression"):
+            continue
+        v.detail["step"] = st.to_dict()
+        v.detail["reason"] = (f"a step of {st.ratio - 1:+.1%} across commits "
+                              f"{st.last_good[:12]}..{st.first_bad[:12]}, confirmed by this "
+                              f"commit (was: {v.verdict})")
+        v.verdict = "regression"
+        v.ratio = st.ratio
+        changed += 1
+    return changed
