@@ -41,6 +41,19 @@ def scratch_home(tmp_path_factory, monkeypatch) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _discovery_restored(monkeypatch) -> None:
+    """`discovery.configure` exports its folders to child processes through the
+    environment (os.environ, not monkeypatch): without this, a test's folders (a variant
+    defined twice, on purpose) leak into every later test of the same worker."""
+    from harness.candidates import discovery
+
+    for name in (discovery.ENV_CONFIG, discovery.ENV_KERNELS):
+        monkeypatch.setenv(name, "")  # records the state before, restored after the test
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(discovery, "_config", discovery.Config())
+
+
+@pytest.fixture(autouse=True)
 def _private_gpu_locks(tmp_path_factory, monkeypatch) -> None:
     """Each test its own GPU lock directory: tests of several checkouts share this host,
     and a worker test would otherwise find another test's worker on "its" GPU."""
