@@ -103,3 +103,13 @@ def test_the_gate_flags_a_slowdown_spread_over_small_commits(tmp_path):
     assert "step(s) across commits" in out.notes[-1]
     others = [v for v in out.report.verdicts if v.variant != "fa2_mma"]
     assert all(v.verdict != "regression" or "step" not in v.detail for v in others)
+    # `fa-harness import` judged the same runs as they were stored: the step is there too.
+    import sqlite3
+
+    con = sqlite3.connect(url.removeprefix("sqlite:///"))
+    stored = con.execute("SELECT variant, verdict, detail FROM comparisons WHERE run_id = ?",
+                         (last.id,)).fetchall()
+    con.close()
+    stepped = [r for r in stored if r[0] == "fa2_mma" and '"step"' in (r[2] or "")]
+    assert stepped and all(r[1] == "regression" for r in stepped)
+    assert len(stepped) >= 0.9 * len(fa2)

@@ -21,6 +21,7 @@ from harness.records.db.models import Comparison
 from harness.records.db.queries import baseline_runs, get_run, load_record
 from harness.records.noise import from_db as noise_from_db
 from harness.records.noise import source_hashes
+from harness.records.steps import apply_steps, confirmed_steps, series_from_db
 
 # The gate's defaults (GateOptions.window, .baseline_branch), so an imported run is judged
 # against the runs a CI job on its branch would have compared it with.
@@ -69,6 +70,10 @@ def judge_runs(db: Database, run_ids: Sequence[int], *, policy: Policy = DEFAULT
                                   source_hashes=source_hashes(new))
             report = compare_records([load_record(db, b.id) for b in bases], new, policy,
                                      base_label=how, noise=noise)
+            if new.commit:  # a stored record's series is searched for steps it confirms
+                series = series_from_db(db, new.gpu_model_key, upto_run_id=run.id,
+                                        kernels=sorted(new.kernels))
+                apply_steps(report, confirmed_steps(series, new.commit))
         except CompareError as exc:
             out.append(Judged(run.id, how, bases[0].id, {}, note=str(exc)))
             continue
