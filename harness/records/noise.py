@@ -96,21 +96,24 @@ def source_hashes(record: Any) -> dict[str, str]:
     return {k: str(v.get("source_hash") or "") for k, v in (record.kernels or {}).items()}
 
 
-def from_db(db: Any, gpu_model_key: str | None, *, before_run_id: int,
-            source_hashes: dict[str, str], runs: int = HISTORY_RUNS) -> NoiseModel:
-    """The model from the last `runs` stored runs on `gpu_model_key` before run
-    `before_run_id` (its passed, timed results)."""
+def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int, runs: int,
+                  include_upto: bool, kernels: Sequence[str] | None = None) -> list[tuple]:
+    """(candidate, source hash, pass, case id, commit, median) of the passed, timed
+    results of the last `runs` stored runs on `gpu_model_key` up to run `upto_run_id`
+    (itself included or not), oldest first: what the noise model and the step search
+    (harness.records.steps) read."""
     from sqlalchemy import select
 
     from harness.records.db.models import CaseRow, Result, Run, Variant
 
-    recent = (select(Run.id).where(Run.gpu_model_key == gpu_model_key,
-                                   Run.id != before_run_id,
-                                   Run.created_at <= select(Run.created_at)
-                                   .where(Run.id == before_run_id).scalar_subquery())
+    when = select(Run.created_at).where(Run.id == upto_run_id).scalar_subquery()
+    cond = [Run.gpu_model_key == gpu_model_key, Run.created_at <= when]
+    if not include_upto:
+        cond.append(Run.id != upto_run_id)
+    recent = (select(Run.id).where(*cond)
               .order_by(Run.created_at.desc(), Run.id.desc()).limit(runs).subquery())
     stmt = (select(Variant.name, Variant.source_hash, Result.pass_name, CaseRow.case_id,
-                   Result.median_ms)
+                   Run.commit, Result.median_ms)
             .select_from(Result)
             .join(Variant, Variant.id == Result.variant_id)
             .join(CaseRow, CaseRow.id == Result.case_pk)
@@ -118,5 +121,16 @@ def from_db(db: Any, gpu_model_key: str | None, *, before_run_id: int,
             .where(Result.run_id.in_(select(recent.c.id)), Result.status == "passed",
                    Result.median_ms.is_not(None))
             .order_by(Run.created_at, Run.id))
+    if kernels is not None:
+        stmt = stmt.where(Variant.name.in_(list(kernels)))
     with db.session() as s:
-        return from_rows(s.execute(stmt).all(), source_hashes)
+        return [tuple(r) for r in s.execute(stmt).all()]
+
+
+def from_db(db: Any, gpu_model_key: str | None, *, before_run_id: int,
+            source_hashes: dict[str, str], runs: int = HISTORY_RUNS) -> NoiseModel:
+    """The model from the last `runs` stored runs on `gpu_model_key` before run
+    `before_run_id` (its passed, timed results)."""
+    rows = timed_history(db, gpu_model_key, upto_run_id=before_run_id, runs=runs,
+                         include_upto=False)
+    return from_rows([(n, src, p, c, m) for n, src, p, c, _commit, m in rows], source_hashes)

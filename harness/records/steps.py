@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.records.noise import NOISE_K, relative_spread
+from harness.records.noise import NOISE_K, relative_spread, timed_history
 
 MIN_STEP = 0.01
 SIGMA_FLOOR = 0.001
@@ -131,27 +131,11 @@ def series_from_db(db: Any, gpu_model_key: str | None, *, upto_run_id: int,
     """(candidate, pass, case) -> [(commit, median)], oldest first: the last `runs`
     stored runs on `gpu_model_key` up to and including run `upto_run_id`, one median per
     commit (its newest run's), passed timed results of `kernels` only."""
-    from sqlalchemy import select
-
-    from harness.records.db.models import CaseRow, Result, Run, Variant
-
-    recent = (select(Run.id).where(Run.gpu_model_key == gpu_model_key,
-                                   Run.commit.is_not(None),
-                                   Run.created_at <= select(Run.created_at)
-                                   .where(Run.id == upto_run_id).scalar_subquery())
-              .order_by(Run.created_at.desc(), Run.id.desc()).limit(runs).subquery())
-    stmt = (select(Variant.name, Result.pass_name, CaseRow.case_id, Run.commit,
-                   Result.median_ms)
-            .select_from(Result)
-            .join(Variant, Variant.id == Result.variant_id)
-            .join(CaseRow, CaseRow.id == Result.case_pk)
-            .join(Run, Run.id == Result.run_id)
-            .where(Result.run_id.in_(select(recent.c.id)), Result.status == "passed",
-                   Result.median_ms.is_not(None), Variant.name.in_(list(kernels)))
-            .order_by(Run.created_at, Run.id))
+    rows = timed_history(db, gpu_model_key, upto_run_id=upto_run_id, runs=runs,
+                         include_upto=True, kernels=kernels)
     out: dict[tuple[str, str, str], dict[str, float]] = {}
-    with db.session() as s:
-        for name, pass_name, case_id, commit, median in s.execute(stmt):
+    for name, _src, pass_name, case_id, commit, median in rows:
+        if commit is not None:
             per_commit = out.setdefault((name, pass_name or "fwd", case_id), {})
             per_commit.pop(commit, None)  # a re-run moves the commit to its newest place
             per_commit[commit] = float(median)
