@@ -154,19 +154,17 @@ class VariantSpec:
     timing_cases: int | None = None  # the gate's target of timed cases (owned variants)
     backward: BackwardSpec | None = None
 
+    def _pass(self, backward: bool) -> Any:
+        """The launches' and workspaces' holder of a pass: this spec, or its backward."""
+        if backward and self.backward is None:
+            raise ValueError(f"{self.name} declares no backward")
+        return self.backward if backward else self
+
     def pass_launches(self, backward: bool = False) -> tuple[LaunchSpec, ...]:
-        if backward:
-            if self.backward is None:
-                raise ValueError(f"{self.name} declares no backward")
-            return self.backward.launches
-        return self.launches
+        return self._pass(backward).launches
 
     def pass_workspaces(self, backward: bool = False) -> tuple[WorkspaceSpec, ...]:
-        if backward:
-            if self.backward is None:
-                raise ValueError(f"{self.name} declares no backward")
-            return self.backward.workspaces
-        return self.workspaces
+        return self._pass(backward).workspaces
 
     # --- entry points -------------------------------------------------------------------
     def expansions(self) -> list[tuple[str, int | None]]:

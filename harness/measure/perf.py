@@ -29,6 +29,9 @@ from harness.core.cases import Case, Inputs
 from harness.core.results import CaseResult, Status, Timing
 
 DECODE_MAX_SEQLEN_Q = 16
+# The backward's case function (harness.measure.perf_bwd), named so that this module
+# never imports that one (which uses this one).
+BWD_CASE_FN = "harness.measure.perf_bwd:check_then_time_backward"
 DEFAULT_CASE_TIMEOUT_S = 300.0
 
 
@@ -63,19 +66,25 @@ def make_launch(candidate: Candidate, case: Case, input_sets: Sequence[Inputs], 
     return lambda i: candidate.run(case, sets[i], out, lse)
 
 
+def timing_sets(bytes_per_set: int, mode: str) -> int:
+    """Input sets to rotate on this GPU so that cold timing really is cold (its L2)."""
+    import torch
+
+    from harness.measure.timing import sets_needed
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return sets_needed(bytes_per_set, int(getattr(props, "L2_cache_size", 0)) or None, mode)
+
+
 def time_case(candidate: Candidate, case: Case, *, mode: str = "cold",
               n_sets: int | None = None, rule: dict | None = None, secret: int = 0,
               hold: bool = True) -> Timing:
     """Time `candidate` on `case` with the timing method (fresh tensors on the GPU)."""
-    import torch
-
     from harness.core.cases import make_inputs
     from harness.core.iomodel import ideal_bytes
-    from harness.measure.timing import StopRule, measure, sets_needed
+    from harness.measure.timing import StopRule, measure
 
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    l2 = int(getattr(props, "L2_cache_size", 0)) or None
-    n = n_sets or sets_needed(ideal_bytes(case), l2, mode)
+    n = n_sets or timing_sets(ideal_bytes(case), mode)
     sets = [make_inputs(case, "cuda", secret=secret, draw=i) for i in range(n)]
     out, lse = output_buffers(candidate, case)
     launch = make_launch(candidate, case, sets, out, lse)
@@ -246,8 +255,6 @@ def add_baseline_ratios(results: Sequence[CaseResult], baseline: str) -> None:
 def _isolation_options(candidate: Candidate, mode: str, timing: dict[str, Any],
                        backward: bool = False) -> dict[str, Any]:
     from pathlib import Path
-
-    from harness.measure.perf_bwd import BWD_CASE_FN
 
     options: dict[str, Any] = {"device": "cuda", "timing": dict(timing, mode=mode),
                                "case_fn": (BWD_CASE_FN if backward else

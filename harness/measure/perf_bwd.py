@@ -23,8 +23,6 @@ from harness.core.candidate import Candidate
 from harness.core.cases import Case, GradInputs
 from harness.core.results import CaseResult, Status, Timing
 
-BWD_CASE_FN = "harness.measure.perf_bwd:check_then_time_backward"
-
 
 def timing_grad_inputs(case: Case, candidate: Candidate, *, secret: int = 0,
                        draw: int = 0) -> GradInputs:
@@ -69,14 +67,11 @@ def time_backward_case(candidate: Candidate, case: Case, *, mode: str = "cold",
                        n_sets: int | None = None, rule: dict | None = None, secret: int = 0,
                        hold: bool = True) -> Timing:
     """Time `candidate`'s backward on `case` with the timing method."""
-    import torch
-
     from harness.core.iomodel_bwd import ideal_bytes_bwd
-    from harness.measure.timing import StopRule, measure, sets_needed
+    from harness.measure.perf import timing_sets
+    from harness.measure.timing import StopRule, measure
 
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    l2 = int(getattr(props, "L2_cache_size", 0)) or None
-    n = n_sets or sets_needed(ideal_bytes_bwd(case), l2, mode)
+    n = n_sets or timing_sets(ideal_bytes_bwd(case), mode)
     sets = [timing_grad_inputs(case, candidate, secret=secret, draw=i) for i in range(n)]
     launch = make_backward_launch(candidate, case, sets)
     stop = StopRule(**rule) if rule else None
