@@ -70,6 +70,25 @@ def sqlite_file(url: str) -> Path | None:
     return Path(u.database)
 
 
+def _set_wal(cur: Any) -> None:
+    """Switch a SQLite file to WAL. The switch needs the file to itself for a moment and
+    SQLite answers "database is locked" at once, without the busy timeout, when another
+    process holds it (several runners opening one new file together): retry for as long
+    as the busy timeout would have waited."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _install_sqlite_listeners(engine: Engine, *, readonly: bool) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -79,7 +98,7 @@ def _install_sqlite_listeners(engine: Engine, *, readonly: bool) -> None:
         try:
             cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
             if not readonly:
-                cur.execute("PRAGMA journal_mode = WAL")
+                _set_wal(cur)
                 cur.execute("PRAGMA synchronous = NORMAL")
             cur.execute("PRAGMA foreign_keys = ON")
             if readonly:
