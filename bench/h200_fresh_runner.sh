@@ -19,6 +19,15 @@
 #   farwriter  a team's kernels folder holding a kernel that writes 3 MiB past its
 #              output: `ci` must exit 1 by the sanitizer tier; timed
 #   gputests   `make test-gpu` (the whole GPU-marked suite), timed
+#   history    a fresh database holding the committed H200 records (`fa-harness import
+#              results/`): the history a team's database has when its gate runs
+#   aa         AA_RUNS (default 3) runs of `ci $AA_OPTS` on this one commit, numbered
+#              from AA_FIRST (default 1), on warm caches after the first; each run after
+#              the first is compared with the first (AA_BASE: its uuid, when it ran in an
+#              earlier call): nothing may be flagged
+#   planted    fa2_mma slowed by PLANT_PERCENT (default 2) in a copy of the package, as
+#              the next commit (FA_HARNESS_PARENT = this one): its A/A runs are the
+#              baseline and the noise model's history; must exit 1 naming fa2_mma
 # $OUT gets at most 8 files: times.txt, <stage>-summary.md and <stage>-record.json of
 # the gate stages asked for, logs.tgz.
 set -uo pipefail
@@ -131,10 +140,43 @@ for stage in "$@"; do
       step gputests "${GPUTESTS_S:-280}" make test-gpu GPU_PYTEST="python3 -m pytest"
       grep -E "passed|failed|error" "$WORK/gputests.log" | tail -n 4 | tee -a "$TIMES"
       ;;
-    *) echo "unknown stage $stage (install cold warm slowed compile farwriter gputests)"
+    history)
+      rm -f "$WORK/gate.sqlite"
+      step history "${HISTORY_S:-150}" python3 -m harness import results/
+      ;;
+    aa)
+      export FA_HARNESS_HOME=$WORK/home
+      mkdir -p "$FA_HARNESS_HOME"
+      first=${AA_FIRST:-1}
+      for i in $(seq "$first" $((first + ${AA_RUNS:-3} - 1))); do
+        base=${AA_BASE:-}
+        if [ -z "$base" ] && [ "$i" -gt 1 ] && [ -f "$WORK/aa-1-record.json" ]; then
+          base=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['uuid'])" \
+            "$WORK/aa-1-record.json")
+        fi
+        # shellcheck disable=SC2086  # AA_OPTS is a list of options
+        gate "aa-$i" "${AA_S:-300}" "$ROOT" ${AA_OPTS:-} ${base:+--baseline "$base"}
+        grep -E '^\| (regression|improvement|inconclusive) ' "$WORK/aa-$i-summary.md" \
+          | head -n 20 | tee -a "$TIMES"
+      done
+      ;;
+    planted)
+      slow=$WORK/slow
+      rm -rf "$slow"
+      python3 bench/plant_slowdown.py "$slow" --variant fa2_mma \
+        --percent "${PLANT_PERCENT:-2}" | tee -a "$TIMES"
+      export FA_HARNESS_HOME=$WORK/home
+      # shellcheck disable=SC2086
+      FA_HARNESS_PARENT=$FA_HARNESS_COMMIT FA_HARNESS_COMMIT=${PLANT_COMMIT:-feedc0de${FA_HARNESS_COMMIT:8}} \
+        PYTHONPATH="$slow:$PYTHONPATH" gate planted "${PLANTED_S:-300}" "$slow" ${AA_OPTS:-}
+      grep -E '^\| (regression|improvement|inconclusive) ' "$WORK/planted-summary.md" \
+        | head -n 40 | tee -a "$TIMES"
+      ;;
+    *) echo "unknown stage $stage (install cold warm slowed compile farwriter gputests" \
+         "history aa planted)"
        exit 2 ;;
   esac
 done
 tar -czf "$OUT/logs.tgz" -C "$WORK" --exclude=home --exclude=home-tests --exclude=slow \
-  --exclude=out --exclude=team . 2>/dev/null
+  --exclude=out --exclude=team --exclude="*.sqlite" . 2>/dev/null
 echo "== times"; cat "$TIMES"

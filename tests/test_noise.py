@@ -35,7 +35,7 @@ def test_judge_within_and_beyond_the_noise():
     assert noise.judge("regression", 1.10, 0.0028, 5, d) == "regression"
     d = {}
     assert noise.judge("regression", 1.10, None, 1, d) == "regression"
-    assert d["history"].startswith("insufficient history (1 earlier run(s)")
+    assert d["history"].startswith("insufficient history (1 A/A pair(s)")
     assert noise.judge("correctness_regression", None, 0.01, 5, {}) == "correctness_regression"
 
 
@@ -77,15 +77,35 @@ def test_the_committed_fa1_wobble_is_noise_and_a_planted_step_is_not(tmp_path):
     assert all(math.isclose(r[4], 1.10, rel_tol=0.02) for r in flagged)
 
 
-def test_the_model_reads_only_earlier_runs_of_the_same_source(tmp_path):
+def test_the_model_reads_earlier_runs_and_pairs_only_one_source(tmp_path):
     from harness.records.db.store import get_run, open_db
 
     url = realdata.fa_import(f"sqlite:///{tmp_path / 'r.sqlite'}", RESULTS)
     with open_db(url) as db:
         last = get_run(db, "latest").id
-        m = noise.from_db(db, "nvidia-h200", before_run_id=last, source_hashes={})
-        other = noise.from_db(db, "nvidia-h200", before_run_id=last,
-                              source_hashes={"fa2_mma": "not-a-hash-of-it"})
-    key = next(k for k in m.medians if k[0] == "fa2_mma")
-    assert m.history(key) >= 1
-    assert other.history(key) == 0  # another source: not A/A history
+        m = noise.from_db(db, "nvidia-h200", before_run_id=last)
+    key = next(k for k in m.points if k[0] == "fa2_mma")
+    assert m.points[key] and all(src for src, _ in m.points[key])
+    # A/A pairs: consecutive runs at one source; a changed source breaks the chain but
+    # its spread still judges the new source (the noise is the measurement's).
+    model = noise.NoiseModel()
+    for src, med in (("a", 1.0), ("a", 1.01), ("b", 2.0), ("b", 2.02), ("b", 2.0)):
+        model.add(("k", "fwd", "c"), src, med)
+    assert model.history(("k", "fwd", "c")) == 3
+    assert model.spread(("k", "fwd", "c")) == pytest.approx(
+        1.4826 * math.log(1.01) / math.sqrt(2), rel=0.01)
+
+
+def test_the_threshold_follows_the_history():
+    """A short history only raises the 2% bar; a trusted quiet one lowers it to 1%."""
+    key = ("k", "fwd", "c")
+    short, quiet, noisy = noise.NoiseModel(), noise.NoiseModel(), noise.NoiseModel()
+    assert short.threshold(key, 0.02) == 0.02  # no history: the practical threshold
+    for i in range(3):
+        short.add(key, "s", 1.0 + 0.001 * (i % 2))
+    assert short.threshold(key, 0.02) == 0.02  # 2 pairs: not trusted below 2%
+    for i in range(6):
+        quiet.add(key, "s", 1.0 + 0.001 * (i % 2))
+        noisy.add(key, "s", 1.0 + 0.03 * (i % 2))
+    assert quiet.threshold(key, 0.02) == noise.MIN_CHANGE
+    assert noisy.threshold(key, 0.02) > 0.05  # 3 spreads of a 3% wobble

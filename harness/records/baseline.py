@@ -20,7 +20,6 @@ from harness.records.db.database import Database
 from harness.records.db.models import Comparison
 from harness.records.db.queries import baseline_runs, get_run, load_record
 from harness.records.noise import from_db as noise_from_db
-from harness.records.noise import source_hashes
 from harness.records.steps import apply_steps, confirmed_steps, series_from_db
 
 # The gate's defaults (GateOptions.window, .baseline_branch), so an imported run is judged
@@ -66,8 +65,7 @@ def judge_runs(db: Database, run_ids: Sequence[int], *, policy: Policy = DEFAULT
             continue
         try:
             new = load_record(db, run.id)
-            noise = noise_from_db(db, new.gpu_model_key, before_run_id=run.id,
-                                  source_hashes=source_hashes(new))
+            noise = noise_from_db(db, new.gpu_model_key, before_run_id=run.id)
             report = compare_records([load_record(db, b.id) for b in bases], new, policy,
                                      base_label=how, noise=noise)
             if new.commit:  # a stored record's series is searched for steps it confirms

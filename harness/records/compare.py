@@ -3,7 +3,8 @@
 A timing change is a `regression` (or `improvement`) only when three independent rules
 agree, because each one alone is known to cry wolf:
 
-1. practical size: the estimated ratio new / base is beyond 1 +- `threshold` (2%);
+1. practical size: the estimated ratio new / base is beyond 1 +- `threshold` (2%;
+   with a noise model, per case from its run-to-run history: `NoiseModel.threshold`);
    smaller changes are not worth a red CI even when real. The ratio is
    1 + (Hodges-Lehmann shift) / (base median): the median of all pairwise differences is
    as robust to outliers as a median but much less noisy than a ratio of two medians
@@ -30,7 +31,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -296,9 +297,16 @@ def compare_records(base: RunRecord | Sequence[RunRecord], new: RunRecord,
     verdicts = []
     new_index = _index(new.results)
     for k, entry in new_index.items():
-        v = compare_entries([ix[k] for ix in indexes if k in ix], entry, policy)
+        # The practical threshold of this (candidate, pass, case): the noise model's
+        # when its history knows the run-to-run spread (harness.records.noise).
+        own = policy if noise is None else replace(
+            policy, threshold=noise.threshold(k, policy.threshold))
+        v = compare_entries([ix[k] for ix in indexes if k in ix], entry, own)
+        if own.threshold != policy.threshold:
+            v.detail["threshold"] = own.threshold
         if noise is not None:
-            v.verdict = judge(v.verdict, v.ratio, noise.spread(k), noise.history(k), v.detail)
+            v.verdict = judge(v.verdict, v.ratio, noise.spread(k), noise.history(k), v.detail,
+                              practical=policy.threshold)
         v.base_uuid = next((b.uuid for b, ix in zip(bases, indexes, strict=True) if k in ix),
                            None)
         verdicts.append(v)

@@ -42,7 +42,6 @@ from harness.records.gate_options import (
 from harness.records.gate_run import Execution, execute, gpu_present, select_candidates
 from harness.records.gate_summary import summary_markdown
 from harness.records.noise import from_db as noise_from_db
-from harness.records.noise import source_hashes
 from harness.records.plan import Plan, excuse_missing
 from harness.records.record import RunRecord, spool
 
@@ -200,8 +199,7 @@ def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),
             out.baseline = how
             if base_runs:
                 bases = [load_record(db, r.id) for r in base_runs]
-                noise = noise_from_db(db, record.gpu_model_key, before_run_id=out.run_id,
-                                      source_hashes=source_hashes(record))
+                noise = noise_from_db(db, record.gpu_model_key, before_run_id=out.run_id)
                 out.report = compare_records(bases, record, opts.policy, base_label=how,
                                              noise=noise)
                 excuse_missing(out.report, plan, selected=opts.kernels, case_ids=case_ids,

@@ -7,16 +7,24 @@ across unchanged commits while one run's samples called a +2.3% change certain
 (p = 2e-77). So a timing verdict must also stand out against the spread of the stored
 medians of earlier runs.
 
-The spread: the medians of the last runs (at most `HISTORY_RUNS`) of the same candidate
-at the same source (its source hash: the A/A history, where the code did not change),
-pass and case on the same GPU model; the robust scale of the differences of consecutive
-log medians (1.4826 x their median absolute value, divided by sqrt 2: the differences of
-two independent draws have sqrt 2 times their spread), so a step in the history does not
-inflate it. With fewer than `MIN_HISTORY` medians the spread is unknown and a verdict
-says "insufficient history" instead of claiming a run-to-run noise it has not seen.
+The spread: the medians of the last runs (at most `HISTORY_RUNS`) of the same candidate,
+pass and case on the same GPU model, oldest first; the differences of consecutive log
+medians are taken only between runs at the same source (the candidate's source hash: an
+A/A pair, where the code did not change), and their robust scale is the spread (1.4826 x
+their median absolute value, divided by sqrt 2: the difference of two independent draws
+has sqrt 2 times their spread), so a step in the history does not inflate it. The spread
+is the measurement's, not the code's: a commit that changes a kernel is judged against
+the spread its earlier sources showed. With fewer than `MIN_PAIRS` such pairs the spread
+is unknown and a verdict says "insufficient history" instead of claiming a run-to-run
+noise it has not seen.
 
-`harness.records.compare` turns a regression or improvement whose size is within
-`NOISE_K` spreads into "same", with the spread in its detail.
+The threshold a timing change must pass (`threshold`): the comparison's practical one
+(2%) while the history is short, raised to `NOISE_K` spreads where the runs are noisier;
+with `TRUSTED_PAIRS` A/A pairs or more, `NOISE_K` spreads but at least `MIN_CHANGE` (1%,
+the smallest change Chromium's perf dashboard alerts on): a quiet series is held to what
+it can resolve, a 2% slowdown of a kernel measured to 0.3% is not waved through by a fixed
+2% bar. `harness.records.compare` uses it per (candidate, pass, case), and `judge` turns a
+change within the noise into "same", with the spread in its detail.
 """
 
 from __future__ import annotations
@@ -27,73 +35,92 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-MIN_HISTORY = 3
+MIN_HISTORY = 3  # medians, for relative_spread
+MIN_PAIRS = 2  # A/A pairs, for a NoiseModel's spread
+TRUSTED_PAIRS = 4
 HISTORY_RUNS = 20
 NOISE_K = 3.0
+MIN_CHANGE = 0.01
 
 Key = tuple[str, str, str]  # (candidate, pass, case id)
 
 
+def _spread(diffs: Sequence[float]) -> float:
+    return 1.4826 * statistics.median(diffs) / math.sqrt(2.0)
+
+
+def _log(m: float | None) -> float | None:
+    return math.log(m) if m is not None and m > 0 and math.isfinite(m) else None
+
+
 def relative_spread(medians: Sequence[float]) -> float | None:
-    """The run-to-run relative spread of a series of medians (oldest first), or None
-    when there are fewer than MIN_HISTORY usable ones."""
-    xs = [math.log(m) for m in medians if m is not None and m > 0 and math.isfinite(m)]
+    """The run-to-run relative spread of a series of medians (oldest first, one source),
+    or None when there are fewer than MIN_HISTORY usable ones."""
+    xs = [x for m in medians if (x := _log(m)) is not None]
     if len(xs) < MIN_HISTORY:
         return None
-    diffs = [abs(b - a) for a, b in zip(xs, xs[1:], strict=False)]
-    return 1.4826 * statistics.median(diffs) / math.sqrt(2.0)
+    return _spread([abs(b - a) for a, b in zip(xs, xs[1:], strict=False)])
 
 
 @dataclass
 class NoiseModel:
-    """Medians of earlier runs per (candidate, pass, case), oldest first."""
+    """(source hash, median) of earlier runs per (candidate, pass, case), oldest first."""
 
-    medians: dict[Key, list[float]] = field(default_factory=dict)
+    points: dict[Key, list[tuple[str, float]]] = field(default_factory=dict)
 
-    def add(self, key: Key, median: float) -> None:
-        self.medians.setdefault(key, []).append(median)
+    def add(self, key: Key, source: str, median: float) -> None:
+        self.points.setdefault(key, []).append((source, median))
+
+    def pairs(self, key: Key) -> list[float]:
+        """|log ratio| of consecutive runs at the same source (A/A pairs)."""
+        pts = [(src, x) for src, m in self.points.get(key, []) if (x := _log(m)) is not None]
+        return [abs(b - a) for (sa, a), (sb, b) in zip(pts, pts[1:], strict=False)
+                if sa == sb]
 
     def spread(self, key: Key) -> float | None:
-        return relative_spread(self.medians.get(key, []))
+        diffs = self.pairs(key)
+        return _spread(diffs) if len(diffs) >= MIN_PAIRS else None
 
     def history(self, key: Key) -> int:
-        return len(self.medians.get(key, []))
+        return len(self.pairs(key))
+
+    def threshold(self, key: Key, practical: float) -> float:
+        """The smallest timing change that counts for `key` (module doc)."""
+        spread, n = self.spread(key), self.history(key)
+        if spread is None:
+            return practical
+        floor = MIN_CHANGE if n >= TRUSTED_PAIRS else practical
+        return max(floor, math.expm1(NOISE_K * spread))
 
 
 def judge(verdict: str, ratio: float | None, spread: float | None, n_history: int,
-          detail: dict[str, Any]) -> str:
-    """The verdict once the run-to-run noise is known (module doc); notes in `detail`."""
-    if verdict not in ("regression", "improvement") or ratio is None:
+          detail: dict[str, Any], practical: float = 0.02) -> str:
+    """The verdict once the run-to-run noise is known (module doc); notes in `detail`:
+    the spread, and why a change beyond the `practical` threshold is still "same"."""
+    if verdict not in ("regression", "improvement", "same", "inconclusive") or ratio is None:
         return verdict
     if spread is None:
-        detail["history"] = (f"insufficient history ({n_history} earlier run(s), "
-                             f"{MIN_HISTORY} needed): judged on this run's samples only")
+        if verdict in ("regression", "improvement"):
+            detail["history"] = (f"insufficient history ({n_history} A/A pair(s) of earlier "
+                                 f"runs at one source, {MIN_PAIRS} needed): judged on this "
+                                 "run's samples only")
         return verdict
     detail["run_to_run_spread"] = spread
     size = abs(math.log(ratio))
-    if size < NOISE_K * spread:
+    timing_verdict = verdict in ("regression", "improvement")
+    if size < NOISE_K * spread and (timing_verdict or abs(ratio - 1.0) > practical):
         detail["reason"] = (f"within the run-to-run noise: {abs(ratio - 1):.2%} change, "
                             f"runs spread {spread:.2%} ({NOISE_K:g} x = {NOISE_K * spread:.2%})")
         return "same"
     return verdict
 
 
-def from_rows(rows: Iterable[tuple[str, str, str, str, float]],
-              source_hashes: dict[str, str]) -> NoiseModel:
-    """A model from (candidate, source hash, pass, case id, median) rows, oldest first;
-    rows of another source than `source_hashes[candidate]` (when given) are not A/A."""
+def from_rows(rows: Iterable[tuple[str, str, str, str, float]]) -> NoiseModel:
+    """A model from (candidate, source hash, pass, case id, median) rows, oldest first."""
     model = NoiseModel()
     for name, src, pass_name, case_id, median in rows:
-        want = source_hashes.get(name)
-        if want and src and src != want:
-            continue
-        model.add((name, pass_name or "fwd", case_id), float(median))
+        model.add((name, pass_name or "fwd", case_id), src or "", float(median))
     return model
-
-
-def source_hashes(record: Any) -> dict[str, str]:
-    """Candidate -> source hash of a run record (its `kernels` section)."""
-    return {k: str(v.get("source_hash") or "") for k, v in (record.kernels or {}).items()}
 
 
 def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int, runs: int,
@@ -128,9 +155,9 @@ def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int, runs:
 
 
 def from_db(db: Any, gpu_model_key: str | None, *, before_run_id: int,
-            source_hashes: dict[str, str], runs: int = HISTORY_RUNS) -> NoiseModel:
+            runs: int = HISTORY_RUNS) -> NoiseModel:
     """The model from the last `runs` stored runs on `gpu_model_key` before run
     `before_run_id` (its passed, timed results)."""
     rows = timed_history(db, gpu_model_key, upto_run_id=before_run_id, runs=runs,
                          include_upto=False)
-    return from_rows([(n, src, p, c, m) for n, src, p, c, _commit, m in rows], source_hashes)
+    return from_rows([(n, src, p, c, m) for n, src, p, c, _commit, m in rows])
