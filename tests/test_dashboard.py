@@ -118,15 +118,16 @@ def test_overview(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert flagged > 0  # the synthetic history plants a regression at the newest commit
     assert int(latest["regressions flagged"].sum()) == flagged
     assert f"{flagged} flagged verdict(s)" in texts(at.error)
-    assert int(at.dataframe[1].value["cases"].sum()) == flagged  # grouped by GPU x variant
-    assert len(at.dataframe[2].value) == flagged  # every flagged case
-    # Best TFLOP/s per variant per GPU.
-    best = at.dataframe[3].value
+    assert int(at.dataframe[2].value["cases"].sum()) == flagged  # grouped by GPU x variant
+    assert len(at.dataframe[3].value) == flagged  # every flagged case
+    # Best TFLOP/s per variant, per GPU and grid.
+    best = at.dataframe[1].value
     want = sql(db, "SELECT MAX(r.tflops) FROM results r JOIN variants v ON v.id = r.variant_id "
                    "WHERE v.name = 'fa2_tc' AND r.status = 'passed' AND r.run_id = :run",
                run=max(ids))[0][0]
     gpu = sql(db, "SELECT gpu_model_key FROM runs WHERE id = :i", i=max(ids))[0][0]
-    assert best.loc["fa2_tc", gpu] == pytest.approx(want, abs=0.06)
+    grid = latest.set_index("run")["grid"][f"./?page=run&run={max(ids)}"]
+    assert best.loc["fa2_tc", f"{gpu} · {grid}"] == pytest.approx(want, abs=0.06)
 
 
 def test_history_series_and_links(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,9 +166,14 @@ def test_compare(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     want = sql(db, "SELECT COUNT(*) FROM comparisons WHERE run_id = :n AND base_run_id = :b "
                    "AND verdict = 'regression'", n=new, b=base)[0][0]
     assert metrics["regressions"] == str(want)
-    table = at.dataframe[0].value
+    summary, table = at.dataframe[0].value, at.dataframe[1].value
     assert len(table) == SPEC.variants * SPEC.cases
     assert table.iloc[0]["verdict"] == "regression"  # flagged rows first
+    # Per variant first: each variant once, the one with the planted regression on top.
+    assert sorted(summary["variant"]) == sorted(set(table["variant"]))
+    assert summary.iloc[0]["variant"] == table.iloc[0]["variant"]
+    assert "regression" in summary.iloc[0]["verdicts"]
+    assert int(summary["pairs"].sum()) == len(table)
 
 
 def test_compare_by_commit_and_bad_commit(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,6 +185,12 @@ def test_compare_by_commit_and_bad_commit(db: str, monkeypatch: pytest.MonkeyPat
     assert [s.value for s in at.selectbox if isinstance(s.value, int)] == [
         r[0] for r in sql(db, "SELECT id FROM runs WHERE gpu_model_key = :g "
                               "ORDER BY created_at DESC LIMIT 2", g=H200)][::-1]
+    # Only the new run named: the base is the run its verdicts were judged against.
+    at = app(db, monkeypatch, page="compare", gpu=H200, new=commits[0][:10])
+    stored = sql(db, "SELECT base_run_id FROM comparisons c JOIN runs r ON r.id = c.run_id "
+                     "WHERE r.\"commit\" = :c AND r.gpu_model_key = :g LIMIT 1",
+                 c=commits[0], g=H200)[0][0]
+    assert at.query_params["base"] in ([str(stored)], str(stored))
     at = app(db, monkeypatch, page="compare", gpu=H200, new="deadbeef99")
     assert "new=deadbeef99" in texts(at.error)
 

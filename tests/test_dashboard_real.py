@@ -181,11 +181,10 @@ def test_history_flags_and_variants(dbs: dict[str, str], monkeypatch) -> None:
              gpu="NVIDIA H200", branch="main")
     assert at.query_params["gpu"] in (["nvidia-h200"], "nvidia-h200")
     points = at.dataframe[-1].value
-    assert set(points["series"]) == {"fa2_simt | nvidia-h200 | perf",
-                                     "sdpa_cudnn | nvidia-h200 | perf"}
+    assert set(points["series"]) == {"fa2_simt | nvidia-h200", "sdpa_cudnn | nvidia-h200"}
     flagged = at.dataframe[0].value
     assert set(flagged["verdict"]) == {"regression"}
-    assert set(flagged["series"]) == {"fa2_simt | nvidia-h200 | perf"}
+    assert set(flagged["series"]) == {"fa2_simt | nvidia-h200"}
     assert flagged.iloc[0]["compare"].startswith("./?page=compare&base=")
     assert all(w.endswith("UTC") for w in points["when"])
 
@@ -202,7 +201,8 @@ def test_history_commit_order(dbs: dict[str, str], monkeypatch) -> None:
     assert [lab[-7:] for lab in points["label"]] == [first[:7], first[:7],
                                                     realdata.CHILD[:7]]
     assert list(points["when"]) != sorted(points["when"])
-    assert set(points["series"]) == {"splitkv | nvidia-h200 | decode"}
+    assert set(points["series"]) == {"splitkv | nvidia-h200"}
+    assert set(points["grid"]) == {"decode"}
 
 
 def test_correctness_follows_linked_run(dbs: dict[str, str], monkeypatch) -> None:
@@ -227,7 +227,7 @@ def test_compare_across_gpus_and_no_shared_case(dbs: dict[str, str], monkeypatch
     url = dbs["history"]
     h100 = sql(url, "SELECT id FROM runs WHERE gpu_model_key = 'nvidia-h100-80gb-hbm3'")[0][0]
     at = app(url, monkeypatch, page="compare", base="2", new=str(h100))
-    table = at.dataframe[0].value
+    table = at.dataframe[1].value
     assert list(table.columns[:2]) == ["verdict", "time ratio new/base"]
     assert table["verdict"].isna().all()
     assert "two GPU models" in texts(at.info)

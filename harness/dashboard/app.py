@@ -104,7 +104,8 @@ def main() -> None:
     st.set_page_config(page_title="fa-harness", page_icon=":material/bolt:", layout="wide")
     url = source.resolve_url(source.url_from_argv(sys.argv[1:]))
     probe = data.probe(url)
-    ctx = data.Ctx(url)
+    pages: dict[str, st.Page] = {}
+    ctx = data.Ctx(url, pages)  # filled below, before any page renders
 
     keys = [p[0] for p in PAGES] + (["submit"] if SUBMIT_PAGE.exists() else [])
     wanted = ui.param("page")
@@ -113,7 +114,6 @@ def main() -> None:
         wanted = None
     wanted = wanted or "overview"
 
-    pages: dict[str, st.Page] = {}
     for key, title, icon, render, needs_runs in PAGES:
         def run(render: Callable[[data.Ctx], None] = render, needs_runs: bool = needs_runs
                 ) -> None:

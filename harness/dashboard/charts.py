@@ -52,11 +52,11 @@ def _x_commits(df: pd.DataFrame) -> alt.X:
 
 def history_chart(df: pd.DataFrame, metric: str, title: str) -> alt.LayerChart:
     """`df` from history_frame in commit order (commits.in_commit_order: seq, label), plus
-    `series` (one line each: variant, GPU, grid), `href` (where a click goes: the run, or
+    `series` (one line each: variant and GPU, across grids), `grid`, `href` (where a click goes: the run, or
     the Compare of a flagged point's base and new runs), `when` and `verdict`."""
     y_title = "TFLOP/s (median, IQR band)" if metric == "tflops" else "time ms (median, IQR band)"
     x = _x_commits(df)
-    color = alt.Color("series:N", title="variant | GPU | grid",
+    color = alt.Color("series:N", title="variant | GPU",
                       scale=alt.Scale(scheme="category10"),
                       legend=alt.Legend(orient="bottom", labelLimit=400))
     base = alt.Chart(df).encode(x=x)
@@ -66,7 +66,8 @@ def history_chart(df: pd.DataFrame, metric: str, title: str) -> alt.LayerChart:
     best = base.mark_line(strokeDash=[3, 3], opacity=0.6).encode(y="best:Q", color=color,
                                                                  detail="series:N")
     line = base.mark_line().encode(y="value:Q", color=color, detail="series:N")
-    tooltip = [alt.Tooltip("series:N"), alt.Tooltip("commit_short:N", title="commit"),
+    tooltip = [alt.Tooltip("series:N"), alt.Tooltip("grid:N"),
+               alt.Tooltip("commit_short:N", title="commit"),
                alt.Tooltip("when:N", title="run time"), alt.Tooltip("run_id:Q", title="run"),
                alt.Tooltip("branch:N"), alt.Tooltip("status:N"),
                alt.Tooltip("value:Q", format=".4g", title=metric),

@@ -8,13 +8,13 @@ rows costs one indexed query per view per minute, whatever the number of viewers
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import streamlit as st
 from sqlalchemy import Engine
 
-from harness.dashboard import queries, source
+from harness.dashboard import alerts, compare_data, queries, source
 
 TTL_S = 60
 
@@ -33,15 +33,18 @@ def probe(url: str) -> source.Probe:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def load(url: str, name: str, *args: Any) -> Any:
-    fn: Callable[..., Any] = getattr(queries, name)
+    fn: Callable[..., Any] = next(getattr(m, name) for m in (queries, alerts, compare_data)
+                                  if hasattr(m, name))
     return fn(engine_for(url), *args)
 
 
 @dataclass(frozen=True)
 class Ctx:
-    """What every page gets: the database URL, and the cached query entry point."""
+    """What every page gets: the database URL, the cached query entry point, and the
+    app's pages by key (for links that open in the same tab: st.page_link)."""
 
     url: str
+    pages: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def q(self, name: str, *args: Any) -> Any:
         return load(self.url, name, *args)

@@ -10,8 +10,9 @@ import streamlit as st
 from harness.dashboard import commits, ui
 from harness.dashboard.data import Ctx
 
-COLUMNS = ["verdict", "gpu_model_key", "variant", "case_id", "ratio", "p_value", "commits",
-           "base commit", "new commit", "history", "compare", "run"]
+# The links first: visible without scrolling sideways.
+COLUMNS = ["verdict", "variant", "case_id", "commits", "history", "compare", "ratio",
+           "p_value", "gpu_model_key", "base commit", "new commit", "run"]
 
 
 def table(ctx: Ctx, flags: pd.DataFrame) -> pd.DataFrame:

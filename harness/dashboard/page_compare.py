@@ -1,6 +1,8 @@
 """Compare: two runs side by side (by run id or commit), on one GPU with the stored
 verdicts, or across two GPU models with the time ratio only (timings of different GPU
-models get no regression verdict)."""
+models get no regression verdict). Without a base named, the new run's stored baseline.
+A per-variant table first (verdict counts, geomean and worst ratio, worst case; flagged
+variants first), then every case."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from harness.dashboard import ui
+from harness.dashboard.compare_data import per_variant
 from harness.dashboard.data import Ctx
 from harness.dashboard.queries import FLAGGED, GOOD
 
@@ -70,8 +73,13 @@ def render(ctx: Ctx) -> None:
     if new_id not in new_labels:
         new_id = new_ids[0]
     if base_id not in base_labels:
+        # The baseline the new run was judged against (same grid and GPU), else the
+        # newest other run.
+        stored = ctx.q("default_base", new_id)
+        if stored is not None and stored not in base_labels:
+            base_ids, base_labels = _runs(ctx, base_gpu, base_id, stored)
         later = [r for r in base_ids if r != new_id]
-        base_id = later[0] if later else base_ids[0]
+        base_id = stored if stored in base_labels else (later[0] if later else base_ids[0])
     base_id = c1.selectbox("Base run", base_ids, index=base_ids.index(base_id),
                            format_func=base_labels.get)
     new_id = c2.selectbox("New run", new_ids, index=new_ids.index(new_id),
@@ -94,7 +102,7 @@ def render(ctx: Ctx) -> None:
                    f"result(s), run #{new_id} has {len(new)}, none of the same variant on "
                    "the same case (another grid, or other variants). Pick runs of the same "
                    "grid.")
-        _links(base_id, new_id)
+        _links(ctx, base_id, new_id)
         return
     both["time ratio new/base"] = both["median_ms new"] / both["median_ms base"]
     if cross:
@@ -131,17 +139,29 @@ def render(ctx: Ctx) -> None:
     geo = f"{float(np.exp(np.log(ratio).mean())):.3f}" if len(ratio) else "-"
     cols_m[3].metric("geomean time ratio", geo)
 
+    _links(ctx, base_id, new_id)
+    st.subheader("Per variant")
+    summary = per_variant(both)
+    st.dataframe(summary.drop(columns=["flagged", "better"]), hide_index=True,
+                 column_config={
+                     "geomean ratio": st.column_config.NumberColumn(format="%.3f"),
+                     "worst ratio": st.column_config.NumberColumn(format="%.3f")})
+
+    st.subheader("Per case")
     order = both["verdict"].isin(FLAGGED).map({True: 0, False: 1})
     both = both.assign(_o=order).sort_values(["_o", "time ratio new/base"],
                                              ascending=[True, False]).drop(columns="_o")
-    first = ["verdict", "time ratio new/base", "variant", "case_id", "p_value"]
+    # Base and new side by side, what decides first (the rest is off to the right).
+    first = ["verdict", "time ratio new/base", "variant", "case_id", "median_ms base",
+             "median_ms new", "tflops base", "tflops new", "status base", "status new",
+             "p_value"]
     both = both[first + [c for c in both.columns if c not in first]]
     st.dataframe(both, hide_index=True, column_config={
         "time ratio new/base": st.column_config.NumberColumn(format="%.3f"),
         "p_value": st.column_config.NumberColumn("p", format="%.2g")})
-    _links(base_id, new_id)
 
 
-def _links(base_id: int, new_id: int) -> None:
-    st.markdown(f"[base run #{base_id}]({ui.run_href(base_id)}) · "
-                f"[new run #{new_id}]({ui.run_href(new_id)})")
+def _links(ctx: Ctx, base_id: int, new_id: int) -> None:
+    c1, c2, _ = st.columns([1, 1, 4])
+    ui.page_link(ctx, "run", f"base run #{base_id}", where=c1, run=base_id)
+    ui.page_link(ctx, "run", f"new run #{new_id}", where=c2, run=new_id)

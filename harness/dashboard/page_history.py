@@ -27,12 +27,6 @@ def pick_many(label: str, options: list[str], name: str, *, fmt=str, where=st) -
     return list(picked)
 
 
-def grid_name(grids: object) -> str:
-    if isinstance(grids, (list, tuple)):
-        return "+".join(str(g) for g in grids) or "-"
-    return str(grids) if grids else "-"
-
-
 def _verdicts(ctx: Ctx, variant: str, case_id: str) -> pd.DataFrame:
     """One verdict per run (a flagged one wins over an improvement), with its base run."""
     flags = ctx.q("series_flags", variant, case_id)
@@ -41,6 +35,16 @@ def _verdicts(ctx: Ctx, variant: str, case_id: str) -> pd.DataFrame:
     flags = flags.assign(bad=flags["verdict"].isin(FLAGGED)).sort_values("bad")
     return flags.drop_duplicates("run_id", keep="last").set_index("run_id")[
         ["verdict", "base_run_id"]]
+
+
+def _default_view(ctx: Ctx) -> tuple[str, str, str | None] | None:
+    alerts = ctx.q("alert_list", 40)
+    open_ = alerts[alerts["state"] == "open"] if len(alerts) else alerts
+    if len(open_):
+        a = open_.iloc[0]
+        return a["variant"], a["worst_case"], a["gpu_model_key"]
+    pair = ctx.q("timed_pair")
+    return None if pair is None else (pair[0], pair[1], None)
 
 
 def render(ctx: Ctx) -> None:
@@ -56,11 +60,14 @@ def render(ctx: Ctx) -> None:
             ui.gpu_key(gpu_param) if ui.gpu_key(gpu_param) in names else None)
         if match:
             st.query_params["gpu"] = match
-    # Without a link naming them, open on the newest timed (variant, case): it draws.
-    pair = ctx.q("timed_pair")
+    # Without a link naming them, open on the newest open regression (its worst case),
+    # else on the newest timed (variant, case) of a kernel under test: it draws.
+    pair = _default_view(ctx)
     if pair is not None:
         variants = [pair[0], *(v for v in variants if v != pair[0])]
         cases = [pair[1], *(c for c in cases if c != pair[1])]
+        if pair[2] and ui.param("gpu") is None and ui.param("variant") is None:
+            st.query_params["gpu"] = pair[2]
     c1, c2, c3, c4 = st.columns([2, 3, 2, 1])
     chosen_variants = pick_many("Variants", variants, "variant", where=c1)
     case_id = ui.pick("Case", cases, "case", where=c2)
@@ -83,7 +90,7 @@ def render(ctx: Ctx) -> None:
             if df.empty:
                 continue
             df = df.assign(variant=variant, gpu=gpu)
-            df["grid"] = df["grids"].map(grid_name)
+            df["grid"] = df["grids"].map(ui.grid_name)
             df["verdict"] = df["run_id"].map(verdicts["verdict"])
             df["base_run_id"] = df["run_id"].map(verdicts["base_run_id"])
             parts.append(df)
@@ -93,7 +100,9 @@ def render(ctx: Ctx) -> None:
         return
     raw = pd.concat(parts, ignore_index=True)
     frame = commits.in_commit_order(charts.history_frame(raw, metric))
-    frame["series"] = frame["variant"] + " | " + frame["gpu"] + " | " + frame["grid"]
+    # One line per (variant, GPU): a case timed by a perf run and by a gate's run is one
+    # series (the grid is in each point's tooltip).
+    frame["series"] = frame["variant"] + " | " + frame["gpu"]
     frame["when"] = pd.to_datetime(frame["created_at"]).dt.strftime("%Y-%m-%d %H:%M UTC")
     frame["run"] = frame["run_id"].map(ui.run_href)
     flagged = frame["verdict"].isin(FLAGGED) & frame["base_run_id"].notna()
@@ -104,14 +113,14 @@ def render(ctx: Ctx) -> None:
     # A click on a flagged point opens the Compare of its base and new runs.
     frame["href"] = frame["compare"].where(flagged, frame["run"])
     timed = frame[frame["value"].notna()]
-    title = f"{case_id} | {', '.join(chosen_variants)} | {', '.join(gpus)}"
+    st.subheader(f"{', '.join(chosen_variants)} on {case_id}")
     if timed.empty:
         st.info("These results carry no timing.")
     else:
-        st.altair_chart(charts.history_chart(timed, metric, title), width="stretch")
+        st.altair_chart(charts.history_chart(timed, metric, METRICS[metric]), width="stretch")
         st.caption("In commit order (each run's recorded parent commit; ticks: date of the "
-                   "commit's first run and the short commit). One line per variant, GPU and "
-                   "grid. Band: interquartile range of the samples around the median; dotted: "
+                   "commit's first run and the short commit). One line per variant and GPU, "
+                   "across grids (a point's grid is in its tooltip). Band: interquartile range of the samples around the median; dotted: "
                    "best sample. Red: regression verdicts (click: Compare of its base and "
                    "new runs), green: improvements; other points open their run.")
     bad = frame[frame["verdict"].isin(FLAGGED)]
@@ -122,9 +131,9 @@ def render(ctx: Ctx) -> None:
             lambda b: ui.short((ctx.q("run_detail", int(b)) or {}).get("commit"))
             if pd.notna(b) else "?"))
         shown["commits"] = shown["base_commit"] + ".." + shown["commit_short"]
-        st.dataframe(shown[["verdict", "series", "commits", "when", "value", "status", "run",
-                            "compare"]], hide_index=True, column_config=links)
+        st.dataframe(shown[["verdict", "commits", "compare", "run", "series", "grid", "when",
+                            "value", "status"]], hide_index=True, column_config=links)
     with st.expander(f"All {len(frame)} points"):
-        st.dataframe(frame[["label", "series", "when", "branch", "status", "value",
-                            "median_ms", "iqr_ms", "min_ms", "err_ratio", "verdict", "run",
-                            "compare"]], hide_index=True, column_config=links)
+        st.dataframe(frame[["label", "run", "compare", "series", "grid", "when", "branch",
+                            "status", "value", "median_ms", "iqr_ms", "min_ms", "err_ratio",
+                            "verdict"]], hide_index=True, column_config=links)

@@ -1,17 +1,62 @@
-"""Overview: the latest run of each grid (perf, decode, smoke, ...) per GPU and branch, its
-pass/fail counts and flagged regressions (with their commit range), and the best TFLOP/s
-of every variant."""
+"""Overview: the alert list first (every regression of the history, open or recovered,
+with its commit range and a link each to the History of its worst case and to the Compare
+of the runs that flagged it), then the latest run of each grid (perf, decode, smoke, ...)
+per GPU and branch with its pass/fail counts, and the best TFLOP/s of every variant per
+grid."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
+from harness.dashboard import commits, ui
 from harness.dashboard import flags as flag_list
-from harness.dashboard import ui
 from harness.dashboard.data import Ctx
 
 RUN_LINK = ui.RUN_LINK
+VERDICT_WORDS = {"regression": "slower", "correctness_regression": "now failing",
+                 "precision_drift": "precision drift"}
+
+
+def _commit(repo: str | None, commit: str | None) -> str:
+    short = ui.md_escape(ui.short(commit))
+    url = commits.commit_url(repo, commit) if commit else None
+    return f"[`{short}`]({url})" if url else f"`{short}`"
+
+
+def alerts(ctx: Ctx) -> None:
+    rows = ctx.q("alert_list", 40)
+    st.subheader("Alerts")
+    if rows.empty:
+        st.success("No regression, correctness regression or precision drift in the history.")
+        return
+    n_open = int((rows["state"] == "open").sum())
+    line = f"{n_open} open, {len(rows) - n_open} recovered (newest {len(rows)} shown)"
+    (st.error if n_open else st.info)(line)
+    urls = ctx.q("repository_urls", tuple(sorted({int(r) for r in rows["run_id"]})))
+    widths = [1.1, 2.4, 2.2, 2.6, 0.9, 0.9]
+    head = st.columns(widths)
+    for col, name in zip(head, ("state", "GPU · candidate", "what", "last good..first bad",
+                                "", ""), strict=True):
+        col.caption(name)
+    for _, a in rows.iterrows():
+        c = st.columns(widths, vertical_alignment="center")
+        if a["state"] == "open":
+            c[0].markdown(":red[**open**]")
+        else:
+            c[0].markdown(f":green[recovered] {_commit(urls.get(a['run_id']), a['recovered_at'])}")
+        c[1].markdown(f"{ui.md_escape(a['gpu_model_key'])} · **{ui.md_escape(a['variant'])}**")
+        ratio = a["worst_ratio"]
+        worst = f"{ratio:.3f}x" if pd.notna(ratio) and a["verdict"] == "regression" else ""
+        c[2].markdown(f"{VERDICT_WORDS.get(a['verdict'], a['verdict'])}: {a['cases']} case(s)"
+                      f"{', worst ' + worst if worst else ''}")
+        repo = urls.get(int(a["run_id"]))
+        c[3].markdown(f"{_commit(repo, a['last_good'])}..{_commit(repo, a['first_bad'])}")
+        ui.page_link(ctx, "history", "History", where=c[4], variant=a["variant"],
+                     case=a["worst_case"], gpu=a["gpu_model_key"])
+        if a["base_run_id"] is not None and pd.notna(a["base_run_id"]):
+            ui.page_link(ctx, "compare", "Compare", where=c[5], base=int(a["base_run_id"]),
+                         new=int(a["run_id"]))
 
 
 def render(ctx: Ctx) -> None:
@@ -26,6 +71,8 @@ def render(ctx: Ctx) -> None:
     cols[4].metric("last run", last.strftime("%Y-%m-%d") if last else "-",
                    help=f"{last:%Y-%m-%d %H:%M} UTC" if last else None)
 
+    alerts(ctx)
+
     latest = ctx.q("latest_runs")
     ids = tuple(int(i) for i in latest["id"])
     counts = ctx.q("status_counts", ids)
@@ -33,8 +80,7 @@ def render(ctx: Ctx) -> None:
 
     st.subheader("Latest run per grid, GPU and branch")
     table = latest.rename(columns={"id": "run_id"}).copy()
-    table["grid"] = table["grids"].map(
-        lambda g: "+".join(map(str, g)) if isinstance(g, list) and g else "-")
+    table["grid"] = table["grids"].map(ui.grid_name)
     by_status = (counts.pivot_table(index="run_id", columns="status", values="n",
                                     aggfunc="sum", fill_value=0)
                  if len(counts) else pd.DataFrame(index=pd.Index([], name="run_id")))
@@ -48,11 +94,28 @@ def render(ctx: Ctx) -> None:
     table["commit"] = table["commit"].map(ui.short)
     table["run"] = table["run_id"].map(ui.run_href)
     st.dataframe(
-        table[["grid", "gpu_model_key", "branch", "commit", "created_at", "passed", "failed",
-               "skipped", "crashed/timeout/error/invalid", "regressions flagged", "run"]],
+        table[["run", "grid", "gpu_model_key", "branch", "commit", "created_at",
+               "regressions flagged", "passed", "failed", "skipped",
+               "crashed/timeout/error/invalid"]],
         hide_index=True, column_config={"run": RUN_LINK, "gpu_model_key": "GPU"})
 
-    st.subheader("Regressions flagged in these runs")
+    st.subheader("Best TFLOP/s per variant and grid (passing cases of the latest runs)")
+    best = ctx.q("best_tflops", ids)
+    if best.empty:
+        st.info("No passing timed results in the latest runs.")
+    else:
+        grid_of = dict(zip(latest["id"], table["grid"], strict=True))
+        gpu_of = dict(zip(latest["id"], latest["gpu_model_key"], strict=True))
+        best = best.assign(column=best["run_id"].map(
+            lambda r: f"{gpu_of[r]} · {grid_of[r]}"))
+        wide = best.pivot_table(index="variant", columns="column", values="best_tflops",
+                                aggfunc="max")
+        # The timing grids first (a smoke or decode best is not a variant's speed).
+        order = sorted(wide.columns, key=lambda c: (not c.endswith("perf"), c))
+        wide = wide[order]
+        st.dataframe(wide.sort_values(order[0], ascending=False).round(1))
+
+    st.subheader("Flagged in the latest runs")
     if flags.empty:
         st.success("No regression, correctness regression or precision drift in the latest runs.")
     else:
@@ -60,28 +123,9 @@ def render(ctx: Ctx) -> None:
         grouped = (flags.groupby(["gpu_model_key", "variant", "verdict", "run_id"],
                                  as_index=False)
                    .agg(cases=("case_id", "size"), worst_ratio=("ratio", "max")))
-        grouped["run"] = grouped["run_id"].map(ui.run_href)
+        grouped.insert(0, "run", grouped["run_id"].map(ui.run_href))
         st.dataframe(grouped.drop(columns="run_id"), hide_index=True,
                      column_config={"run": RUN_LINK, "gpu_model_key": "GPU"})
-        with st.expander("Every flagged case: commit range, commits, history", expanded=True):
+        with st.expander("Every flagged case: commit range, commits, history"):
             flag_list.show(ctx, flags)
 
-    st.subheader("Best TFLOP/s per variant (passing cases of the latest runs)")
-    best = ctx.q("best_tflops", ids)
-    if best.empty:
-        st.info("No passing timed results in the latest runs.")
-    else:
-        gpu_of = dict(zip(latest["id"], latest["gpu_model_key"], strict=True))
-        best = best.assign(gpu=best["run_id"].map(gpu_of))
-        wide = best.pivot_table(index="variant", columns="gpu", values="best_tflops",
-                                aggfunc="max")
-        first = wide.columns[0]
-        st.dataframe(wide.sort_values(first, ascending=False).round(1))
-
-    recent = ctx.q("recent_flags", 20)
-    if len(recent):
-        with st.expander(f"Most recent flagged verdicts anywhere ({len(recent)})"):
-            recent = recent.assign(commit=recent["commit"].map(ui.short),
-                                   run=recent["run_id"].map(ui.run_href))
-            st.dataframe(recent.drop(columns=["run_id"]), hide_index=True,
-                         column_config={"run": RUN_LINK})

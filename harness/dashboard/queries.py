@@ -133,20 +133,26 @@ def case_ids(engine: Engine) -> list[str]:
 
 
 def timed_pair(engine: Engine) -> tuple[str, str] | None:
-    """(variant, case) of the newest timed result: History opens on a line that can be
-    drawn, not on the alphabetically first pair (a correctness-only smoke case of a
-    variant that is never timed draws nothing)."""
-    stmt = (select(RESULT_LABEL, CaseRow.case_id).select_from(Variant)
-            .join(Result, Result.variant_id == Variant.id)
-            .join(CaseRow, CaseRow.id == Result.case_pk)
-            .join(Run, Run.id == Result.run_id)
-            .where(Result.median_ms.is_not(None))
-            .order_by(Run.created_at.desc(), Run.id.desc(), Variant.name, Result.pass_name,
-                      CaseRow.case_id)
-            .limit(1))
+    """(variant, case) of the newest timed result of a kernel under test (a CUDA variant
+    or Python candidate, not an SDPA peer or a CPU model; any variant when there is none):
+    History opens on a line that can be drawn, not on the alphabetically first pair (a
+    correctness-only smoke case of a variant that is never timed draws nothing)."""
     with engine.connect() as conn:
-        row = conn.execute(stmt).first()
-    return (row[0], row[1]) if row else None
+        for own in (True, False):
+            stmt = (select(RESULT_LABEL, CaseRow.case_id).select_from(Variant)
+                    .join(Result, Result.variant_id == Variant.id)
+                    .join(CaseRow, CaseRow.id == Result.case_pk)
+                    .join(Run, Run.id == Result.run_id)
+                    .where(Result.median_ms.is_not(None))
+                    .order_by(Run.created_at.desc(), Run.id.desc(), Variant.name,
+                              Result.pass_name, CaseRow.case_id)
+                    .limit(1))
+            if own:
+                stmt = stmt.where(Variant.kind.not_in(("peer", "model")))
+            row = conn.execute(stmt).first()
+            if row:
+                return (row[0], row[1])
+    return None
 
 
 def runs_list(engine: Engine, gpu: str | None = None, limit: int = 500) -> pd.DataFrame:

@@ -79,6 +79,13 @@ def gpu_key(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.strip().lower()).strip("-")
 
 
+def grid_name(grids: object) -> str:
+    """A run's grids as one name: `["smoke", "perf"]` -> `smoke+perf`."""
+    if isinstance(grids, (list, tuple)):
+        return "+".join(str(g) for g in grids) or "-"
+    return str(grids) if grids else "-"
+
+
 def short(commit: str | None) -> str:
     return (commit or "?")[:10]
 
@@ -97,6 +104,18 @@ def history_href(variant: str, case_id: str, gpu: str | None) -> str:
     if gpu:
         query["gpu"] = gpu
     return "./?" + urlencode(query)
+
+
+def page_link(ctx: Any, key: str, label: str, *, where: Any = st, **params: Any) -> None:
+    """A link to page `key` with `params` that opens in the same tab (st.page_link; a
+    table's link column opens a new one), or a plain link where the app's pages are
+    unknown (a page rendered outside app.py)."""
+    query = {k: str(v) for k, v in params.items() if v is not None}
+    page = getattr(ctx, "pages", {}).get(key)
+    if page is not None:
+        where.page_link(page, label=label, query_params=query)
+    else:
+        where.markdown(f"[{label}](./?{urlencode({'page': key} | query)})")
 
 
 RUN_LINK = st.column_config.LinkColumn("run", display_text=r"run=(\d+)")
