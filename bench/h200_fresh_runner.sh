@@ -91,7 +91,9 @@ gate() {  # gate NAME LIMIT DIR [ci options...]: `fa-harness ci` from DIR, summa
   local rc=$?
   echo "$name exit code $rc" | tee -a "$TIMES"
   [ -f "$WORK/$name-record.json" ] && timed_counts "$WORK/$name-record.json" | tee -a "$TIMES"
-  cp "$WORK/$name-summary.md" "$WORK/$name-record.json" "$OUT/" 2>/dev/null
+  # (ONLY_RECORDS=1: the summaries travel in logs.tgz; $OUT takes 8 files at most)
+  [ -n "${ONLY_RECORDS:-}" ] || cp "$WORK/$name-summary.md" "$OUT/" 2>/dev/null
+  cp "$WORK/$name-record.json" "$OUT/" 2>/dev/null
   return "$rc"
 }
 

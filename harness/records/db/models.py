@@ -193,6 +193,9 @@ class Result(Base):
         Index("ix_results_variant_case", "variant_id", "case_pk"),
         Index("ix_results_run", "run_id"),
         Index("ix_results_status", "status"),
+        # Which variants have a backward (the dashboard's candidate list), without
+        # reading every forward result (migration 0003).
+        Index("ix_results_pass_variant", "pass_name", "variant_id"),
     )
 
 
