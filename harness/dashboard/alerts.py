@@ -25,7 +25,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import aliased
 
 from harness.dashboard import commits, queries
-from harness.dashboard.schema import Comparison, Run
+from harness.dashboard.schema import CaseRow, Comparison, Result, Run, Variant
 
 ALERT_COLUMNS = ["state", "gpu_model_key", "variant", "verdict", "cases", "worst_ratio",
                  "worst_case", "last_good", "first_bad", "recovered_at", "run_id",
@@ -85,43 +85,62 @@ def group(flags: pd.DataFrame) -> pd.DataFrame:
             "base_run_id": None if pd.isna(first["base_run_id"]) else int(first["base_run_id"]),
             "created_at": first["created_at"], "branch": first["branch"],
             "base_median_ms": worst["base_median_ms"], "new_median_ms": worst["new_median_ms"],
-            "last_flagged_at": g["created_at"].max()})
+})
     out = pd.DataFrame(rows).sort_values("created_at", ascending=False, kind="stable")
     return out.reset_index(drop=True)
 
 
-def _recovered_at(series: pd.DataFrame, alert: pd.Series) -> str | None:
-    """The first commit after the alert's run at which its worst case is back (module
-    doc), or None while it is open."""
-    # Later in commit order, not in time: a re-run of an old commit made afterwards is
-    # not a recovery.
-    order = commits.commit_order(series)
-    at = order.get(alert["first_bad"])
-    if at is None:
-        after = series[pd.to_datetime(series["created_at"]) >
-                       pd.to_datetime(alert["last_flagged_at"])]
-    else:
-        after = series[series["commit"].map(lambda c: order.get(c, -1) > at)]
-        after = after.assign(_pos=after["commit"].map(order)).sort_values(
-            ["_pos", "created_at"], kind="stable")
-    if alert["verdict"] == "correctness_regression":
-        ok = after[after["status"] == "passed"]
-        return None if ok.empty else ok.iloc[0]["commit"]
-    base, new = alert["base_median_ms"], alert["new_median_ms"]
-    if base is None or new is None or not (math.isfinite(base) and math.isfinite(new)):
+def _points(engine: Engine, variant: str, case_id: str, gpu: str) -> list[tuple]:
+    """(commit, parent commit, status, median ms) of one series, oldest run first."""
+    name, pass_name = queries.split_label(variant)
+    case_pk = select(CaseRow.id).where(CaseRow.case_id == case_id).scalar_subquery()
+    stmt = (select(Run.commit, Run.parent_commit, Result.status, Result.median_ms)
+            .join(Run, Run.id == Result.run_id)
+            .join(Variant, Variant.id == Result.variant_id)
+            .where(Variant.name == name, Result.pass_name == pass_name,
+                   Result.case_pk == case_pk, Run.gpu_model_key == gpu)
+            .order_by(Run.created_at, Run.id))
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(stmt).all()]
+
+
+def _recovered_at(points: list[tuple], alert: pd.Series, order: dict[str, int]) -> str | None:
+    """The first commit after the alert's first bad one in commit order (`order`:
+    harness.dashboard.commits.commit_order of the GPU's runs; a re-run of an old commit
+    made later is no recovery) at which its worst case is back (module doc), or None
+    while it is open."""
+    start = order.get(alert["first_bad"])
+    if start is None:
         return None
-    back = after[(after["status"] == "passed") &
-                 ((after["median_ms"] - base).abs() < (after["median_ms"] - new).abs())]
-    return None if back.empty else back.iloc[0]["commit"]
+    later = sorted((p for p in points if order.get(p[0], -1) > start),
+                   key=lambda p: order[p[0]])  # stable: a commit's runs oldest first
+    base, new = alert["base_median_ms"], alert["new_median_ms"]
+    for commit, _parent, status, median in later:
+        if status != "passed":
+            continue
+        if alert["verdict"] == "correctness_regression":
+            return commit
+        if (base is not None and new is not None and median is not None
+                and math.isfinite(base) and math.isfinite(new)
+                and abs(median - base) < abs(median - new)):
+            return commit
+    return None
+
+
+def _commit_order(engine: Engine, gpu: str) -> dict[str, int]:
+    stmt = select(Run.commit, Run.parent_commit, Run.created_at).where(
+        Run.gpu_model_key == gpu)
+    return commits.commit_order(queries._frame(engine, stmt))
 
 
 def alert_list(engine: Engine, shown: int = 40) -> pd.DataFrame:
     """The alerts (newest first, at most `shown`), each open or recovered."""
     alerts = group(flagged_history(engine)).head(shown)
     states, when = [], []
+    orders = {g: _commit_order(engine, g) for g in set(alerts["gpu_model_key"].dropna())}
     for _, a in alerts.iterrows():
-        series = queries.series(engine, a["variant"], a["worst_case"], a["gpu_model_key"])
-        at = _recovered_at(series, a) if len(series) else None
+        at = _recovered_at(_points(engine, a["variant"], a["worst_case"], a["gpu_model_key"]),
+                           a, orders.get(a["gpu_model_key"], {}))
         states.append("recovered" if at else "open")
         when.append(at)
     alerts = alerts.assign(state=states, recovered_at=when)

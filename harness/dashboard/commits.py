@@ -24,9 +24,9 @@ def commit_order(runs: pd.DataFrame) -> dict[str, int]:
         return {}
     first_seen = known.groupby("commit")["created_at"].min()
     parent_col = known.get("parent_commit")
+    parents = parent_col.tolist() if parent_col is not None else [None] * len(known)
     parent: dict[str, str | None] = {}
-    for i, commit in enumerate(known["commit"]):
-        p = parent_col.iloc[i] if parent_col is not None else None
+    for commit, p in zip(known["commit"].tolist(), parents, strict=True):
         if commit not in parent or (parent[commit] is None and isinstance(p, str)):
             parent[commit] = p if isinstance(p, str) else None
     children: dict[str, list[str]] = {}
