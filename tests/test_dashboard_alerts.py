@@ -7,6 +7,7 @@ is listed as recovered at that commit; History opens on the open regression."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,12 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> str:
     d = tmp_path_factory.mktemp("walk")
     url = realdata.fa_import(f"sqlite:///{d / 'walk.sqlite'}", realdata.RESULTS)
     base = realdata.load(BASE)
+    # After every committed record: the planted commits are the newest of the history.
+    newest = max(realdata.load(p)["created_at"] for p in realdata.RESULTS.glob("h200-*.json"))
+    lag = (_t(newest) - _t(base["created_at"])).total_seconds() / 3600
     records, parent = [], base["commit"]
     for i, commit in enumerate(C):
-        rec = realdata.derive(base, hours=2 + i, commit=commit, parent=parent)
+        rec = realdata.derive(base, hours=lag + 1 + i, commit=commit, parent=parent)
         if i >= 1:
             realdata.slower(rec, "fa2_mma", 1.05)  # from C[1] on
         if i == 0:
@@ -35,6 +39,10 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> str:
         records.append(rec)
         parent = commit
     return realdata.fa_import(url, realdata.write(records, d / "planted"))
+
+
+def _t(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def app(url: str, monkeypatch: pytest.MonkeyPatch, **params: str) -> AppTest:

@@ -83,7 +83,8 @@ def history_chart(df: pd.DataFrame, metric: str, title: str) -> alt.LayerChart:
     goods = alt.Chart(better).mark_point(shape="triangle-up", size=160, color=GREEN,
                                          filled=True, cursor="pointer").encode(
         x=x, y="value:Q", href="href:N", tooltip=tooltip)
-    return alt.layer(band, best, line, points, marks, goods).properties(title=title, height=380)
+    chart = alt.layer(band, best, line, points, marks, goods).properties(height=380)
+    return chart.properties(title=title) if title else chart
 
 
 def err_ratio_chart(df: pd.DataFrame, y: str, title: str, bound: float = 2.0) -> alt.LayerChart:

@@ -74,7 +74,8 @@ def in_commit_order(df: pd.DataFrame) -> pd.DataFrame:
 def commit_url(repository_url: str | None, commit: str | None) -> str | None:
     """The web page of `commit` in the repository (GitHub and GitLab both serve
     `<repository>/commit/<sha>`), or None when either is unknown."""
-    if not repository_url or not commit:
+    # Not a string: a missing address in a pandas column is NaN, not None.
+    if not isinstance(repository_url, str) or not isinstance(commit, str) or not commit:
         return None
     if not repository_url.startswith(("https://", "http://")):
         return None

@@ -39,7 +39,8 @@ def default_base(engine: Engine, run_id: int) -> int | None:
 def per_variant(both: pd.DataFrame) -> pd.DataFrame:
     """One row per variant of the shared (variant, case) pairs: its verdict counts, the
     geometric mean and the worst of its time ratios (new / base) and the worst case;
-    those with flagged verdicts first, then by geomean, slowest first."""
+    those with flagged verdicts first, then those with improvements, then by geomean,
+    slowest first."""
     rows = []
     for variant, g in both.groupby("variant", sort=False):
         ratio = g["time ratio new/base"]
@@ -58,5 +59,5 @@ def per_variant(both: pd.DataFrame) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
     out = pd.DataFrame(rows)
-    return out.sort_values(["flagged", "geomean ratio"], ascending=[False, False],
+    return out.sort_values(["flagged", "better", "geomean ratio"], ascending=[False, False, False],
                            kind="stable").reset_index(drop=True)

@@ -144,6 +144,7 @@ def render(ctx: Ctx) -> None:
     summary = per_variant(both)
     st.dataframe(summary.drop(columns=["flagged", "better"]), hide_index=True,
                  column_config={
+                     "verdicts": st.column_config.TextColumn(width="large"),
                      "geomean ratio": st.column_config.NumberColumn(format="%.3f"),
                      "worst ratio": st.column_config.NumberColumn(format="%.3f")})
 

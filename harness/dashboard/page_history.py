@@ -117,7 +117,7 @@ def render(ctx: Ctx) -> None:
     if timed.empty:
         st.info("These results carry no timing.")
     else:
-        st.altair_chart(charts.history_chart(timed, metric, METRICS[metric]), width="stretch")
+        st.altair_chart(charts.history_chart(timed, metric, ""), width="stretch")
         st.caption("In commit order (each run's recorded parent commit; ticks: date of the "
                    "commit's first run and the short commit). One line per variant and GPU, "
                    "across grids (a point's grid is in its tooltip). Band: interquartile range of the samples around the median; dotted: "

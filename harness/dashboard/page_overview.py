@@ -34,7 +34,7 @@ def alerts(ctx: Ctx) -> None:
     line = f"{n_open} open, {len(rows) - n_open} recovered (newest {len(rows)} shown)"
     (st.error if n_open else st.info)(line)
     urls = ctx.q("repository_urls", tuple(sorted({int(r) for r in rows["run_id"]})))
-    widths = [1.1, 2.4, 2.2, 2.6, 0.9, 0.9]
+    widths = [1.0, 2.2, 2.0, 2.4, 1.2, 1.3]
     head = st.columns(widths)
     for col, name in zip(head, ("state", "GPU · candidate", "what", "last good..first bad",
                                 "", ""), strict=True):
