@@ -121,6 +121,8 @@ def test_history_opens_on_the_open_regression(walk: str, monkeypatch) -> None:
     assert "fa2_mma on " in at.subheader[0].value
     flagged = at.dataframe[0].value
     assert "regression" in set(flagged["verdict"])
+    # Its Compare, as a link that stays in the tab.
+    assert any(label.startswith("Compare ") and q.get("new") for label, _p, q in _links(at))
 
 
 def test_compare_opens_on_the_stored_baseline(walk: str, monkeypatch) -> None:

@@ -133,6 +133,12 @@ def render(ctx: Ctx) -> None:
         shown["commits"] = shown["base_commit"] + ".." + shown["commit_short"]
         st.dataframe(shown[["verdict", "commits", "compare", "run", "series", "grid", "when",
                             "value", "status"]], hide_index=True, column_config=links)
+        # The newest few again as links that stay in this tab (a table's open a new one).
+        newest = shown[shown["base_run_id"].notna()].tail(4).iloc[::-1]
+        cols = st.columns(4)
+        for col, (_, r) in zip(cols, newest.iterrows(), strict=False):
+            ui.page_link(ctx, "compare", f"Compare {r['commits']}", where=col,
+                         base=int(r["base_run_id"]), new=int(r["run_id"]))
     with st.expander(f"All {len(frame)} points"):
         st.dataframe(frame[["label", "run", "compare", "series", "grid", "when", "branch",
                             "status", "value", "median_ms", "iqr_ms", "min_ms", "err_ratio",
