@@ -28,15 +28,13 @@ from sqlalchemy import (
     cast,
     distinct,
     func,
-    inspect,
     literal,
     or_,
     select,
 )
 from sqlalchemy.orm import aliased
 
-from harness.dashboard.schema import CaseRow, Comparison, Result, Run, Submission, Variant
-from harness.submissions.ranking import COLUMNS, leaderboard_rows
+from harness.dashboard.schema import CaseRow, Comparison, Result, Run, Variant
 
 # Verdicts that mean "something got worse" (flagged in red everywhere).
 FLAGGED = ("regression", "correctness_regression", "precision_drift")
@@ -408,29 +406,3 @@ def run_failures(engine: Engine, run_id: int) -> pd.DataFrame:
             .where(and_(Result.run_id == run_id, Result.status.in_(NOT_OK)))
             .order_by(Variant.name, Result.pass_name, CaseRow.case_id))
     return _frame(engine, stmt)
-
-
-# --- leaderboard -------------------------------------------------------------------------
-
-
-def has_table(engine: Engine, name: str) -> bool:
-    with engine.connect() as conn:
-        return inspect(conn).has_table(name)
-
-
-def leaderboard(engine: Engine) -> pd.DataFrame:
-    """Every submission: the scored ones ranked exactly as `fa-harness leaderboard` ranks
-    them (`harness.submissions.ranking`), then the others, newest first, with rank NaN."""
-    if not has_table(engine, Submission.__tablename__):
-        return pd.DataFrame(columns=[*COLUMNS, "gpu"])
-    subs = pd.DataFrame(leaderboard_rows(engine, include_all=True, limit=1000),
-                        columns=list(COLUMNS))
-    # The GPU a submission was scored on is that of its scoring run.
-    run_ids = sorted({int(r) for r in subs["run_id"].dropna()})
-    gpu_of: dict[int, str] = {}
-    if run_ids:
-        with engine.connect() as conn:
-            gpu_of = {int(i): (n or k) for i, n, k in conn.execute(
-                select(Run.id, Run.gpu_name, Run.gpu_model_key).where(Run.id.in_(run_ids)))}
-    subs["gpu"] = subs["run_id"].map(lambda r: gpu_of.get(int(r)) if pd.notna(r) else None)
-    return subs
