@@ -159,3 +159,17 @@ def with_submissions(url: str) -> str:
     finally:
         db.close()
     return url
+
+
+def dashboard_app(url: str, monkeypatch: Any, **params: str) -> Any:
+    """The dashboard run once through Streamlit's AppTest on database `url`, with the
+    query parameters `params`; no page may raise."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("FA_HARNESS_DB", url)
+    at = AppTest.from_file(str(ROOT / "harness" / "dashboard" / "app.py"), default_timeout=90)
+    for key, value in params.items():
+        at.query_params[key] = value
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at

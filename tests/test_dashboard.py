@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import realdata
 from sqlalchemy import create_engine, text
 
 from harness.dashboard import queries, source
@@ -59,14 +60,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> str:
     return url
 
 
-def app(url: str, monkeypatch: pytest.MonkeyPatch, **params: str) -> AppTest:
-    monkeypatch.setenv("FA_HARNESS_DB", url)
-    at = AppTest.from_file(str(APP), default_timeout=60)
-    for key, value in params.items():
-        at.query_params[key] = value
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+app = realdata.dashboard_app
 
 
 def charts(at: AppTest) -> list:

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 import realdata
 from sqlalchemy import create_engine
 
 AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
-APP = Path(__file__).resolve().parents[1] / "harness" / "dashboard" / "app.py"
 BASE = realdata.RESULTS / "h200-20261201T195739Z-ci-warm.json"
 C = [f"{i:x}" * 40 for i in (10, 11, 12, 13)]  # four commits after the newest gate run
 
@@ -45,14 +43,7 @@ def _t(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
-def app(url: str, monkeypatch: pytest.MonkeyPatch, **params: str) -> AppTest:
-    monkeypatch.setenv("FA_HARNESS_DB", url)
-    at = AppTest.from_file(str(APP), default_timeout=90)
-    for k, v in params.items():
-        at.query_params[k] = v
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+app = realdata.dashboard_app
 
 
 def test_alert_list_open_and_recovered(walk: str) -> None:

@@ -14,7 +14,6 @@ import realdata
 from sqlalchemy import create_engine, text
 
 ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "harness" / "dashboard" / "app.py"
 PAGES = ["overview", "history", "compare", "roofline", "correctness", "leaderboard", "run",
          "submit"]
 KINDS = ["results", "history", "one_grid", "submissions"]
@@ -28,14 +27,7 @@ def dbs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {k: realdata.build(k, base / k) for k in KINDS}
 
 
-def app(url: str, monkeypatch: pytest.MonkeyPatch, **params: str) -> AppTest:
-    monkeypatch.setenv("FA_HARNESS_DB", url)
-    at = AppTest.from_file(str(APP), default_timeout=90)
-    for key, value in params.items():
-        at.query_params[key] = value
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+app = realdata.dashboard_app
 
 
 def sql(url: str, query: str, **params) -> list:

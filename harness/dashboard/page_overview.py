@@ -18,8 +18,8 @@ VERDICT_WORDS = {"regression": "slower", "correctness_regression": "now failing"
                  "precision_drift": "precision drift"}
 
 
-def _commit(repo: str | None, commit: str | None) -> str:
-    short = ui.md_escape(ui.short(commit))
+def _commit(repo: str | None, commit: str | None, width: int = 10) -> str:
+    short = ui.md_escape(ui.short(commit)[:width])
     url = commits.commit_url(repo, commit) if commit else None
     return f"[`{short}`]({url})" if url else f"`{short}`"
 
@@ -41,16 +41,17 @@ def alerts(ctx: Ctx) -> None:
         col.caption(name)
     for _, a in rows.iterrows():
         c = st.columns(widths, vertical_alignment="center")
+        repo = urls.get(int(a["run_id"]))
         if a["state"] == "open":
             c[0].markdown(":red[**open**]")
         else:
-            c[0].markdown(f":green[recovered] {_commit(urls.get(a['run_id']), a['recovered_at'])}")
+            # Seven characters: the state column is narrow.
+            c[0].markdown(f":green[recovered] {_commit(repo, a['recovered_at'], 7)}")
         c[1].markdown(f"{ui.md_escape(a['gpu_model_key'])} · **{ui.md_escape(a['variant'])}**")
         ratio = a["worst_ratio"]
         worst = f"{ratio:.3f}x" if pd.notna(ratio) and a["verdict"] == "regression" else ""
         c[2].markdown(f"{VERDICT_WORDS.get(a['verdict'], a['verdict'])}: {a['cases']} case(s)"
                       f"{', worst ' + worst if worst else ''}")
-        repo = urls.get(int(a["run_id"]))
         c[3].markdown(f"{_commit(repo, a['last_good'])}..{_commit(repo, a['first_bad'])}")
         ui.page_link(ctx, "history", "History", where=c[4], variant=a["variant"],
                      case=a["worst_case"], gpu=a["gpu_model_key"])
