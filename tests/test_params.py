@@ -13,6 +13,7 @@ from harness.candidates.params import (
     MASK_BOOL,
     MASK_CAUSAL,
     MASK_KEY_PADDING,
+    MASK_TOP_LEFT,
     PARAMS_DTYPE,
     build_params,
     field_offsets,
@@ -30,12 +31,13 @@ def _layout_source(asserts: str) -> str:
 
 
 def test_dtype_shape():
-    assert PARAMS_DTYPE.itemsize == 376
+    assert PARAMS_DTYPE.itemsize == 432
     offs = field_offsets()
     assert offs["q"] == 0 and offs["workspace"] == 56 and offs["q_batch_stride"] == 88
     assert offs["dout"] == 200 and offs["dv_row_stride"] == 320
     assert offs["batch"] == 328 and offs["scale_log2"] == 372
-    assert list(PARAMS_DTYPE.names)[-2:] == ["scale", "scale_log2"]
+    assert offs["cu_seqlens_q"] == 376 and offs["block_table_stride"] == 408
+    assert list(PARAMS_DTYPE.names)[-2:] == ["window_left", "window_right"]
 
 
 @pytest.mark.nvcc
@@ -108,7 +110,7 @@ def test_build_params_masks():
 
     tl = Case(1, 1, 1, 40, 20, 64, "float16", MaskKind.CAUSAL_TL)
     p = build_params(tl, make_inputs(tl), *_outputs(tl), [], num_splits=1).scalar
-    assert p["mask_kind"] == MASK_CAUSAL and p["causal_offset"] == 0
+    assert p["mask_kind"] == MASK_CAUSAL | MASK_TOP_LEFT and p["causal_offset"] == 0
     br = Case(1, 1, 1, 40, 20, 64, "float16", MaskKind.CAUSAL_BR)
     p = build_params(br, make_inputs(br), *_outputs(br), [], num_splits=1).scalar
     assert p["causal_offset"] == -20

@@ -320,7 +320,7 @@ class CudaVariant(Candidate):
         q, k, v = (aligned_for_vector_loads(t, case.head_dim) for t in (inputs.q, inputs.k, inputs.v))
         copies = [t for t, src in zip((q, k, v), (inputs.q, inputs.k, inputs.v), strict=True)
                   if t is not src]
-        dev_inputs = Inputs(q, k, v, inputs.mask, inputs.key_lengths)
+        dev_inputs = Inputs(q, k, v, inputs.mask, inputs.key_lengths, inputs.serving)
         params = build_params(case, dev_inputs, out, lse, state.workspaces, state.num_splits,
                               grads)
         sources = tuple(t for t in (inputs.mask, inputs.key_lengths) if t is not None)

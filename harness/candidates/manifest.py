@@ -42,7 +42,7 @@ from harness.candidates.variant_spec import (
     VariantSpec,
     WorkspaceSpec,
 )
-from harness.core.cases import DTYPES, MaskKind
+from harness.core.cases import DTYPES, Layout, MaskKind
 
 # ------------------------------------------------------------------------------------
 # Validation
@@ -346,6 +346,14 @@ def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
         raise ctx.fail("supports.masked_lse", f"must be \"-inf\" or \"+inf\", got {masked_lse!r}")
     mq = table.get("max_seqlen_q")
     mk_ = table.get("max_seqlen_k")
+    layouts: list[Layout] = []
+    for i, lay in enumerate(_list(ctx, table.get("layouts", ["dense"]), "supports.layouts")):
+        s = _str(ctx, lay, f"supports.layouts[{i}]")
+        try:
+            layouts.append(Layout(s))
+        except ValueError:
+            raise ctx.fail(f"supports.layouts[{i}]", f"unknown layout {s!r} (one of "
+                           f"{', '.join(x.value for x in Layout)})") from None
     return SupportSpec(
         dtypes=dtypes, head_dims=head_dims, max_head_dim=max_head_dim, masks=tuple(masks),
         gqa=_bool(ctx, table["gqa"], "supports.gqa"),
@@ -354,4 +362,6 @@ def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
         max_seqlen_q=None if mq is None else _int(ctx, mq, "supports.max_seqlen_q", 1),
         max_seqlen_k=None if mk_ is None else _int(ctx, mk_, "supports.max_seqlen_k", 1),
         decode_only=_bool(ctx, table.get("decode_only", False), "supports.decode_only"),
+        layouts=tuple(layouts),
+        window=_bool(ctx, table.get("window", False), "supports.window"),
     )

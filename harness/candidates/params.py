@@ -15,13 +15,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from harness.core.cases import Case, Inputs, MaskKind
+from harness.core.cases import Case, Inputs, Layout, MaskKind
 
 MASK_NONE = 0
 MASK_CAUSAL = 1
 MASK_KEY_PADDING = 2
 MASK_BOOL = 4
+MASK_TOP_LEFT = 8  # the causal mask (and the window) aligned top-left: offset 0
+MASK_WINDOW = 16  # a sliding window (window_left / window_right)
 DTYPE_CODES = {"float16": 0, "bfloat16": 1}
+LAYOUT_CODES = {Layout.DENSE: 0, Layout.VARLEN: 1, Layout.PAGED: 2}
 NUM_WORKSPACES = 4
 LOG2E = 1.4426950408889634
 
@@ -44,6 +47,11 @@ _FIELDS: list[tuple[str, str, int]] = [
     ("mask_kind", "i4", 1), ("causal_offset", "i4", 1), ("dtype", "i4", 1),
     ("num_splits", "i4", 1),
     ("scale", "f4", 1), ("scale_log2", "f4", 1),
+    # Serving layouts (harness.core.serving) and sliding windows.
+    ("cu_seqlens_q", "u8", 1), ("cu_seqlens_k", "u8", 1), ("seqlens_q", "u8", 1),
+    ("block_table", "u8", 1), ("block_table_stride", "i8", 1),
+    ("layout", "i4", 1), ("page_size", "i4", 1),
+    ("window_left", "i4", 1), ("window_right", "i4", 1),
 ]
 
 
@@ -96,7 +104,22 @@ def mask_kind_bits(case: Case) -> int:
         bits |= MASK_KEY_PADDING
     if case.mask is MaskKind.RANDOM:
         bits |= MASK_BOOL
+    if case.mask is MaskKind.CAUSAL_TL:
+        bits |= MASK_TOP_LEFT
+    if case.has_window:
+        bits |= MASK_WINDOW
     return bits
+
+
+def dense_offset(case: Case) -> int:
+    """`causal_offset` of the struct: the causal mask's and the window's alignment offset
+    of a dense case (a window without a causal mask is bottom-right aligned). Serving
+    layouts align per sequence (fa_seq_offset in the header), so theirs is 0."""
+    if case.is_serving:
+        return 0
+    if case.has_window and case.mask is not MaskKind.CAUSAL_TL:
+        return case.seqlen_k - case.seqlen_q
+    return case.causal_offset
 
 
 def _strides(t: torch.Tensor, what: str) -> tuple[int, int, int]:
@@ -123,6 +146,11 @@ def build_params(case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tenso
     q, k, v = inputs.q, inputs.k, inputs.v
     expect_q = (case.batch, case.heads, case.seqlen_q, case.head_dim)
     expect_kv = (case.batch, case.kv_heads, case.seqlen_k, case.head_dim)
+    if case.is_serving:
+        from harness.core.serving import tensor_shapes
+
+        shapes = tensor_shapes(case)
+        expect_q, expect_kv = shapes["q"], shapes["kv"]
     for t, want, what in ((q, expect_q, "q"), (k, expect_kv, "k"), (v, expect_kv, "v"),
                           (out, expect_q, "out")):
         if tuple(t.shape) != want:
@@ -170,12 +198,16 @@ def build_params(case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tenso
     p["batch"], p["heads"], p["kv_heads"] = case.batch, case.heads, case.kv_heads
     p["seqlen_q"], p["seqlen_k"], p["head_dim"] = case.seqlen_q, case.seqlen_k, case.head_dim
     p["mask_kind"] = bits
-    p["causal_offset"] = case.causal_offset
+    p["causal_offset"] = dense_offset(case)
     p["dtype"] = DTYPE_CODES[case.dtype]
     p["num_splits"] = num_splits
     scale = 1.0 / math.sqrt(case.head_dim)
     p["scale"] = scale
     p["scale_log2"] = scale * LOG2E
+    p["window_left"], p["window_right"] = case.window_left, case.window_right
+    p["layout"] = LAYOUT_CODES[case.layout]
+    if case.is_serving:
+        _serving_fields(p, case, inputs, keep)
     if grads is not None:
         _grad_fields(p, case, grads)
     return BuiltParams(arr, keep)
@@ -193,3 +225,30 @@ def _grad_fields(p: np.void, case: Case, grads: Sequence[torch.Tensor]) -> None:
         p["dout" if what == "do" else what] = t.data_ptr()
         (p[f"{what}_batch_stride"], p[f"{what}_head_stride"],
          p[f"{what}_row_stride"]) = _strides(t, what)
+
+
+def _serving_fields(p: np.void, case: Case, inputs: Inputs, keep: list[torch.Tensor]) -> None:
+    """Varlen: slot starts and lengths of q and k; paged: the block table and the cache
+    lengths (`seqlens_k`, as key padding uses it). K/V of a paged case are page pools, so
+    k_batch_stride is the stride between pages."""
+    index = inputs.serving
+    if index is None:
+        raise ValueError(f"case {case.id} needs its serving index (inputs.serving)")
+    dev = inputs.q.device
+
+    def put(name: str, t: torch.Tensor | None) -> None:
+        if t is None:
+            raise ValueError(f"case {case.id} needs serving.{name}")
+        t = t.to(device=dev, dtype=torch.int32).contiguous()
+        keep.append(t)
+        p[name] = t.data_ptr()
+
+    put("seqlens_q", index.seqlens_q)
+    put("seqlens_k", index.seqlens_k)
+    if case.layout is Layout.VARLEN:
+        put("cu_seqlens_q", index.cu_seqlens_q)
+        put("cu_seqlens_k", index.cu_seqlens_k)
+    else:
+        put("block_table", index.block_table)
+        p["block_table_stride"] = index.block_table.shape[1]
+        p["page_size"] = case.page_size

@@ -246,7 +246,7 @@ class SdpaPeer(Candidate):
         dout = dout if dout is not None else inputs.dout  # type: ignore[union-attr]
         leaves = tuple(t.detach().requires_grad_() for t in (inputs.q, inputs.k, inputs.v))
         with torch.enable_grad():
-            out = self._call(case, Inputs(*leaves, inputs.mask, inputs.key_lengths),
+            out = self._call(case, Inputs(*leaves, inputs.mask, inputs.key_lengths, inputs.serving),
                              gqa_native=native)()
         return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
 

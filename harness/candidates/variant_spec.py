@@ -13,7 +13,7 @@ from typing import Any
 
 from harness.candidates.expr import Expr
 from harness.core.candidate import Support
-from harness.core.cases import DTYPE_SHORT, Case, MaskKind
+from harness.core.cases import DTYPE_SHORT, Case, Layout, MaskKind
 
 KERNELS_ROOT = Path(__file__).resolve().parents[1] / "kernels"
 HEADER_NAME = "fa_harness.h"
@@ -36,7 +36,8 @@ BACKWARD_OPTIONAL = ("deterministic", "workspace")
 # supports (as the budget allows), "smoke" its two cheapest, "none" correctness only.
 TIMING_MODES = ("full", "smoke", "none")
 SUPPORTS_REQUIRED = ("dtypes", "head_dims", "masks", "gqa", "writes_lse")
-SUPPORTS_OPTIONAL = ("masked_lse", "max_seqlen_q", "max_seqlen_k", "decode_only", "max_head_dim")
+SUPPORTS_OPTIONAL = ("masked_lse", "max_seqlen_q", "max_seqlen_k", "decode_only", "max_head_dim",
+                     "layouts", "window")
 WORKSPACE_KEYS = ("name", "dtype", "elements")
 LAUNCH_REQUIRED = ("entry", "grid", "block")
 LAUNCH_OPTIONAL = ("shared_mem",)
@@ -126,6 +127,8 @@ class SupportSpec:
     max_seqlen_q: int | None = None
     max_seqlen_k: int | None = None
     decode_only: bool = False
+    layouts: tuple[Layout, ...] = (Layout.DENSE,)
+    window: bool = False
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,8 @@ class VariantSpec:
             max_seqlen_q=s.max_seqlen_q,
             max_seqlen_k=s.max_seqlen_k,
             decode_only=s.decode_only,
+            layouts=frozenset(s.layouts),
+            window=s.window,
             min_compute_capability=self.min_compute_capability,
             backward=self.backward is not None,
             backward_deterministic=bool(self.backward and self.backward.deterministic),

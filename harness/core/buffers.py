@@ -40,6 +40,11 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_INT_VIEW[t.element_size()])
 
 
+def _first_index(hits: torch.Tensor) -> tuple[int, ...]:
+    flat = int(hits.flatten().nonzero()[0])
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(hits.shape)))
+
+
 @dataclass
 class _Guarded:
     """One output view inside a larger allocation: [guard | view | guard]."""
@@ -48,6 +53,9 @@ class _Guarded:
     storage: torch.Tensor  # flat, the whole allocation
     view: torch.Tensor
     guard: int  # guard length in elements, each side
+    # Varlen: (rows,) True for the rows of dimension 2 that belong to a sequence. The
+    # others are padding between packed sequences: they must keep the poison.
+    valid_rows: torch.Tensor | None = None
 
     @classmethod
     def allocate(cls, name: str, shape: tuple[int, ...], dtype: torch.dtype,
@@ -74,15 +82,36 @@ class _Guarded:
     def poison(self) -> None:
         _bits(self.view).fill_(self._poison_value)
 
+    def _rows_expanded(self, rows: torch.Tensor) -> torch.Tensor:
+        shape = [1] * self.view.dim()
+        shape[2] = rows.numel()
+        return rows.to(self.view.device).view(shape).expand(self.view.shape)
+
     def unwritten(self) -> str | None:
         still = _bits(self.view) == self._poison_value
+        if self.valid_rows is not None:
+            padding = ~self._rows_expanded(self.valid_rows)
+            crossed = self._padding_written(still, padding)
+            still = still & ~padding
+            if crossed:
+                return crossed + ("; " + m if (m := self._unwritten_msg(still)) else "")
+        return self._unwritten_msg(still)
+
+    def _padding_written(self, still: torch.Tensor, padding: torch.Tensor) -> str | None:
+        wrote = padding & ~still
+        count = int(wrote.sum())
+        if not count:
+            return None
+        return (f"{self.name}: {count} element(s) written in the padding between packed "
+                f"sequences (a write across a sequence boundary), first at index "
+                f"{_first_index(wrote)}")
+
+    def _unwritten_msg(self, still: torch.Tensor) -> str | None:
         count = int(still.sum())
         if not count:
             return None
-        flat = int(still.flatten().nonzero()[0])
-        idx = [int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(self.view.shape))]
         return (f"{self.name}: {count} of {self.view.numel()} element(s) never written, "
-                f"first at index {tuple(idx)}")
+                f"first at index {_first_index(still)}")
 
     def check_guards(self) -> str | None:
         n = self.view.numel()
@@ -129,12 +158,20 @@ class OutputBuffers(_GuardedSet):
 
     @classmethod
     def allocate(cls, case: Case, device: str | torch.device, writes_lse: bool) -> OutputBuffers:
-        out = _Guarded.allocate("out", (case.batch, case.heads, case.seqlen_q, case.head_dim),
-                                case.torch_dtype, device)
+        """`out` has q's shape in the case's layout (packed for varlen, whose padding rows
+        must stay unwritten: harness.core.serving)."""
+        shape = (case.batch, case.heads, case.seqlen_q, case.head_dim)
+        valid = None
+        if case.is_serving:
+            from harness.core.serving import row_valid, tensor_shapes
+
+            shape, valid = tensor_shapes(case)["out"], row_valid(case)
+        out = _Guarded.allocate("out", shape, case.torch_dtype, device)
+        out.valid_rows = valid
         lse = None
         if writes_lse:
-            lse = _Guarded.allocate("lse", (case.batch, case.heads, case.seqlen_q),
-                                    torch.float32, device)
+            lse = _Guarded.allocate("lse", shape[:3], torch.float32, device)
+            lse.valid_rows = valid
         bufs = cls(out, lse)
         bufs.poison()
         return bufs
@@ -180,6 +217,15 @@ class GradBuffers(_GuardedSet):
 _INPUT_FIELDS = ("q", "k", "v", "mask", "key_lengths", "out", "lse", "dout")
 
 
+def _input_tensors(inputs: Inputs) -> dict[str, torch.Tensor]:
+    """The named input tensors, the serving index's too ("serving.block_table", ...)."""
+    named = {f: t for f in _INPUT_FIELDS if (t := getattr(inputs, f, None)) is not None}
+    serving = getattr(inputs, "serving", None)
+    if serving is not None:
+        named.update({f"serving.{k}": t for k, t in serving.tensors().items()})
+    return named
+
+
 @dataclass
 class InputSnapshot:
     """Bitwise copies of the inputs taken before a call, to catch a candidate that
@@ -191,13 +237,13 @@ class InputSnapshot:
     def take(cls, inputs: Inputs) -> InputSnapshot:
         """Of the forward's `Inputs`, or of a backward's (harness.core.cases.GradInputs:
         also the forward's output, its LSE and dO)."""
-        return cls({f: t.clone() for f in _INPUT_FIELDS
-                    if (t := getattr(inputs, f, None)) is not None})
+        return cls({f: t.clone() for f, t in _input_tensors(inputs).items()})
 
     def changed(self, inputs: Inputs) -> str | None:
         msgs = []
-        for f in _INPUT_FIELDS:
-            now, before = getattr(inputs, f, None), self.copies.get(f)
+        now_all = _input_tensors(inputs)
+        for f in dict.fromkeys([*self.copies, *now_all]):
+            now, before = now_all.get(f), self.copies.get(f)
             if (now is None) != (before is None):
                 msgs.append(f"input {f} was replaced")
                 continue

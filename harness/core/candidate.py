@@ -15,7 +15,7 @@ from typing import Literal
 
 import torch
 
-from harness.core.cases import Case, GradInputs, Inputs, MaskKind
+from harness.core.cases import Case, GradInputs, Inputs, Layout, MaskKind
 
 Kind = Literal["model", "cuda", "peer", "python"]
 
@@ -42,6 +42,11 @@ class Support:
     # difference, others get it reported).
     backward: bool = False
     backward_deterministic: bool = False
+    # Serving shapes (harness.core.serving): the layouts it reads (varlen: packed q/k/v
+    # with cu_seqlens and seqused; paged: K/V pages behind a block table) and whether it
+    # applies a sliding window.
+    layouts: frozenset[Layout] = frozenset({Layout.DENSE})
+    window: bool = False
 
     def reason_unsupported(self, case: Case) -> str | None:
         if case.dtype not in self.dtypes:
@@ -50,6 +55,10 @@ class Support:
             return f"head_dim {case.head_dim} not supported (declares {sorted(self.head_dims)})"
         if case.mask not in self.masks:
             return f"mask {case.mask.value} not supported"
+        if case.layout not in self.layouts:
+            return f"{case.layout.value} layout not supported"
+        if case.has_window and not self.window:
+            return "sliding window not supported"
         if not self.gqa and case.kv_heads != case.heads:
             return "GQA/MQA not supported"
         if self.max_seqlen_q is not None and case.seqlen_q > self.max_seqlen_q:

@@ -8,13 +8,18 @@ K/V may have fewer heads than Q (GQA/MQA).
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from harness.core.seeds import derive_seed
+from harness.core.serving import Layout
+
 if TYPE_CHECKING:
     import torch
+
+__all__ = ["Case", "GradInputs", "Inputs", "Layout", "MaskKind", "derive_seed", "make_inputs"]
 
 # torch is imported on first use, not with this module: records, the database and the
 # dashboard describe cases without it (`fa-harness db current` must not pay torch's start).
@@ -28,6 +33,9 @@ def __getattr__(name: str) -> Any:
         return {"float16": torch.float16, "bfloat16": torch.bfloat16}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 DTYPE_SHORT = {"float16": "fp16", "bfloat16": "bf16"}
+# Case fields with a default: records written before a field existed still load.
+OPTIONAL_FIELDS = frozenset({"dtype", "mask", "seed", "window_left", "window_right", "layout",
+                             "page_size", "full_lengths"})
 
 
 class MaskKind(StrEnum):
@@ -42,6 +50,11 @@ class MaskKind(StrEnum):
         return self in (MaskKind.CAUSAL_BR, MaskKind.CAUSAL_TL)
 
 
+# Mask kinds a serving layout combines with: per-sequence lengths replace key padding, and
+# an arbitrary mask over packed or paged keys is not a serving shape.
+SERVING_MASKS = (MaskKind.NONE, MaskKind.CAUSAL_BR, MaskKind.CAUSAL_TL)
+
+
 @dataclass(frozen=True, order=True)
 class Case:
     batch: int
@@ -53,6 +66,16 @@ class Case:
     dtype: str = "float16"
     mask: MaskKind = MaskKind.NONE
     seed: int = 0
+    # Sliding window (FlashAttention's window_size): query row i sees keys j with
+    # i + o - window_left <= j <= i + o + window_right, o the alignment offset
+    # (`window_offset`); -1 leaves that side unbounded.
+    window_left: int = -1
+    window_right: int = -1
+    layout: Layout = Layout.DENSE
+    page_size: int = 0  # keys per page (paged layout only)
+    # Varlen and paged: every sequence at the full Nq x Nk (throughput cases, comparable
+    # with the dense case of the same shape) instead of the mixed lengths drawn per case.
+    full_lengths: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -63,20 +86,63 @@ class Case:
             problems.append(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
         if self.dtype not in DTYPE_NAMES:
             problems.append(f"dtype {self.dtype!r} is not one of {sorted(DTYPE_NAMES)}")
+        object.__setattr__(self, "mask", MaskKind(self.mask))
+        object.__setattr__(self, "layout", Layout(self.layout))
+        problems += self._serving_problems()
         if problems:
             raise ValueError("invalid case: " + "; ".join(problems))
-        object.__setattr__(self, "mask", MaskKind(self.mask))
+
+    def _serving_problems(self) -> list[str]:
+        problems = []
+        for name in ("window_left", "window_right"):
+            if int(getattr(self, name)) < -1:
+                problems.append(f"{name} must be >= -1 (-1: unbounded)")
+        if self.layout is not Layout.DENSE and self.mask not in SERVING_MASKS:
+            problems.append(f"mask {self.mask.value} does not combine with the "
+                            f"{self.layout.value} layout")
+        if self.layout is Layout.PAGED and self.page_size < 1:
+            problems.append("a paged case needs page_size >= 1")
+        if self.layout is not Layout.PAGED and self.page_size:
+            problems.append("page_size is for the paged layout only")
+        if self.full_lengths and self.layout is Layout.DENSE:
+            problems.append("full_lengths is for the varlen and paged layouts only")
+        return problems
 
     # Readable, stable id used by pytest, records and the dashboard:
-    # "b2h4-113x203-d64-fp16-causal_br" (kv heads shown only when they differ: "b2h8k2-...").
+    # "b2h4-113x203-d64-fp16-causal_br" (kv heads shown only when they differ: "b2h8k2-...");
+    # a window adds "-wl64r0" (a side left out is unbounded), a layout "-varlen" or
+    # "-paged64" ("f" after it: full lengths).
     @property
     def id(self) -> str:
         kv = f"k{self.kv_heads}" if self.kv_heads != self.heads else ""
         seed = f"-s{self.seed}" if self.seed else ""
+        window = ""
+        if self.has_window:
+            window = "-w" + (f"l{self.window_left}" if self.window_left >= 0 else "") + (
+                f"r{self.window_right}" if self.window_right >= 0 else "")
+        layout = ""
+        if self.layout is not Layout.DENSE:
+            layout = f"-{self.layout.value}" + (str(self.page_size) if self.page_size else "")
+            layout += "f" if self.full_lengths else ""
         return (
             f"b{self.batch}h{self.heads}{kv}-{self.seqlen_q}x{self.seqlen_k}-d{self.head_dim}"
-            f"-{DTYPE_SHORT[self.dtype]}-{self.mask.value}{seed}"
+            f"-{DTYPE_SHORT[self.dtype]}-{self.mask.value}{window}{layout}{seed}"
         )
+
+    @property
+    def has_window(self) -> bool:
+        return self.window_left >= 0 or self.window_right >= 0
+
+    @property
+    def is_serving(self) -> bool:
+        """Per-sequence lengths (varlen, paged) rather than one Nq x Nk per batch entry."""
+        return self.layout is not Layout.DENSE
+
+    @property
+    def window_top_left(self) -> bool:
+        """The window is aligned like the causal mask: top-left under CAUSAL_TL, else
+        bottom-right (FlashAttention's convention for windows)."""
+        return self.mask is MaskKind.CAUSAL_TL
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -98,12 +164,13 @@ class Case:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["mask"] = self.mask.value
+        d["layout"] = self.layout.value
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Case:
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        missing = set(cls.__dataclass_fields__) - set(fields) - {"dtype", "mask", "seed"}
+        missing = set(cls.__dataclass_fields__) - set(fields) - OPTIONAL_FIELDS
         if missing:
             raise ValueError(f"case is missing field(s): {', '.join(sorted(missing))}")
         return cls(**fields)
@@ -114,15 +181,17 @@ class Case:
         import re
 
         m = re.fullmatch(
-            r"b(\d+)h(\d+)(?:k(\d+))?-(\d+)x(\d+)-d(\d+)-(fp16|bf16)-([a-z_]+?)(?:-s(\d+))?",
+            r"b(\d+)h(\d+)(?:k(\d+))?-(\d+)x(\d+)-d(\d+)-(fp16|bf16)-([a-z_]+?)"
+            r"(?:-w(?:l(\d+))?(?:r(\d+))?)?(?:-(varlen|paged)(\d+)?(f)?)?(?:-s(\d+))?",
             case_id,
         )
         if not m:
             raise ValueError(f"not a case id: {case_id!r}")
-        b, h, k, nq, nk, d, dt, mask, seed = m.groups()
+        b, h, k, nq, nk, d, dt, mask, wl, wr, layout, ps, full, seed = m.groups()
         dtype = {v: key for key, v in DTYPE_SHORT.items()}[dt]
         return cls(int(b), int(h), int(k or h), int(nq), int(nk), int(d), dtype, MaskKind(mask),
-                   int(seed or 0))
+                   int(seed or 0), int(wl) if wl else -1, int(wr) if wr else -1,
+                   Layout(layout or "dense"), int(ps or 0), bool(full))
 
 
 @dataclass
@@ -130,19 +199,29 @@ class Inputs:
     """Tensors of one case. `mask` is the boolean visibility mask for the kinds that need
     one (key padding, random), shaped (B, 1, Nq, Nk) or broadcastable to it; causal cases
     carry no mask tensor (the flag and alignment say it all). `key_lengths` is set for
-    key padding (int32, one per batch)."""
+    key padding (int32, one per batch). `serving` holds the index tensors of the varlen
+    and paged layouts (harness.core.serving.ServingIndex); q, k and v are then packed
+    (varlen) or K/V are page pools (paged)."""
 
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     mask: torch.Tensor | None = None
     key_lengths: torch.Tensor | None = None
+    serving: Any = None
 
     def to(self, device: str | torch.device) -> Inputs:
-        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device)
+        return dataclasses.replace(self, **_moved(self, device))
 
-        return Inputs(mv(self.q), mv(self.k), mv(self.v), mv(self.mask), mv(self.key_lengths))
+
+def _moved(obj: Any, device: str | torch.device) -> dict[str, Any]:
+    """The tensor fields of a dataclass (and its ServingIndex) moved to `device`."""
+    moved: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        t = getattr(obj, f.name)
+        if t is not None and hasattr(t, "to"):
+            moved[f.name] = t.to(device)
+    return moved
 
 
 @dataclass
@@ -154,25 +233,6 @@ class GradInputs(Inputs):
     out: torch.Tensor | None = None
     lse: torch.Tensor | None = None
     dout: torch.Tensor | None = None
-
-    def to(self, device: str | torch.device) -> GradInputs:
-        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device)
-
-        return GradInputs(mv(self.q), mv(self.k), mv(self.v), mv(self.mask),
-                          mv(self.key_lengths), mv(self.out), mv(self.lse), mv(self.dout))
-
-
-def derive_seed(case: Case, secret: int = 0, draw: int = 0) -> int:
-    """A 63-bit seed from the case, a secret (0 for public runs) and a draw index.
-
-    Hashing (not adding) keeps a submission from predicting the inputs of one draw from
-    another, and keeps different cases with the same `seed` field independent."""
-    h = hashlib.blake2b(digest_size=8)
-    h.update(case.id.encode())
-    h.update(int(secret).to_bytes(16, "little", signed=False))
-    h.update(int(draw).to_bytes(8, "little", signed=False))
-    return int.from_bytes(h.digest(), "little") & ((1 << 63) - 1)
 
 
 def key_lengths_for(case: Case, gen: torch.Generator) -> list[int]:
@@ -213,6 +273,11 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", *, secret: int =
     import torch
 
     seed = derive_seed(case, secret, draw)
+    if case.is_serving:
+        from harness.core.serving import make_serving_tensors
+
+        q, k, v, index = make_serving_tensors(case, device, seed)
+        return Inputs(q, k, v, serving=index).to(device)
     dt = case.torch_dtype
     shape_q = (case.batch, case.heads, case.seqlen_q, case.head_dim)
     shape_kv = (case.batch, case.kv_heads, case.seqlen_k, case.head_dim)

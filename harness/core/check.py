@@ -83,7 +83,8 @@ def _oracle(case: Case, secret: int, device: str | torch.device,
         # Drawn where the candidate's were (large cases are drawn on the device, with the
         # device's generator), then moved: the oracle sees exactly the candidate's inputs.
         inputs = make_inputs(case, device, secret=secret).to(where)
-        ref, base = reference_for_case(case, inputs), naive_for_case(case, inputs)
+        ref = judged_rows(case, reference_for_case(case, inputs))
+        base = judged_rows(case, naive_for_case(case, inputs))
         baseline = Baseline.compute(ref, base, case.torch_dtype)
         baseline = dataclasses.replace(baseline, masked_rows=baseline.masked_rows.to("cpu"))
         cpu = tuple(_to_cpu(t) for t in (ref, base))
@@ -94,6 +95,17 @@ def _oracle(case: Case, secret: int, device: str | torch.device,
             torch.cuda.empty_cache()
         _ORACLE_CACHE[key] = (*cpu, baseline)
     return _ORACLE_CACHE[key]
+
+
+def judged_rows(case: Case, pair: tuple) -> tuple:
+    """(out, lse) restricted to the rows that are outputs: a varlen case's padding rows
+    between packed sequences are checked for being untouched (buffers), not for values."""
+    from harness.core.serving import row_valid
+
+    valid = row_valid(case) if case.is_serving else None
+    if valid is None:
+        return pair
+    return tuple(None if t is None else t[:, :, valid.to(t.device)] for t in pair)
 
 
 def _to_cpu(pair: tuple) -> tuple:
@@ -156,6 +168,7 @@ def check_case(candidate: Candidate, case: Case, *, device: str | torch.device, 
                         Status.ERROR, why)
         # 2. Only now the expected output, judged on the CPU copies of the candidate's output.
         ref, base, baseline = _oracle(case, secret, device, oracle_device)
+        out, lse = judged_rows(case, (out, lse))
         verdict = check_output(case, out, lse, ref, base, writes_lse=writes_lse,
                                masked_lse=candidate.support.masked_lse, baseline=baseline)
     finally:

@@ -55,7 +55,7 @@ def grad_inputs(case: Case, candidate: Candidate, device: str | torch.device,
     out, lse = reference_for_case(case, inputs)
     if candidate.support.masked_lse == "+inf":
         lse = torch.where(torch.isneginf(lse), torch.full_like(lse, torch.inf), lse)
-    return GradInputs(inputs.q, inputs.k, inputs.v, inputs.mask, inputs.key_lengths,
+    return GradInputs(inputs.q, inputs.k, inputs.v, inputs.mask, inputs.key_lengths, inputs.serving,
                       out=out.to(case.torch_dtype), lse=lse.float(),
                       dout=make_grad_output(case, device, secret=secret))
 

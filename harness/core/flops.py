@@ -6,7 +6,9 @@ PV: 2 * d + 2 * d = 4 * d FLOPs. Masked pairs cost nothing in an algorithm that 
 them, so the count follows the actual mask: exact closed forms for no mask and causal
 masks (either alignment, any Nq and Nk), and a count over the mask tensor for key padding
 and arbitrary masks. For Nq = Nk causal this gives the familiar "half of 4 * N^2 * d" up to
-the diagonal (N(N+1)/2 pairs, not N^2/2).
+the diagonal (N(N+1)/2 pairs, not N^2/2). Sliding windows and the serving layouts count
+per sequence from each row's key interval (harness.core.serving), so a packed batch
+counts only its sequences' own pairs and a paged one only its keys.
 
 The backward does five such products per visible pair: S = QK^T again (FlashAttention's
 backward recomputes it from Q, K and the LSE instead of storing P), dV += P^T dO,
@@ -18,6 +20,8 @@ they are not counted in the forward.
 from __future__ import annotations
 
 from harness.core.cases import Case, Inputs, MaskKind
+
+CAUSAL_KINDS = (MaskKind.CAUSAL_BR, MaskKind.CAUSAL_TL)
 
 
 def _clamped_prefix(n: int, cap: int) -> int:
@@ -38,6 +42,25 @@ def causal_pairs(seqlen_q: int, seqlen_k: int, offset: int) -> int:
 def visible_pairs(case: Case, inputs: Inputs | None = None) -> int:
     """Visible (query, key) pairs summed over batch and heads."""
     bh = case.batch * case.heads
+    if case.is_serving or (case.has_window and case.mask in (MaskKind.NONE,
+                                                            *CAUSAL_KINDS)):
+        from harness.core.serving import visible_pairs as serving_pairs
+
+        return serving_pairs(case)  # per sequence, from each row's key interval
+    if case.has_window:  # a window over key padding or a random mask: count the mask
+        import torch
+
+        from harness.core.cases import make_inputs
+        from harness.core.reference import block_visibility
+
+        inputs = inputs if inputs is not None and inputs.mask is not None else \
+            make_inputs(case, "cpu")
+        align = "bottom_right"
+        vis = block_visibility(slice(0, case.seqlen_q), case.seqlen_q, case.seqlen_k, False,
+                               align, inputs.mask.cpu(), torch.device("cpu"),
+                               (case.window_left, case.window_right))
+        vis = vis.expand(case.batch, vis.shape[1], case.seqlen_q, case.seqlen_k)
+        return int(vis.sum()) * (case.heads if vis.shape[1] == 1 else 1)
     if case.mask is MaskKind.NONE:
         return bh * case.seqlen_q * case.seqlen_k
     if case.mask.is_causal:

@@ -1,4 +1,4 @@
-"""The named case grids: smoke, full, perf, decode, and the backward's perf-bwd.
+"""The named case grids: smoke, full, perf, decode, serving, and the backward's perf-bwd.
 
 Every grid is a deterministic list (same order in every process, which pytest-xdist
 needs). Inputs are drawn per case from the case id (harness.core.cases.derive_seed), so every
@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from harness.core.cases import Case, MaskKind
+from harness.core.cases import Case, Layout, MaskKind
 
 if TYPE_CHECKING:
     from harness.core.candidate import Candidate
@@ -218,18 +218,80 @@ def perf_bwd() -> list[Case]:
 
 
 DECODE_SEQLENS_K = (1024, 8192, 32768, 65536, 131072)
+# The serving forms of the decode grid: Nk at which paged and varlen decode are timed, the
+# page sizes, and the batch of a varlen decode batch (caches of mixed lengths).
+DECODE_SERVING_SEQLENS_K = (8192, 65536, 131072)
+DECODE_PAGE_SIZES = (64, 256)
+DECODE_VARLEN_BATCH = 8
 
 
 def decode() -> list[Case]:
-    """The decoding grid (20 cases): one query row (Nq = 1), batch 1, 32 query heads with 8
-    (GQA) or 32 (MHA) K/V heads, d = 128, Nk in {1k, 8k, 32k, 64k, 128k}, fp16 and bf16:
-    bandwidth-bound reads of the KV cache, where split-KV matters."""
-    return [Case(1, 32, kv, 1, nk, 128, dtype, MaskKind.NONE)
-            for dtype in DTYPES for kv in (8, 32) for nk in DECODE_SEQLENS_K]
+    """The decoding grid (56 cases): one query row (Nq = 1), 32 query heads with 8 (GQA)
+    or 32 (MHA) K/V heads, d = 128, fp16 and bf16: bandwidth-bound reads of the KV cache,
+    where split-KV matters. Contiguous caches of batch 1 at Nk in {1k, 8k, 32k, 64k, 128k};
+    then at Nk in {8k, 64k, 128k} the same caches paged (pages of 64 and 256 keys, every
+    sequence at full length, so a paged case compares with the contiguous one of its
+    shape) and a varlen decode batch of 8 caches of mixed lengths (empty, single-key, odd
+    and full ones)."""
+    cases = [Case(1, 32, kv, 1, nk, 128, dtype, MaskKind.NONE)
+             for dtype in DTYPES for kv in (8, 32) for nk in DECODE_SEQLENS_K]
+    for dtype in DTYPES:
+        for kv in (8, 32):
+            for nk in DECODE_SERVING_SEQLENS_K:
+                cases += [Case(1, 32, kv, 1, nk, 128, dtype, layout=Layout.PAGED, page_size=ps,
+                               full_lengths=True) for ps in DECODE_PAGE_SIZES]
+                cases.append(Case(DECODE_VARLEN_BATCH, 32, kv, 1, nk, 128, dtype,
+                                  layout=Layout.VARLEN))
+    return cases
+
+
+# Sliding windows (left, right) the serving grid meets: causal-style (left only), a
+# single key, two-sided, right only, and left only without a causal mask.
+SERVING_WINDOWS = ((32, 0), (0, 0), (64, 16), (-1, 8), (100, -1))
+SERVING_PAIRS = ((113, 203), (203, 113), (64, 64), (1, 239), (128, 217), (97, 1))
+SERVING_PAGED = ((1, 239, 16), (3, 799, 64), (16, 1024, 256), (1, 300, 32), (64, 97, 16))
+
+
+def serving_grid() -> list[Case]:
+    """Serving shapes (harness.core.serving), about 120 cases: varlen batches (mixed
+    lengths: empty, single-row, odd and full sequences, padding between them) over every
+    pair of SERVING_PAIRS and mask kind none / causal either alignment; paged caches
+    (pages of 16 to 256 keys, shuffled, partial and shared pages) for decode-like and
+    short prefill queries; sliding windows on dense, varlen and paged cases, with both
+    alignments and GQA/MQA. dtype, head dim (64, 128) and head layout cycle."""
+    masks = (MaskKind.NONE, MaskKind.CAUSAL_BR, MaskKind.CAUSAL_TL)
+    dt_dims = [(dt, d) for d in MAIN_HEAD_DIMS for dt in DTYPES]
+    cases: list[Case] = []
+    j = 0
+
+    def add(batch: int, nq: int, nk: int, mask: MaskKind, **kw) -> None:
+        nonlocal j
+        dtype, d = dt_dims[j % len(dt_dims)]
+        heads, kv = HEAD_CONFIGS[(j // len(dt_dims)) % len(HEAD_CONFIGS)]
+        j += 1
+        cases.append(Case(batch, heads, kv, nq, nk, d, dtype, mask, **kw))
+
+    for nq, nk in SERVING_PAIRS:
+        for mask in masks:
+            add(6 if nq * nk < 30_000 else 3, nq, nk, mask, layout=Layout.VARLEN)
+    for nq, nk, ps in SERVING_PAGED:
+        for mask in masks:
+            add(5, nq, nk, mask, layout=Layout.PAGED, page_size=ps)
+    for wl, wr in SERVING_WINDOWS:
+        for mask in masks:
+            if mask.is_causal and wr > 0:
+                continue  # a right extent past the diagonal is hidden by the causal mask
+            for nq, nk in ((113, 203), (203, 113), (256, 256)):
+                add(2, nq, nk, mask, window_left=wl, window_right=wr)
+            add(5, 97, 211, mask, window_left=wl, window_right=wr, layout=Layout.VARLEN)
+            add(4, 3, 500, mask, window_left=wl, window_right=wr, layout=Layout.PAGED,
+                page_size=64)
+    return cases
 
 
 GRIDS: dict[str, Callable[[], list[Case]]] = {
     "smoke": smoke, "full": full, "perf": perf, "decode": decode, "perf-bwd": perf_bwd,
+    "serving": serving_grid,
 }
 # The pass a grid's cases are run through: "fwd" unless named here.
 GRID_PASS: dict[str, str] = {"perf-bwd": "bwd"}

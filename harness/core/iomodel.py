@@ -133,14 +133,34 @@ def _causal_offset(case: Case) -> int | None:
 
 def _kv_rows_per_q_block(case: Case, block_q: int, block_k: int) -> int:
     """K (or V) rows one (b, h) loads over all its Q blocks: every key for a non-causal
-    case; for causal, up to the last visible key of the block, rounded up to B_k."""
+    case; for causal, up to the last visible key of the block, rounded up to B_k; under
+    a window, from the first visible key's block to the last's."""
     nq, nk = case.seqlen_q, case.seqlen_k
+    if case.has_window:
+        return _window_kv_rows(case, block_q, block_k)
     offset = _causal_offset(case)
     total = 0
     for r0 in range(0, nq, block_q):
         r1 = min(r0 + block_q, nq)
         end = nk if offset is None else max(0, min(nk, r1 + offset))
         total += min(nk, _ceil_div(end, block_k) * block_k)
+    return total
+
+
+def _window_kv_rows(case: Case, block_q: int, block_k: int) -> int:
+    from harness.core.serving import intervals
+
+    nq, nk = case.seqlen_q, case.seqlen_k
+    lo, hi = intervals(case, nq, nk)
+    total = 0
+    for r0 in range(0, nq, block_q):
+        blo, bhi = lo[r0:r0 + block_q], hi[r0:r0 + block_q]
+        seen = bhi > blo
+        if not bool(seen.any()):
+            continue
+        first = (int(blo[seen].min()) // block_k) * block_k
+        last = min(nk, _ceil_div(int(bhi[seen].max()), block_k) * block_k)
+        total += last - first
     return total
 
 
@@ -161,10 +181,36 @@ def q_rows_per_kv_block(case: Case, block_q: int, block_k: int) -> int:
     return total
 
 
+def _per_sequence(algorithm: str, case: Case, tiles: dict | None) -> dict[str, int]:
+    """A varlen or paged case: the sum over its sequences, each a dense problem of its
+    own lengths (only what each sequence touches; an empty cache writes its zero rows)."""
+    import dataclasses
+
+    from harness.core.serving import Layout, sequence_lengths
+
+    total: dict[str, int] = {}
+    for q_len, k_len in sequence_lengths(case):
+        if not q_len:
+            continue
+        if not k_len:
+            terms = {"write O": case.heads * q_len * case.head_dim * elem_bytes(case)}
+        else:
+            sub = dataclasses.replace(case, batch=1, seqlen_q=q_len, seqlen_k=k_len,
+                                      layout=Layout.DENSE, page_size=0, full_lengths=False)
+            terms = hbm_breakdown(algorithm, sub, tiles)
+        for k, v in terms.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
 def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict[str, int]:
-    """Bytes per term ("read Q", "write S", ...), summed over batch and heads."""
+    """Bytes per term ("read Q", "write S", ...), summed over batch and heads. Windows
+    count the key blocks a row block sees; serving layouts sum their sequences. The
+    naive algorithms materialise every score under a window too."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
+    if case.is_serving:
+        return _per_sequence(algorithm, case, tiles)
     e = elem_bytes(case)
     nq, nk, d = case.seqlen_q, case.seqlen_k, case.head_dim
     bh, bhkv = case.batch * case.heads, case.batch * case.kv_heads
@@ -179,6 +225,10 @@ def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict
                  "write P": score, "read P": score, "read V": kv_bytes, "write O": o_bytes}
         return {k: bh * v for k, v in terms.items()}
     if algorithm == "ideal":
+        if case.has_window:  # only the keys some row sees
+            from harness.core.serving import keys_touched
+
+            kv_bytes = keys_touched(case, nq, nk) * d * e
         return {"read Q": bh * q_bytes, "read K": bhkv * kv_bytes, "read V": bhkv * kv_bytes,
                 "write O": bh * o_bytes}
     bq = tile_param(tiles, "block_q", DEFAULT_BLOCK_Q)

@@ -12,7 +12,13 @@ Conventions (shared by every candidate):
 - causal "bottom_right" (FlashAttention): query i sees keys j <= i + Nk - Nq;
   causal "top_left" (PyTorch is_causal): j <= i;
 - `mask` is boolean, broadcastable to (B, H, Nq, Nk), True = may attend;
+- `window` (left, right): row i sees keys i + o - left <= j <= i + o + right (-1: that
+  side unbounded), o the offset of `causal_align` (applied with or without causal);
 - a fully masked row gives out = 0 exactly and lse = -inf.
+
+The serving layouts (varlen, paged) reduce to one such call: harness.core.serving writes
+their semantics and `serving.oracle_problem` the equivalent dense problem (packed
+sequences under a block-diagonal mask, or the pages gathered); `problem_for_case` picks.
 
 Nothing optimized imports this module for computation: it is meant to be read.
 """
@@ -64,14 +70,23 @@ def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int
 
 
 def block_visibility(rows: slice, nq: int, nk: int, causal: bool, causal_align: str,
-                      mask: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+                      mask: torch.Tensor | None, device: torch.device,
+                      window: tuple[int, int] = (-1, -1)) -> torch.Tensor | None:
     """Boolean visibility of one row block, shaped (B|1, H|1, rows, Nk) or None if all."""
     vis = None
-    if causal:
+    left, right = window
+    if causal or left >= 0 or right >= 0:
         offset = nk - nq if causal_align == "bottom_right" else 0
-        i = torch.arange(rows.start, rows.stop, device=device)[:, None]
+        i = torch.arange(rows.start, rows.stop, device=device)[:, None] + offset
         j = torch.arange(nk, device=device)[None, :]
-        vis = (j <= i + offset)[None, None]
+        vis = torch.ones((rows.stop - rows.start, nk), dtype=torch.bool, device=device)
+        if causal:
+            vis &= j <= i
+        if right >= 0:
+            vis &= j <= i + right
+        if left >= 0:
+            vis &= j >= i - left
+        vis = vis[None, None]
     if mask is not None:
         m = mask.to(device=device, dtype=torch.bool)
         while m.dim() < 4:
@@ -96,6 +111,7 @@ def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cau
                        block_rows: int | None, elem_bytes: int,
                        block_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
                        out_dtype: torch.dtype, lse_dtype: torch.dtype,
+                       window: tuple[int, int] = (-1, -1),
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     if causal_align not in CAUSAL_ALIGNS:
         raise ValueError(f"causal_align must be one of {CAUSAL_ALIGNS}, got {causal_align!r}")
@@ -110,7 +126,7 @@ def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cau
         r = slice(r0, min(r0 + rows, nq))
         n = r.stop - r.start
         qg = grouped(q[:, :, r], hkv, group, n)  # (B, Hkv, G * rows, d)
-        vis = block_visibility(r, nq, nk, causal, causal_align, mask, q.device)
+        vis = block_visibility(r, nq, nk, causal, causal_align, mask, q.device, window)
         vis = None if vis is None else grouped(vis, hkv, group, n)
         o_blk, lse_blk = block_fn(qg, k, v, vis, scale)
         out[:, :, r] = o_blk.reshape(b, h, n, d)
@@ -137,6 +153,7 @@ def _ref_block(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor,
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                   causal_align: str = "bottom_right", mask: torch.Tensor | None = None,
                   scale: float | None = None, block_rows: int | None = None,
+                  window: tuple[int, int] = (-1, -1),
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 attention on the inputs' device: (out (B, H, Nq, d), lse (B, H, Nq)), both
     float64. Fully masked rows: out 0, lse -inf. `block_rows` overrides the budget."""
@@ -145,7 +162,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     return _blocked_attention(q, k, v, causal=causal, causal_align=causal_align, mask=mask,
                               scale=scale, block_rows=block_rows, elem_bytes=8,
                               block_fn=_ref_block, out_dtype=torch.float64,
-                              lse_dtype=torch.float64)
+                              lse_dtype=torch.float64, window=window)
 
 
 def _naive_block(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor,
@@ -171,31 +188,46 @@ def _naive_block(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor,
 def attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     causal_align: str = "bottom_right", mask: torch.Tensor | None = None,
                     scale: float | None = None, block_rows: int | None = None,
+                    window: tuple[int, int] = (-1, -1),
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same-precision naive attention: (out in the input dtype, lse float32). Same
     conventions as `attention_ref`, fully masked rows 0 (and lse -inf)."""
     return _blocked_attention(q, k, v, causal=causal, causal_align=causal_align, mask=mask,
                               scale=scale, block_rows=block_rows, elem_bytes=4,
                               block_fn=_naive_block, out_dtype=q.dtype,
-                              lse_dtype=torch.float32)
+                              lse_dtype=torch.float32, window=window)
 
 
 def case_flags(case: Case, inputs: Inputs) -> dict:
-    """Keyword flags of `attention_ref`/`attention_naive` that express a case's mask."""
-    if case.mask is MaskKind.CAUSAL_BR:
-        return {"causal": True, "causal_align": "bottom_right", "mask": None}
-    if case.mask is MaskKind.CAUSAL_TL:
-        return {"causal": True, "causal_align": "top_left", "mask": None}
+    """Keyword flags of `attention_ref`/`attention_naive` that express a dense case's mask
+    and window (the window aligned like the causal mask: top-left only under CAUSAL_TL)."""
+    align = "top_left" if case.mask is MaskKind.CAUSAL_TL else "bottom_right"
+    flags: dict = {"causal": case.mask.is_causal, "causal_align": align, "mask": None}
+    if case.has_window:
+        flags["window"] = (case.window_left, case.window_right)
     if case.mask in (MaskKind.KEY_PADDING, MaskKind.RANDOM):
         if inputs.mask is None:
             raise ValueError(f"case {case.id} needs inputs.mask for mask kind {case.mask.value}")
-        return {"causal": False, "mask": inputs.mask}
-    return {"causal": False, "mask": None}
+        flags["mask"] = inputs.mask
+    return flags
+
+
+def problem_for_case(case: Case, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor,
+                                                           torch.Tensor, dict]:
+    """(q, k, v, flags) of the one plain attention call that is `case` (module doc)."""
+    if case.is_serving:
+        from harness.core.serving import oracle_problem
+
+        q, k, v, mask = oracle_problem(case, inputs)
+        return q, k, v, {"causal": False, "mask": mask}
+    return inputs.q, inputs.k, inputs.v, case_flags(case, inputs)
 
 
 def reference_for_case(case: Case, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
-    return attention_ref(inputs.q, inputs.k, inputs.v, **case_flags(case, inputs))
+    q, k, v, flags = problem_for_case(case, inputs)
+    return attention_ref(q, k, v, **flags)
 
 
 def naive_for_case(case: Case, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
-    return attention_naive(inputs.q, inputs.k, inputs.v, **case_flags(case, inputs))
+    q, k, v, flags = problem_for_case(case, inputs)
+    return attention_naive(q, k, v, **flags)

@@ -92,7 +92,7 @@ def _blocked_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torc
                    causal: bool, causal_align: str, mask: torch.Tensor | None,
                    scale: float | None, block_rows: int | None, elem_bytes: int,
                    block_fn: Callable[..., Grads], acc_dtype: torch.dtype,
-                   out_dtype: torch.dtype) -> Grads:
+                   out_dtype: torch.dtype, window: tuple[int, int] = (-1, -1)) -> Grads:
     if causal_align not in CAUSAL_ALIGNS:
         raise ValueError(f"causal_align must be one of {CAUSAL_ALIGNS}, got {causal_align!r}")
     h, hkv, group = check_shapes(q, k, v)
@@ -111,7 +111,7 @@ def _blocked_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torc
         n = r.stop - r.start
         qg = grouped(q[:, :, r], hkv, group, n)
         dog = grouped(dout[:, :, r], hkv, group, n)
-        vis = block_visibility(r, nq, nk, causal, causal_align, mask, q.device)
+        vis = block_visibility(r, nq, nk, causal, causal_align, mask, q.device, window)
         vis = None if vis is None else grouped(vis, hkv, group, n)
         dq_blk, dk_blk, dv_blk = block_fn(qg, k, v, dog, vis, scale)
         dq[:, :, r] = dq_blk.reshape(b, h, n, d)
@@ -123,25 +123,27 @@ def _blocked_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torc
 def attention_grad_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
                        *, causal: bool = False, causal_align: str = "bottom_right",
                        mask: torch.Tensor | None = None, scale: float | None = None,
-                       block_rows: int | None = None) -> Grads:
+                       block_rows: int | None = None,
+                       window: tuple[int, int] = (-1, -1)) -> Grads:
     """Float64 gradients (dQ (B, H, Nq, d), dK and dV (B, Hkv, Nk, d)) of attention with
     output gradient `dout`, on the inputs' device. Conventions as `attention_ref`."""
     q, k, v, dout = q.double(), k.double(), v.double(), dout.double()
     return _blocked_grads(q, k, v, dout, causal=causal, causal_align=causal_align, mask=mask,
                           scale=scale, block_rows=block_rows, elem_bytes=8,
                           block_fn=_ref_grad_block, acc_dtype=torch.float64,
-                          out_dtype=torch.float64)
+                          out_dtype=torch.float64, window=window)
 
 
 def attention_grad_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          dout: torch.Tensor, *, causal: bool = False,
                          causal_align: str = "bottom_right", mask: torch.Tensor | None = None,
-                         scale: float | None = None, block_rows: int | None = None) -> Grads:
+                         scale: float | None = None, block_rows: int | None = None,
+                         window: tuple[int, int] = (-1, -1)) -> Grads:
     """The same-precision naive backward: gradients in the input dtype."""
     return _blocked_grads(q, k, v, dout, causal=causal, causal_align=causal_align, mask=mask,
                           scale=scale, block_rows=block_rows, elem_bytes=4,
                           block_fn=_naive_grad_block, acc_dtype=torch.float32,
-                          out_dtype=q.dtype)
+                          out_dtype=q.dtype, window=window)
 
 
 def grad_reference_for_case(case: Case, inputs: Inputs, dout: torch.Tensor) -> Grads:

@@ -37,7 +37,7 @@ def timing_grad_inputs(case: Case, candidate: Candidate, *, secret: int = 0,
     lse = lse.float()
     if candidate.support.masked_lse == "+inf":
         lse = torch.where(torch.isneginf(lse), torch.full_like(lse, torch.inf), lse)
-    return GradInputs(inputs.q, inputs.k, inputs.v, inputs.mask, inputs.key_lengths,
+    return GradInputs(inputs.q, inputs.k, inputs.v, inputs.mask, inputs.key_lengths, inputs.serving,
                       out=out.to(case.torch_dtype).contiguous(), lse=lse.contiguous(),
                       dout=make_grad_output(case, "cuda", secret=secret, draw=draw))
 

@@ -91,4 +91,4 @@ def _batch_entry(inputs: Inputs, bi: int) -> Inputs:
     mask = inputs.mask
     if mask is not None and mask.shape[0] != 1:
         mask = mask[bi:bi + 1]
-    return Inputs(inputs.q, inputs.k, inputs.v, mask, inputs.key_lengths)
+    return Inputs(inputs.q, inputs.k, inputs.v, mask, inputs.key_lengths, inputs.serving)

@@ -14,9 +14,23 @@
 #define FA_MASK_CAUSAL 1       // query i sees key j iff j <= i + causal_offset
 #define FA_MASK_KEY_PADDING 2  // batch b sees keys j < seqlens_k[b]
 #define FA_MASK_BOOL 4         // mask[b * mask_batch_stride + i * mask_row_stride + j] != 0
+#define FA_MASK_TOP_LEFT 8     // causal mask and window aligned top-left (offset 0)
+#define FA_MASK_WINDOW 16      // sliding window: window_left / window_right
 
 #define FA_DTYPE_FP16 0
 #define FA_DTYPE_BF16 1
+
+// Serving layouts (harness/core/serving.py says it in full). Varlen: Q, K, V and O are
+// (1, H|Hkv, T, d), sequence b's rows start at cu_seqlens_q[b] (keys at cu_seqlens_k[b]),
+// seqlens_q[b] and seqlens_k[b] of them; rows between sequences are padding that must not
+// be written. Paged: Q and O dense; K and V are pools (pages, Hkv, page_size, d) with
+// k_batch_stride the page stride; key j of sequence b is at page
+// block_table[b * block_table_stride + j / page_size], slot j % page_size, j < seqlens_k[b].
+// In both, each sequence is its own problem: the causal and window offset is
+// seqlens_k[b] - seqlens_q[b], or 0 under FA_MASK_TOP_LEFT (fa_seq_offset).
+#define FA_LAYOUT_DENSE 0
+#define FA_LAYOUT_VARLEN 1
+#define FA_LAYOUT_PAGED 2
 
 struct FaParams {
     // 8-byte fields first so the host mirror needs no padding rules.
@@ -52,6 +66,18 @@ struct FaParams {
     int num_splits;      // split-KV: resolved split count (>= 1)
     float scale;         // softmax scale, 1/sqrt(d) by default
     float scale_log2;    // scale * log2(e), for exp2-based softmax
+    // Serving layouts (FA_LAYOUT_*) and the sliding window.
+    const int* cu_seqlens_q;      // varlen: B + 1 slot starts of the packed rows
+    const int* cu_seqlens_k;
+    const int* seqlens_q;         // varlen and paged: query rows per sequence
+    const int* block_table;       // paged: (B, block_table_stride) page indices
+    long long block_table_stride;
+    int layout;                   // FA_LAYOUT_*
+    int page_size;                // paged: keys per page
+    // Row i sees keys i + o - window_left <= j <= i + o + window_right (-1: unbounded),
+    // o the alignment offset (causal_offset for dense cases, bottom-right unless the
+    // causal mask is top-left).
+    int window_left, window_right;
 };
 
 // True when (row i, key j) of batch b is visible. Kernels may inline their own faster
@@ -60,6 +86,10 @@ __device__ __forceinline__ bool fa_visible(const FaParams& p, int b, int i, int 
     if (j >= p.seqlen_k) return false;
     if ((p.mask_kind & FA_MASK_CAUSAL) && j > i + p.causal_offset) return false;
     if ((p.mask_kind & FA_MASK_KEY_PADDING) && j >= p.seqlens_k[b]) return false;
+    if ((p.mask_kind & FA_MASK_WINDOW) && p.window_right >= 0 &&
+        j > i + p.causal_offset + p.window_right) return false;
+    if ((p.mask_kind & FA_MASK_WINDOW) && p.window_left >= 0 &&
+        j < i + p.causal_offset - p.window_left) return false;
     if ((p.mask_kind & FA_MASK_BOOL) &&
         !p.mask[b * p.mask_batch_stride + (long long)i * p.mask_row_stride + j]) return false;
     return true;
@@ -70,7 +100,21 @@ __device__ __forceinline__ int fa_key_end(const FaParams& p, int b, int i) {
     int end = p.seqlen_k;
     if (p.mask_kind & FA_MASK_KEY_PADDING) end = min(end, p.seqlens_k[b]);
     if (p.mask_kind & FA_MASK_CAUSAL) end = min(end, i + p.causal_offset + 1);
+    if ((p.mask_kind & FA_MASK_WINDOW) && p.window_right >= 0)
+        end = min(end, i + p.causal_offset + p.window_right + 1);
     return end < 0 ? 0 : end;
+}
+
+// First key row i sees under the window (0 without one).
+__device__ __forceinline__ int fa_key_begin(const FaParams& p, int i) {
+    if (!(p.mask_kind & FA_MASK_WINDOW) || p.window_left < 0) return 0;
+    const int lo = i + p.causal_offset - p.window_left;
+    return lo < 0 ? 0 : lo;
+}
+
+// The alignment offset of sequence b of a varlen or paged case.
+__device__ __forceinline__ int fa_seq_offset(const FaParams& p, int q_len, int k_len) {
+    return (p.mask_kind & FA_MASK_TOP_LEFT) ? 0 : k_len - q_len;
 }
 
 // Compile-time check the harness appends after a variant's source: each declared entry

@@ -26,6 +26,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -144,6 +145,13 @@ class CaseRow(Base):
     dtype: Mapped[str] = mapped_column(String(16))
     mask: Mapped[str] = mapped_column(String(16))
     seed: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The serving kinds (migration 0004): window, layout, pages, full lengths.
+    window_left: Mapped[int] = mapped_column(Integer, default=-1, server_default="-1")
+    window_right: Mapped[int] = mapped_column(Integer, default=-1, server_default="-1")
+    layout: Mapped[str] = mapped_column(String(8), default="dense", server_default="dense")
+    page_size: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    full_lengths: Mapped[bool] = mapped_column(Boolean, default=False,
+                                               server_default=false())
 
     __table_args__ = (UniqueConstraint("case_id", name="uq_cases_case_id"),)
 

@@ -64,8 +64,7 @@ def load_record(db: Database, ref: str | int) -> RunRecord:
                   "lse_err": res.lse_err, **rest.pop("errors", {})}
         entry = {
             "kernel": var.name,
-            "case": Case(case.batch, case.heads, case.kv_heads, case.seqlen_q, case.seqlen_k,
-                         case.head_dim, case.dtype, case.mask, case.seed).to_dict(),
+            "case": Case.from_id(case.case_id).to_dict(),
             "case_id": case.case_id, "status": res.status, "message": res.message or "",
             "errors": errors, "samples_ms": list(res.samples_ms or []),
             "median_ms": res.median_ms, "min_ms": res.min_ms, "iqr_ms": res.iqr_ms,
