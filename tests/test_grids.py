@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.core.cases import MaskKind, make_inputs
+from harness.core.cases import Layout, MaskKind, make_inputs
 from harness.core.grids import ANCHOR_PAIRS, GRIDS, ODD_HEAD_DIMS, get_grid
 from harness.core.reference import reference_for_case
 
@@ -61,11 +61,31 @@ def test_perf_and_decode_layouts():
         assert c.seqlen_q == c.seqlen_k and c.mask in (MaskKind.NONE, MaskKind.CAUSAL_BR)
     assert {c.seqlen_q for c in perf} == {512, 1024, 2048, 4096, 8192, 16384}
     decode = get_grid("decode")
-    assert len(decode) == 20
-    assert all(c.seqlen_q == 1 and c.batch == 1 and c.heads == 32 and c.head_dim == 128
-               for c in decode)
+    assert len(decode) == 56
+    assert all(c.seqlen_q == 1 and c.heads == 32 and c.head_dim == 128 for c in decode)
     assert {c.kv_heads for c in decode} == {8, 32}
     assert max(c.seqlen_k for c in decode) == 131072
+    dense = [c for c in decode if c.layout is Layout.DENSE]
+    assert len(dense) == 20 and all(c.batch == 1 for c in dense)
+    paged = [c for c in decode if c.layout is Layout.PAGED]
+    # Every paged case has the contiguous case of its shape beside it (paged vs contiguous).
+    assert paged and all(c.full_lengths and c.page_size >= 64 for c in paged)
+    shapes = {(c.kv_heads, c.seqlen_k, c.dtype) for c in dense}
+    assert all((c.kv_heads, c.seqlen_k, c.dtype) in shapes for c in paged)
+    varlen = [c for c in decode if c.layout is Layout.VARLEN]
+    assert varlen and all(c.batch == 8 and not c.full_lengths for c in varlen)
+
+
+def test_serving_grid_holds_every_kind():
+    cases = get_grid("serving")
+    assert {c.layout for c in cases} == set(Layout)
+    for layout in Layout:
+        kinds = {c.mask for c in cases if c.layout is layout}
+        assert {MaskKind.NONE, MaskKind.CAUSAL_BR, MaskKind.CAUSAL_TL} <= kinds
+        assert any(c.has_window for c in cases if c.layout is layout)
+    assert {c.page_size for c in cases if c.layout is Layout.PAGED} >= {16, 64, 256}
+    assert any(c.kv_heads < c.heads for c in cases if c.has_window)
+    assert len(cases) == len(set(cases))
 
 
 def test_unknown_grid_names_the_known_ones():

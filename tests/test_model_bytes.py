@@ -12,6 +12,10 @@ Two differences are the models' own and are stated here rather than hidden:
   after every K/V block fails the tolerance) and ends with an epilogue (read O, m, l;
   write O in the input dtype and LSE). Where the IO model already honours `acc_bytes` or
   writes LSE for FA1, the adjustment is not applied twice.
+
+Sliding windows and the serving layouts (varlen, paged) are held to the IO model the
+same way: the FA2 and split-KV models count the key tiles each row block's windows
+reach, per sequence, and the IO model sums its per-sequence dense terms.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ from harness.candidates.models.fa2 import FA2Model
 from harness.candidates.models.naive import NaiveModel
 from harness.candidates.models.splitkv import SplitKVModel
 from harness.candidates.models.tiles import F32_BYTES, ByteCounter
-from harness.core import iomodel
-from harness.core.cases import Case, MaskKind, make_inputs
+from harness.core import iomodel, serving
+from harness.core.cases import Case, Layout, MaskKind, make_inputs
 
 F16, BF16 = "float16", "bfloat16"
 M = MaskKind
@@ -103,9 +107,9 @@ def expected_terms(model, case: Case) -> dict[str, int]:
 
 
 def _run(model, case: Case) -> ByteCounter:
-    out = torch.empty(case.batch, case.heads, case.seqlen_q, case.head_dim,
-                      dtype=case.torch_dtype)
-    model.run(case, make_inputs(case), out, torch.empty(case.batch, case.heads, case.seqlen_q))
+    shape = serving.tensor_shapes(case)["out"]
+    out = torch.empty(shape, dtype=case.torch_dtype)
+    model.run(case, make_inputs(case), out, torch.empty(shape[:3]))
     return model.last_bytes
 
 
@@ -150,3 +154,69 @@ def test_random_mask_adds_only_the_mask_tiles():
         assert mask == case.batch * case.heads * case.seqlen_q * case.seqlen_k, model.name
         assert terms == expected_terms(model, case), model.name
 
+
+
+V, P = Layout.VARLEN, Layout.PAGED
+# Windows on dense cases (with key padding and a random mask too), varlen batches with and
+# without windows, paged caches whose pages are smaller than, equal to and larger than the
+# key tiles, decode-like and prefill-like queries, mixed and full lengths.
+SERVING_CASES = [
+    Case(2, 4, 2, 113, 203, 64, F16, M.NONE, window_left=32, window_right=0),
+    Case(2, 4, 4, 203, 113, 64, BF16, M.CAUSAL_BR, window_left=64),
+    Case(1, 4, 1, 256, 256, 128, F16, M.CAUSAL_TL, window_left=0, window_right=0),
+    Case(2, 4, 4, 97, 130, 64, F16, M.KEY_PADDING, window_left=20, window_right=7),
+    Case(6, 4, 2, 113, 203, 64, F16, M.NONE, layout=V),
+    Case(6, 4, 4, 128, 217, 128, BF16, M.CAUSAL_BR, layout=V),
+    Case(5, 6, 2, 97, 211, 64, F16, M.CAUSAL_TL, window_left=64, window_right=16, layout=V),
+    Case(3, 4, 4, 113, 203, 64, F16, M.NONE, layout=V, full_lengths=True),
+    Case(5, 4, 2, 1, 239, 64, F16, M.NONE, layout=P, page_size=16),
+    Case(5, 6, 2, 16, 1024, 64, BF16, M.CAUSAL_BR, layout=P, page_size=256),
+    Case(5, 4, 1, 64, 97, 128, F16, M.CAUSAL_TL, layout=P, page_size=16),
+    Case(4, 4, 2, 3, 500, 64, F16, M.NONE, window_left=100, layout=P, page_size=64),
+    Case(2, 4, 4, 1, 4096, 64, BF16, M.NONE, layout=P, page_size=64, full_lengths=True),
+]
+
+
+def _serving_models() -> list:
+    return [FA2Model(), FA2Model(name="fa2_b16x48", block_q=16, block_k=48), SplitKVModel(),
+            SplitKVModel(name="splitkv_1", num_splits=1),
+            SplitKVModel(name="splitkv_3", num_splits=3),
+            SplitKVModel(name="splitkv_9", num_splits=9, block_k=32)]
+
+
+def serving_expected_terms(model, case: Case) -> dict[str, int]:
+    """`expected_terms`: serving cases have no difference of their own (an empty cache
+    writes its zero O and -inf LSE in the IO model too)."""
+    return expected_terms(model, case)
+
+
+@pytest.mark.parametrize("case", SERVING_CASES, ids=lambda c: c.id)
+def test_serving_model_bytes_match_the_io_model(case: Case):
+    mismatches, ran = [], 0
+    for model in _serving_models():
+        if model.supports(case) is not None:
+            continue
+        ran += 1
+        terms = model_terms(_run(model, case))
+        terms.pop("read mask", None)  # the random mask's tiles: not in the IO model
+        want = serving_expected_terms(model, case)
+        if terms != want:
+            mismatches.append(f"{model.name}: counted {terms}\n    io model {want}")
+    assert ran >= 4, f"{case.id}: only {ran} models ran it"
+    assert not mismatches, f"{case.id}\n" + "\n".join(mismatches)
+
+
+def test_window_and_sequence_tiles_move_fewer_bytes():
+    # Key tiles outside every row's window are skipped: a 32-key causal window over 1024
+    # keys reads a few tiles per row block, not the whole causal triangle; a varlen batch
+    # of mixed lengths reads less than the same shape at full lengths.
+    windowed = Case(1, 2, 2, 1024, 1024, 64, F16, M.CAUSAL_BR, window_left=32)
+    causal = Case(1, 2, 2, 1024, 1024, 64, F16, M.CAUSAL_BR)
+    for model in (FA2Model(), SplitKVModel(num_splits=2)):
+        w, c = _run(model, windowed), _run(model, causal)
+        # 16 row blocks of 64 rows, each reaching back 32 keys: 2 tiles (the first one 1).
+        assert w.reads["K"] == 1 * 2 * (1 + 15 * 2) * 64 * 64 * 2, model.name
+        assert c.reads["K"] > 4 * w.reads["K"], model.name
+    mixed = Case(6, 4, 4, 113, 203, 64, F16, M.NONE, layout=V)
+    full = Case(6, 4, 4, 113, 203, 64, F16, M.NONE, layout=V, full_lengths=True)
+    assert _run(FA2Model(), mixed).total < _run(FA2Model(), full).total

@@ -10,8 +10,8 @@ Sources:
   peer     harness.candidates.peers.sdpa_peers()
   python   harness.candidates.discovery.python_candidates(): entry points of the group
            `fa_harness.candidates` and every --candidate module:attr
-  planted  harness.candidates.models.planted_bugs(): deliberately wrong models that prove the checks
-           catch each bug class; never part of a default discovery
+  planted  harness.candidates.models.named_planted_bugs(): deliberately wrong models that prove
+           the checks catch each bug class; never part of a default discovery
 
 A source whose module (or entry-point function) does not exist is skipped with a logged
 reason (`notes()`); any other import problem (a SyntaxError, a missing dependency inside the module) is raised, so
@@ -38,7 +38,7 @@ SOURCES = {
     "cuda": ("harness.candidates.cuda_candidate", "discovered_variants"),
     "peer": ("harness.candidates.peers", "sdpa_peers"),
     "python": ("harness.candidates.discovery", "python_candidates"),
-    "planted": ("harness.candidates.models", "planted_bugs"),
+    "planted": ("harness.candidates.models", "named_planted_bugs"),
 }
 
 _cache: dict[tuple[str, ...], list[Candidate]] = {}

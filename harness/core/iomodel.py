@@ -34,6 +34,7 @@ from harness.core.cases import Case
 
 F32 = 4
 ALGORITHMS = ("naive_3pass", "naive_fused", "fa1", "fa2", "splitkv", "ideal")
+LSE_ALGORITHMS = ("fa1", "fa2", "splitkv")  # the algorithms whose terms write an LSE
 DEFAULT_BLOCK_Q = 64
 DEFAULT_BLOCK_K = 64
 
@@ -192,8 +193,10 @@ def _per_sequence(algorithm: str, case: Case, tiles: dict | None) -> dict[str, i
     for q_len, k_len in sequence_lengths(case):
         if not q_len:
             continue
-        if not k_len:
+        if not k_len:  # nothing to read: zero rows of O, and -inf LSE where it is written
             terms = {"write O": case.heads * q_len * case.head_dim * elem_bytes(case)}
+            if algorithm in LSE_ALGORITHMS:
+                terms["write LSE"] = case.heads * q_len * F32
         else:
             sub = dataclasses.replace(case, batch=1, seqlen_q=q_len, seqlen_k=k_len,
                                       layout=Layout.DENSE, page_size=0, full_lengths=False)

@@ -2,7 +2,7 @@
 
 `spread_order`: a few timed cases should already cover the kinds of case a grid holds,
 not its smallest shapes. Cases are grouped in strata (decode or not, head dim, mask,
-dtype, GQA or not); the strata are visited in turn, each time the one farthest from
+dtype, GQA or not, layout, window or not); the strata are visited in turn, each time the one farthest from
 those already visited (the fewest attributes in common with the nearest of them, so the
 first picks alternate head dims, masks, dtypes and decode), and within a stratum the middle sequence length comes first, then its
 neighbours outwards. Deterministic: the same cases in, the same order out, in every
@@ -19,8 +19,9 @@ DECODE_MAX_SEQLEN_Q = 16
 
 
 def _stratum(c: Case) -> tuple:
+    layout = str(getattr(c.layout, "value", c.layout))
     return (c.seqlen_q <= DECODE_MAX_SEQLEN_Q, c.head_dim, str(getattr(c.mask, "value", c.mask)),
-            c.dtype, c.kv_heads != c.heads)
+            c.dtype, c.kv_heads != c.heads, layout, c.has_window)
 
 
 def _middle_out(cases: list[Case]) -> list[Case]:

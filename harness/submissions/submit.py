@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.core.cases import Case
+from harness.core.cases import Case, Layout
 from harness.submissions.sources import (
     _SUB_NAME_OK,
     COMPILE_TIMEOUT_S,
@@ -296,6 +296,13 @@ def validate(files: dict[str, str], *, compile_timeout_s: float = COMPILE_TIMEOU
             # and never judged, which is worse than saying so.
             raise Rejected("manifest: [backward]: submissions are scored on the forward "
                            "only; submit the variant without its [backward] table")
+        sup = spec.supports
+        if tuple(sup.layouts) != (Layout.DENSE,) or sup.window:
+            # The scored grids are dense and windowless: a declared serving layout would
+            # be accepted and never judged.
+            raise Rejected("manifest: [supports] layouts/window: submissions are scored on "
+                           "dense cases without a window; declare layouts = [\"dense\"] "
+                           "and no window")
         limits = check_launch_limits(spec, cases if cases is not None else limit_cases())
         if limits["cases_checked"] == 0:
             raise Rejected("the submission supports none of the scoring grids' cases "

@@ -2,9 +2,16 @@
 the harness-owned buffers and records the HBM bytes its loops moved.
 
 The steps a kernel engineer can get wrong are methods: here the softmax scale, the K/V head
-of a query head, the causal alignment, which tiles exist and the mask; in the algorithm
-classes the online-softmax update, the final normalisation and the split combine. A
-planted-bug model (harness.candidates.models.planted) overrides exactly one of them.
+of a query head, the causal alignment, which tiles exist and the mask, the sliding
+window's sides and alignment, the K/V tile load (a page lookup per key tile for paged
+caches) and the store of a row block; in the algorithm classes the online-softmax update,
+the final normalisation and the split combine. A planted-bug model
+(harness.candidates.models.planted, planted_serving) overrides exactly one of them.
+
+Sliding windows (dense or per sequence) use each row's key interval [lo, hi) from the
+causal offset and the window's sides (`row_intervals`): key tiles outside the union of a
+row block's intervals are skipped, the others masked. Without a window the causal path
+is the one the models always had (whole-tile skipping past the diagonal).
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ from typing import Literal
 import torch
 
 from harness.candidates.models import tiles as T
+from harness.candidates.models.sequences import SeqView, gather_keys
 from harness.core.candidate import Candidate, Kind, Support
 from harness.core.cases import Case, Inputs, MaskKind
+from harness.core.serving import tensor_shapes
 
 
 @dataclass
@@ -42,7 +51,9 @@ class ModelCandidate(Candidate):
         self.tiles = {"block_q": self.block_q, "block_k": self.block_k, **self.tiles}
 
     def run(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None) -> None:
-        if out.shape != (case.batch, case.heads, case.seqlen_q, case.head_dim):
+        want = tensor_shapes(case)["out"] if case.is_serving else (
+            case.batch, case.heads, case.seqlen_q, case.head_dim)
+        if tuple(out.shape) != tuple(want):
             raise ValueError(f"{self.name}: out has shape {tuple(out.shape)}, case {case.id}")
         counter = T.ByteCounter()
         with torch.no_grad(), _one_intra_op_thread():
@@ -75,6 +86,51 @@ class ModelCandidate(Candidate):
     def key_tiles(self, case: Case) -> list[tuple[int, int]]:
         return T.tile_ranges(case.seqlen_k, self.block_k)
 
+    def window_sides(self, case: Case) -> tuple[int | None, int | None]:
+        """(left, right) extents of the sliding window in keys; None: unbounded."""
+        return (case.window_left if case.window_left >= 0 else None,
+                case.window_right if case.window_right >= 0 else None)
+
+    def window_offset(self, case: Case) -> int:
+        """The window's alignment offset o (row i's window is centred on key i + o):
+        top-left (0) under CAUSAL_TL, else bottom-right (Nk - Nq), per sequence."""
+        return 0 if case.window_top_left else case.seqlen_k - case.seqlen_q
+
+    def page_ids(self, seq: SeqView, logical: torch.Tensor) -> torch.Tensor:
+        """Pool page of each logical page index of sequence `seq`: its block-table row."""
+        return seq.table[seq.b, logical]
+
+    def load_kv(self, case: Case, inputs: Inputs, heads: torch.Tensor, c0: int, c1: int,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V tiles of keys [c0, c1) as float32 (B|1, H, n, d): dense rows, a packed
+        sequence's keys from its first key on, or a paged one's through the block table
+        (one table lookup per key of the tile). n < c1 - c0 only where the tensor ends."""
+        seq = inputs.serving
+        if not isinstance(seq, SeqView):
+            return T.load_tile(inputs.k, heads, c0, c1), T.load_tile(inputs.v, heads, c0, c1)
+        if not seq.paged:
+            r0, r1 = seq.k_row + c0, seq.k_row + c1
+            return T.load_tile(inputs.k, heads, r0, r1), T.load_tile(inputs.v, heads, r0, r1)
+        ps = seq.page_size
+        j = torch.arange(c0, min(c1, seq.table.shape[1] * ps))
+        pages, slots = self.page_ids(seq, j // ps), j % ps
+        return (gather_keys(inputs.k, pages, slots).index_select(1, heads).float(),
+                gather_keys(inputs.v, pages, slots).index_select(1, heads).float())
+
+    def store_rows(self, seq: SeqView | None, out: torch.Tensor, lse: torch.Tensor | None,
+                   r0: int, o: torch.Tensor, blk_lse: torch.Tensor,
+                   counter: T.ByteCounter) -> None:
+        """Write a block of rows from row r0 on (of every batch entry when `seq` is None,
+        else of that sequence, and only its rows) and count the bytes written."""
+        n = o.shape[2]
+        dst = out if seq is None else seq.rows(out)
+        dst[:, :, r0:r0 + n] = o.to(out.dtype)
+        counter.write("O", o.numel() * out.element_size())
+        if lse is not None:
+            dst_lse = lse if seq is None else seq.rows(lse)
+            dst_lse[:, :, r0:r0 + n] = blk_lse
+            counter.write("LSE", blk_lse.numel() * T.F32_BYTES)
+
     # --- helpers built on those steps ---------------------------------------------------
 
     def key_end(self, case: Case, row_stop: int) -> int:
@@ -84,14 +140,47 @@ class ModelCandidate(Candidate):
             return T.causal_key_end(case, self.causal_offset(case), row_stop)
         return case.seqlen_k
 
+    def row_intervals(self, case: Case, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[lo, hi) of the keys each row of [r0, r1) sees under the causal mask and the
+        window (int64; hi <= lo for a row that sees nothing)."""
+        i = torch.arange(r0, r1, dtype=torch.int64)
+        lo = torch.zeros_like(i)
+        hi = torch.full_like(i, case.seqlen_k)
+        if case.mask.is_causal:
+            hi = torch.minimum(hi, i + self.causal_offset(case) + 1)
+        left, right = self.window_sides(case)
+        o = self.window_offset(case)
+        if right is not None:
+            hi = torch.minimum(hi, i + o + right + 1)
+        if left is not None:
+            lo = torch.maximum(lo, i + o - left)
+        return lo, hi
+
+    def key_span(self, case: Case, rows: tuple[int, int]) -> tuple[int, int]:
+        """[start, end) of the keys some row of the block sees: key tiles wholly outside
+        are skipped. Without a window, the causal end (or every key)."""
+        if not case.has_window:
+            return 0, self.key_end(case, rows[1])
+        lo, hi = self.row_intervals(case, *rows)
+        seen = hi > lo
+        if not bool(seen.any()):
+            return 0, 0
+        return int(lo[seen].min()), int(hi[seen].max())
+
     def scores(self, case: Case, inputs: Inputs, q: torch.Tensor, k: torch.Tensor,
                rows: tuple[int, int], cols: tuple[int, int], counter: T.ByteCounter,
                ) -> torch.Tensor:
         """Scaled, masked float32 scores of one tile: (B, H, rows, cols)."""
         s = torch.matmul(q, k.transpose(-1, -2)) * self.softmax_scale(case)
         use_mask = self.uses_mask_tensor(case)
-        vis = T.tile_visibility(case, inputs, rows, cols, self.causal_offset(case),
-                                use_mask=use_mask)
+        if case.has_window:
+            lo, hi = self.row_intervals(case, *rows)
+            vis = T.interval_visibility(lo, hi, cols)
+            if use_mask and inputs.mask is not None:
+                vis = vis & T.mask_tile(inputs.mask, rows, cols)
+        else:
+            vis = T.tile_visibility(case, inputs, rows, cols, self.causal_offset(case),
+                                    use_mask=use_mask)
         if use_mask and inputs.mask is not None and case.mask is MaskKind.RANDOM:
             # An arbitrary mask is a tensor in HBM; each (b, h) program reads its tile.
             counter.read("mask", T.tile_bytes(case, rows[1] - rows[0], cols[1] - cols[0], 1))

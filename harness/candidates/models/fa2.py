@@ -8,9 +8,17 @@ reach HBM once, at the end. Masks add two things to the pseudocode:
 - fully masked rows end with l = 0: O = 0 and LSE = -inf.
 
 Bytes, per (b, h) program and Q block: Q tile once, every visited K and V tile, O tile
-once, LSE once. K/V tiles entirely above the causal diagonal are skipped, not loaded.
+once, LSE once. K/V tiles entirely above the causal diagonal, or outside every row's
+sliding window, are skipped, not loaded.
 
-The backward is FA2's Algorithm 2 (harness.candidates.models.fa2_bwd).
+Varlen and paged cases (harness.core.serving) run per sequence, as a kernel's grid of
+(sequence, head, Q block) programs does: the lengths, slot starts and block table are read
+from `inputs.serving`; each sequence's Q blocks tile its own rows, its K/V blocks its own
+keys (paged: looked up in the block table per key tile), and only its rows are stored, so
+the padding rows of a packed batch stay unwritten. A sequence with no query row costs
+nothing; one with an empty cache stores O = 0 and LSE = -inf without reading anything.
+
+The backward is FA2's Algorithm 2 (harness.candidates.models.fa2_bwd), dense only.
 """
 
 from __future__ import annotations
@@ -22,8 +30,9 @@ import torch
 from harness.candidates.models import tiles as T
 from harness.candidates.models.base import ModelCandidate
 from harness.candidates.models.fa2_bwd import FA2Backward
+from harness.candidates.models.sequences import SeqView, sequences
 from harness.core.candidate import Support
-from harness.core.cases import Case, Inputs
+from harness.core.cases import Case, Inputs, Layout
 
 State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # O (unnormalised), m, l
 
@@ -33,26 +42,45 @@ class FA2Model(FA2Backward, ModelCandidate):
     name: str = "fa2_model"
     algorithm: str = "fa2"
     description: str = ("FA2 on the CPU: forward outer Q blocks, inner K/V blocks, online "
-                        "softmax; backward outer K/V blocks, inner Q blocks")
+                        "softmax, varlen batches and sliding windows; backward outer K/V "
+                        "blocks, inner Q blocks")
     # Its backward (harness.candidates.models.fa2_bwd) sums dQ block by block in order:
     # deterministic.
     support: Support = field(default_factory=lambda: Support(
-        masked_lse="-inf", backward=True, backward_deterministic=True))
+        masked_lse="-inf", backward=True, backward_deterministic=True,
+        layouts=frozenset({Layout.DENSE, Layout.VARLEN}), window=True))
     # Bytes moved by the last `run_backward` (None before the first one).
     last_bytes_bwd: T.ByteCounter | None = field(default=None, repr=False, compare=False)
 
+    def supports_backward(self, case: Case) -> str | None:
+        if case.is_serving or case.has_window:
+            return "the backward model covers dense cases without a sliding window"
+        return None
+
     def compute(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None,
                 counter: T.ByteCounter) -> None:
-        es = T.elem_size(case)
+        if not case.is_serving:
+            self.attend(case, inputs, None, out, lse, counter)
+            return
+        for seq in sequences(case, inputs.serving):
+            if seq.q_len == 0:
+                continue  # no program has rows to compute
+            if seq.k_len == 0:  # an empty cache: every row fully masked, nothing read
+                shape = (1, case.heads, seq.q_len)
+                self.store_rows(seq, out, lse, 0, torch.zeros(*shape, case.head_dim),
+                                torch.full(shape, T.NEG_INF), counter)
+                continue
+            self.attend(seq.dense_case(case), seq.inputs(inputs), seq, out, lse, counter)
+
+    def attend(self, case: Case, inputs: Inputs, seq: SeqView | None, out: torch.Tensor,
+               lse: torch.Tensor | None, counter: T.ByteCounter) -> None:
+        """All Q blocks of a dense problem (`case`: the whole dense case, or one sequence
+        as a dense problem of its own lengths), stored through `store_rows`."""
         all_keys = self.key_tiles(case)
         for r0, r1 in self.query_tiles(case):
             o, m, lsum = self.attend_rows(case, inputs, (r0, r1), all_keys, counter)
             o, blk_lse = self.finish(o, m, lsum)
-            out[:, :, r0:r1] = o.to(out.dtype)
-            counter.write("O", T.tile_bytes(case, r1 - r0, case.head_dim, es))
-            if lse is not None:
-                lse[:, :, r0:r1] = blk_lse
-                counter.write("LSE", T.tile_bytes(case, r1 - r0, 1, T.F32_BYTES))
+            self.store_rows(seq, out, lse, r0, o, blk_lse, counter)
 
     def attend_rows(self, case: Case, inputs: Inputs, rows: tuple[int, int],
                     key_tiles: list[tuple[int, int]], counter: T.ByteCounter) -> State:
@@ -64,12 +92,14 @@ class FA2Model(FA2Backward, ModelCandidate):
         q = T.load_tile(inputs.q, None, r0, r1)
         counter.read("Q", T.tile_bytes(case, r1 - r0, d, es))
         state = self.init_state(case, r1 - r0)
-        end = self.key_end(case, r1)
+        start, end = self.key_span(case, rows)
         for c0, c1 in key_tiles:
-            if c0 >= end:
+            if c0 >= end or c1 <= start:
                 continue
-            k = T.load_tile(inputs.k, heads, c0, c1)
-            v = T.load_tile(inputs.v, heads, c0, c1)
+            k, v = self.load_kv(case, inputs, heads, c0, c1)
+            c1 = c0 + k.shape[2]  # a tile cut short where the tensor ends
+            if c1 <= c0:
+                continue
             counter.read("K", T.tile_bytes(case, c1 - c0, d, es))
             counter.read("V", T.tile_bytes(case, c1 - c0, d, es))
             s = self.scores(case, inputs, q, k, rows, (c0, c1), counter)

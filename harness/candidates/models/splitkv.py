@@ -9,6 +9,11 @@ when splits exceed the blocks). A combine step then reads all partials back:
 with every non-finite scale (exp(-inf - -inf) = NaN on a fully masked row) replaced by 0.
 One split is plain FA2 (no partials, no combine).
 
+Serving cases (varlen decode batches, paged caches) run per sequence like the FA2 model
+(harness.candidates.models.fa2), with the case's one split count: each sequence's own
+key tiles are divided into the splits, read through the block table when paged, and the
+combine stores only that sequence's rows.
+
 `num_splits`: 1 = no split, > 1 = that many, 0 = `choose_num_splits` per case.
 """
 
@@ -21,7 +26,9 @@ import torch
 
 from harness.candidates.models import tiles as T
 from harness.candidates.models.fa2 import FA2Model
-from harness.core.cases import Case, Inputs
+from harness.candidates.models.sequences import SeqView
+from harness.core.candidate import Support
+from harness.core.cases import Case, Inputs, Layout
 
 # Streaming multiprocessors assumed by the heuristic on the CPU (H100/H200 SXM have 132).
 DEFAULT_SM_COUNT = 132
@@ -73,7 +80,11 @@ def split_chunks(key_tiles: list[tuple[int, int]], splits: int) -> list[list[tup
 class SplitKVModel(FA2Model):
     name: str = "splitkv_model"
     algorithm: str = "splitkv"
-    description: str = "split-KV (flash-decoding) on the CPU: partial O/LSE per split, combine"
+    description: str = ("split-KV (flash-decoding) on the CPU: partial O/LSE per split, "
+                        "combine; varlen and paged caches, sliding windows")
+    support: Support = field(default_factory=lambda: Support(
+        masked_lse="-inf", backward=True, backward_deterministic=True,
+        layouts=frozenset(Layout), window=True))
     num_splits: int = 0
     sm_count: int = DEFAULT_SM_COUNT
     # Split count the last run used (num_splits, or the heuristic's choice).
@@ -100,17 +111,21 @@ class SplitKVModel(FA2Model):
 
     def compute(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None,
                 counter: T.ByteCounter) -> None:
-        splits = self.resolve_splits(case)
-        self.last_splits = splits
+        # One split count for the whole case (a serving batch's sequences share the grid).
+        self.last_splits = self.resolve_splits(case)
+        super().compute(case, inputs, out, lse, counter)
+
+    def attend(self, case: Case, inputs: Inputs, seq: SeqView | None, out: torch.Tensor,
+               lse: torch.Tensor | None, counter: T.ByteCounter) -> None:
+        splits = self.last_splits or 1
         if splits == 1:
-            super().compute(case, inputs, out, lse, counter)
+            super().attend(case, inputs, seq, out, lse, counter)
             return
-        es = T.elem_size(case)
         d = case.head_dim
         b, h, nq = case.batch, case.heads, case.seqlen_q
         o_part = torch.zeros(b, h, splits, nq, d)
         lse_part = torch.full((b, h, splits, nq), T.NEG_INF)
-        for s, chunk in enumerate(split_chunks(self.key_tiles(case), splits)):
+        for s, chunk in enumerate(self.split_key_tiles(case, inputs, splits)):
             for r0, r1 in self.query_tiles(case):
                 o, m, lsum = self.attend_rows(case, inputs, (r0, r1), chunk, counter)
                 o, part_lse = self.finish(o, m, lsum)
@@ -121,11 +136,12 @@ class SplitKVModel(FA2Model):
         counter.read("LSE_partial", b * h * splits * nq * T.F32_BYTES)
         counter.read("O_partial", b * h * splits * nq * d * T.F32_BYTES)
         o, total_lse = self.combine(o_part, lse_part)
-        out.copy_(o.to(out.dtype))
-        counter.write("O", b * h * nq * d * es)
-        if lse is not None:
-            lse.copy_(total_lse)
-            counter.write("LSE", b * h * nq * T.F32_BYTES)
+        self.store_rows(seq, out, lse, 0, o, total_lse, counter)
+
+    def split_key_tiles(self, case: Case, inputs: Inputs, splits: int,
+                        ) -> list[list[tuple[int, int]]]:
+        """The K/V tiles of each split (of the sequence's own keys for a serving case)."""
+        return split_chunks(self.key_tiles(case), splits)
 
     @staticmethod
     def combine(o_part: torch.Tensor, lse_part: torch.Tensor,

@@ -96,10 +96,22 @@ def tile_visibility(case: Case, inputs: Inputs, rows: tuple[int, int], cols: tup
         if c1 - 1 > r0 + offset:  # some pair of the tile is above the diagonal
             vis = (j <= i + offset)[None, None]
     if use_mask and inputs.mask is not None:
-        m = inputs.mask
-        m = m[:, :, r0:r1, c0:c1] if m.shape[2] != 1 else m[:, :, :, c0:c1]
+        m = mask_tile(inputs.mask, rows, cols)
         vis = m if vis is None else (vis & m)
     return vis
+
+
+def mask_tile(mask: torch.Tensor, rows: tuple[int, int], cols: tuple[int, int]) -> torch.Tensor:
+    """The (rows x cols) tile of a (B|1, 1, Nq|1, Nk) boolean mask tensor."""
+    (r0, r1), (c0, c1) = rows, cols
+    return mask[:, :, r0:r1, c0:c1] if mask.shape[2] != 1 else mask[:, :, :, c0:c1]
+
+
+def interval_visibility(lo: torch.Tensor, hi: torch.Tensor, cols: tuple[int, int],
+                        ) -> torch.Tensor:
+    """(1, 1, rows, cols) visibility of a tile whose row r sees keys [lo[r], hi[r])."""
+    j = torch.arange(cols[0], cols[1])[None, :]
+    return ((j >= lo[:, None]) & (j < hi[:, None]))[None, None]
 
 
 def load_tile(t: torch.Tensor, heads: torch.Tensor | None, r0: int, r1: int) -> torch.Tensor:
