@@ -3,8 +3,25 @@
 `fa_harness.candidates`.
 
 Unlike SDPA it takes every mask kind of the grids, as a `mask_mod` turned into a block
-mask: both causal alignments, per-batch key padding and an arbitrary boolean mask. It
-returns the LSE (natural log; -inf for a fully masked row, whose output is 0).
+mask (harness.candidates.flex_masks): both causal alignments, per-batch key padding, an
+arbitrary boolean mask, sliding windows of either alignment, and the varlen layout as
+flex's own document masking over the packed tensors. It returns the LSE (natural log;
+-inf for a fully masked row, whose output is 0). Paged caches are skipped: torch's
+public API has no paged flex_attention (PAGED_REASON).
+
+Varlen padding rows. flex_attention writes every row of its output, and the harness's
+padding rows between packed sequences must stay unwritten. So flex never writes the
+harness's buffers: when a case has padding rows, the timed call gathers the sequences'
+query rows (index_select by row), runs flex on them back to back under a compact document
+mask, and scatters its output and LSE rows (index_copy_) into a scratch result of q's
+shape made in the preparation; the harness copies only the sequences' rows of that into
+its buffers (harness.candidates.python_candidate). The gather and scatter are timed: they
+are what it takes to run flex on this layout. Running flex on the padded rows instead
+would also be correct, but slower than any user would run it: on the H200 (torch 2.11)
+a varlen decode batch of 8 caches up to 8k keys (7 single-row queries, 22 packed rows
+with the padding) took 7.3 ms on the padded rows and 0.24 ms compacted, gather and
+scatter included (flex's decoding kernel is far slower at 4 x 22 grouped query rows than
+at 4 x 7).
 
 On a GPU it runs compiled (`torch.compile(flex_attention)`: the fused Triton kernel that
 is worth comparing with); on the CPU it runs torch's eager implementation, which
@@ -21,6 +38,7 @@ from typing import Any
 
 import torch
 
+from harness.candidates.flex_masks import block_mask_for
 from harness.candidates.python_candidate import PythonKernel, autograd_backward
 
 _compiled: dict[str, Any] = {}
@@ -53,64 +71,45 @@ def _flex(device: str):
     return _compiled["cuda"]
 
 
-def _mask_mod(mask_kind: str, mask: torch.Tensor | None, key_lengths: torch.Tensor | None,
-              causal_offset: int, device: torch.device | str = "cpu"):
-    if mask_kind in ("causal_br", "causal_tl"):
-        # A captured tensor, not a Python int: dynamo guards on a closure's int, so every
-        # new Nk - Nq of the grid would compile the kernel again.
-        off = torch.tensor(causal_offset, dtype=torch.int64, device=device)
-
-        def causal(b, h, q_idx, kv_idx):
-            return kv_idx <= q_idx + off
-
-        return causal
-    if mask_kind == "key_padding":
-        assert key_lengths is not None
-        lengths = key_lengths.to(torch.int64)
-
-        def padding(b, h, q_idx, kv_idx):
-            return kv_idx < lengths[b]
-
-        return padding
-    if mask_kind == "random":
-        assert mask is not None
-        dense = mask[:, 0]  # (B|1, Nq, Nk)
-        per_batch = dense.shape[0] != 1
-
-        def random(b, h, q_idx, kv_idx):
-            return dense[b if per_batch else 0, q_idx, kv_idx]
-
-        return random
-    return None
-
-
-def flex_prepare(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale):
-    """The block mask is built here, once per input set, outside the timed call."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    B, H, Nq, _ = q.shape
-    Nk = k.shape[2]
-    mod = _mask_mod(mask_kind, mask, key_lengths, causal_offset, q.device)
-    block_mask = (None if mod is None else
-                  create_block_mask(mod, B, None, Nq, Nk, device=q.device))
+def flex_prepare(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale,
+                 window_left=-1, window_right=-1, layout="dense", serving=None, **_):
+    """The block mask is built here, once per input set (and kept while the next input
+    set of the same case needs the same one: flex_masks), outside the timed call."""
+    H = q.shape[1]
+    window = (window_left, window_right)
+    rows = _padded_rows(q, serving) if layout == "varlen" else None
+    block_mask = block_mask_for(q, k, mask_kind=mask_kind, mask=mask,
+                                key_lengths=key_lengths, causal_offset=causal_offset,
+                                window=window, layout=layout, serving=serving,
+                                compact=rows is not None)
     flex = _flex(q.device.type)
     gqa = k.shape[1] != H
     try:
         from torch.nn.attention.flex_attention import AuxRequest
     except ImportError:  # torch before AuxRequest
         AuxRequest = None
+    if rows is not None:  # the scratch result the sequences' rows are scattered into
+        out_s = torch.zeros_like(q)
+        lse_s = torch.full(q.shape[:3], -torch.inf, dtype=torch.float32, device=q.device)
 
-    def attempt(fn, kernel_options):
+    def flex_call(fn, kernel_options):
         with warnings.catch_warnings():
             # The CPU path warns that it is not compiled; older keywords are deprecated.
             warnings.simplefilter("ignore")
             extra = {} if kernel_options is None else {"kernel_options": kernel_options}
+            q_in = q if rows is None else q.index_select(2, rows)
             if AuxRequest is not None:
-                out, aux = fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa,
+                out, aux = fn(q_in, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa,
                               return_aux=AuxRequest(lse=True), **extra)
                 return out, aux.lse
-            return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa,
+            return fn(q_in, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa,
                       return_lse=True, **extra)
+
+    def attempt(fn, kernel_options):
+        out, lse = flex_call(fn, kernel_options)
+        if rows is None:
+            return out, lse
+        return out_s.index_copy_(2, rows, out), lse_s.index_copy_(2, rows, lse.float())
 
     if q.device.type != "cuda":
         return lambda: attempt(flex, None)
@@ -123,8 +122,19 @@ def flex_prepare(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale)
     from torch.nn.attention.flex_attention import flex_attention as eager
 
     paths = [(flex, None), (flex, _SMALL_TILES), (eager, None)]
-    key = (q.dtype, tuple(q.shape), tuple(k.shape), mask_kind)
+    key = (q.dtype, tuple(q.shape), tuple(k.shape), mask_kind, window, layout)
     return lambda: first_working(key, paths, attempt, _note_fallback)
+
+
+def _padded_rows(q: torch.Tensor, serving: Any) -> torch.Tensor | None:
+    """A varlen case's query rows that belong to a sequence (int64, on q's device), or
+    None when there is no padding between them (flex then runs on q as it is)."""
+    from harness.candidates.flex_masks import placement_of, sequence_rows
+
+    rows = sequence_rows(placement_of(serving))
+    if rows == list(range(q.shape[2])):
+        return None
+    return torch.tensor(rows, dtype=torch.int64, device=q.device)
 
 
 def first_working(key: tuple, paths: list[tuple[Any, Any]], attempt: Any,
@@ -183,6 +193,17 @@ def flex_attention_fn(q, k, v, **kw):
     return flex_prepare(q, k, v, **kw)()
 
 
+# torch's flex_attention reads K/V through a block mask over dense (or packed) tensors;
+# paging exists only as torch.nn.attention.experimental._paged_attention, a private
+# module (its own page layout and a converted block mask), not a public API to time.
+PAGED_REASON = ("flex_attention cannot read a block table: torch's public API has no paged "
+                "KV cache (only the private torch.nn.attention.experimental._paged_attention)")
+
+
+def flex_supports(case) -> str | None:  # noqa: ANN001 - a harness.core.cases.Case
+    return PAGED_REASON if case.layout.value == "paged" else None
+
+
 def _available() -> str | None:
     try:
         from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
@@ -200,8 +221,11 @@ def flex_candidates() -> list[PythonKernel]:
         deterministic=True, algorithm="fa2" if device == "cuda" else "naive_fused",
         tiles={"block_q": 128} if device == "cuda" else {},
         description="PyTorch flex_attention (compiled on the GPU, eager on the CPU), "
-                    "every mask kind as a block mask",
+                    "every mask kind, sliding windows and varlen as a block mask",
         available=_available, prepare=flex_prepare, notes=take_notes,
+        supports=flex_supports, layouts=("dense", "varlen"), window=True,
         # its own (compiled) backward kernel, through autograd; torch has no flex
-        # backward on the CPU ("FlexAttention does not support backward on CPU")
-        backward_prepare=autograd_backward(flex_attention_fn) if device == "cuda" else None)]
+        # backward on the CPU ("FlexAttention does not support backward on CPU"); the
+        # forward it differentiates builds the window's block mask, so it has the window
+        backward_prepare=autograd_backward(flex_attention_fn) if device == "cuda" else None,
+        backward_window=device == "cuda")]

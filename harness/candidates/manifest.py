@@ -8,8 +8,9 @@ evaluated as code. The format is documented in kernels/README.md.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.candidates.expr import FUNCTIONS, SIZE_NAMES, Expr, ExprError, parse_expr
 from harness.candidates.variant_spec import (
@@ -305,6 +306,22 @@ def _backward(ctx: _Ctx, table: Any, names: frozenset[str], supports: SupportSpe
         launches=_launches(ctx, table["launch"], "backward.launch", names, supports))
 
 
+E = TypeVar("E", bound=StrEnum)
+
+
+def _enum_list(ctx: _Ctx, raw: Any, where: str, enum: type[E], what: str) -> list[E]:
+    """A list of strings, each a value of `enum`; one message naming the bad entry."""
+    out: list[E] = []
+    for i, item in enumerate(_list(ctx, raw, where)):
+        s = _str(ctx, item, f"{where}[{i}]")
+        try:
+            out.append(enum(s))
+        except ValueError:
+            raise ctx.fail(f"{where}[{i}]", f"unknown {what} {s!r} (one of "
+                           f"{', '.join(x.value for x in enum)})") from None
+    return out
+
+
 def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
     _keys(ctx, table, "supports", SUPPORTS_REQUIRED, SUPPORTS_OPTIONAL)
     dtypes = tuple(_str(ctx, d, f"supports.dtypes[{i}]") for i, d in
@@ -333,27 +350,14 @@ def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
     else:
         raise ctx.fail("supports.head_dims", f"must be a list of integers or \"any\", got "
                        f"{_tname(raw_dims)}")
-    masks: list[MaskKind] = []
-    for i, mk in enumerate(_list(ctx, table["masks"], "supports.masks")):
-        s = _str(ctx, mk, f"supports.masks[{i}]")
-        try:
-            masks.append(MaskKind(s))
-        except ValueError:
-            raise ctx.fail(f"supports.masks[{i}]", f"unknown mask kind {s!r} (one of "
-                           f"{', '.join(m.value for m in MaskKind)})") from None
+    masks = _enum_list(ctx, table["masks"], "supports.masks", MaskKind, "mask kind")
     masked_lse = _str(ctx, table.get("masked_lse", "-inf"), "supports.masked_lse")
     if masked_lse not in ("-inf", "+inf"):
         raise ctx.fail("supports.masked_lse", f"must be \"-inf\" or \"+inf\", got {masked_lse!r}")
     mq = table.get("max_seqlen_q")
     mk_ = table.get("max_seqlen_k")
-    layouts: list[Layout] = []
-    for i, lay in enumerate(_list(ctx, table.get("layouts", ["dense"]), "supports.layouts")):
-        s = _str(ctx, lay, f"supports.layouts[{i}]")
-        try:
-            layouts.append(Layout(s))
-        except ValueError:
-            raise ctx.fail(f"supports.layouts[{i}]", f"unknown layout {s!r} (one of "
-                           f"{', '.join(x.value for x in Layout)})") from None
+    layouts = _enum_list(ctx, table.get("layouts", ["dense"]), "supports.layouts", Layout,
+                         "layout")
     return SupportSpec(
         dtypes=dtypes, head_dims=head_dims, max_head_dim=max_head_dim, masks=tuple(masks),
         gqa=_bool(ctx, table["gqa"], "supports.gqa"),

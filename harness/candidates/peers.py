@@ -19,6 +19,15 @@ aten op with the lower-right mask type; cuDNN and math get the materialised
 `causal_lower_right` mask. Key padding and random masks are a boolean `attn_mask`.
 GQA uses `enable_gqa=True`, or K/V repeated per head where a backend refuses that.
 
+Serving shapes: a sliding window on the dense layout is a boolean `attn_mask` too (the
+band of harness.core.serving with its causal limit and alignment, and-ed with a key
+padding or random mask), offered to every backend like the masks above: the ones that
+take an arbitrary mask run it (efficient, math; cuDNN runs it and fails the check on the
+rows the window leaves empty, mean(V) again), flash refuses and is skipped with torch's
+reason ("sliding window as a boolean attn_mask: Flash Attention does not support
+non-null attn_mask", torch 2.11). Varlen and paged cases are skipped with the reason
+(LAYOUT_REASONS): SDPA has no cu_seqlens or block-table API.
+
 Peers do not write LSE (`writes_lse=False`); the output is checked.
 
 The backward of each backend is torch.autograd through its forward, run under the same
@@ -30,6 +39,7 @@ the forward); only math's backward is declared bitwise deterministic.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable
@@ -38,7 +48,15 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.core.candidate import Candidate, Support
-from harness.core.cases import Case, GradInputs, Inputs, MaskKind, make_grad_output, make_inputs
+from harness.core.cases import (
+    Case,
+    GradInputs,
+    Inputs,
+    Layout,
+    MaskKind,
+    make_grad_output,
+    make_inputs,
+)
 
 # The math backend materialises the B*H*Nq*Nk score matrix (fp32); past this it is not
 # a meaningful peer, only a way to run out of memory.
@@ -63,9 +81,37 @@ def _backend(name: str):
 
 
 def _signature(case: Case, device: str) -> tuple:
-    # Everything torch's backend selection looks at; batch and seed do not matter.
+    # Everything torch's backend selection looks at (a window is a mask); batch and seed
+    # do not matter.
     return (device, case.dtype, case.head_dim, case.mask, case.heads, case.kv_heads,
-            case.seqlen_q, case.seqlen_k)
+            case.seqlen_q, case.seqlen_k, case.window_left, case.window_right)
+
+
+def _probe_case(case: Case) -> Case:
+    """The batch-1 copy of a case support is decided on (window and all)."""
+    return dataclasses.replace(case, batch=1)
+
+
+# SDPA takes (B, H, N, d) tensors with one Nq x Nk per call: no cu_seqlens, no block
+# table. Nested (jagged) tensors are another layout with their own kernels, not the
+# packed or paged tensors these cases time.
+LAYOUT_REASONS = {
+    Layout.VARLEN: "SDPA has no varlen API (packed sequences with cu_seqlens); nested "
+                   "tensors are not the packed layout these cases time",
+    Layout.PAGED: "SDPA has no paged KV cache API (K/V pages behind a block table)",
+}
+
+
+def window_mask(case: Case, inputs: Inputs) -> torch.Tensor:
+    """(B|1, 1, Nq, Nk) boolean visibility of a dense case with a sliding window: the band
+    of harness.core.serving (causal limit and alignment included), and-ed with the case's
+    key padding or random mask."""
+    from harness.core.serving import seq_visibility
+
+    vis = seq_visibility(case, case.seqlen_q, case.seqlen_k)[None, None].to(inputs.q.device)
+    if inputs.mask is not None:
+        vis = vis & inputs.mask.to(device=inputs.q.device, dtype=torch.bool)
+    return vis
 
 
 _BACKEND_WORDS = {"flash": "flash", "efficient": "memory efficient", "cudnn": "cudnn",
@@ -103,11 +149,7 @@ class SdpaPeer(Candidate):
               ) -> Callable[[], torch.Tensor]:
         """A zero-argument call computing the output (B, H, Nq, d) for these inputs: the
         mask, expanded K/V and backend context are prepared here, outside the timed call."""
-        import torch.nn.functional as F
-        from torch.nn.attention import sdpa_kernel
-
         q, k, v = inputs.q, inputs.k, inputs.v
-        backend = _backend(self.backend)
         gqa = case.kv_heads != case.heads
         scale = 1.0 / math.sqrt(case.head_dim)
         square = case.seqlen_q == case.seqlen_k
@@ -115,6 +157,11 @@ class SdpaPeer(Candidate):
             k = k.repeat_interleave(case.group_size, dim=1)
             v = v.repeat_interleave(case.group_size, dim=1)
             gqa = False
+
+        if case.has_window:
+            # The window (with the causal limit in it) as a boolean attn_mask: taken by
+            # the backends that accept an arbitrary mask, refused by the others.
+            return self._sdpa(q, k, v, window_mask(case, inputs), False, scale, gqa)
 
         if case.mask is MaskKind.CAUSAL_BR and not square and self.backend == "flash":
             # aten flash: is_causal means bottom-right (FlashAttention's convention).
@@ -162,6 +209,16 @@ class SdpaPeer(Candidate):
                     q.device)
         elif inputs.mask is not None:
             attn_mask = inputs.mask.to(device=q.device, dtype=torch.bool)
+        return self._sdpa(q, k, v, attn_mask, is_causal, scale, gqa)
+
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              attn_mask: torch.Tensor | None, is_causal: bool, scale: float, gqa: bool
+              ) -> Callable[[], torch.Tensor]:
+        """The plain SDPA call under this peer's forced backend."""
+        import torch.nn.functional as F
+        from torch.nn.attention import sdpa_kernel
+
+        backend = _backend(self.backend)
         kwargs = {"enable_gqa": True} if gqa else {}
 
         def call() -> torch.Tensor:
@@ -193,8 +250,7 @@ class SdpaPeer(Candidate):
         key = _signature(case, self.device)
         if key in self._support_cache:
             return self._support_cache[key]
-        probe_case = Case(1, case.heads, case.kv_heads, case.seqlen_q, case.seqlen_k,
-                          case.head_dim, case.dtype, case.mask, case.seed)
+        probe_case = _probe_case(case)
         inputs = make_inputs(probe_case, self.device)
         reason = self._try(probe_case, inputs, gqa_native=True)
         native = reason is None
@@ -203,13 +259,16 @@ class SdpaPeer(Candidate):
                 and self._try(probe_case, inputs, gqa_native=False) is None):
             reason = None
         if reason is not None:
-            reason = f"{self.name}: {reason}"
+            how = "sliding window as a boolean attn_mask: " if case.has_window else ""
+            reason = f"{self.name}: {how}{reason}"
         self._support_cache[key] = (reason, native)
         return reason, native
 
     # -------------------------------------------------------------- Candidate interface
 
     def supports(self, case: Case) -> str | None:
+        if case.layout in LAYOUT_REASONS:
+            return f"{self.name}: {LAYOUT_REASONS[case.layout]}"
         static = self.support.reason_unsupported(case)
         if static:
             return static
@@ -253,8 +312,7 @@ class SdpaPeer(Candidate):
     def supports_backward(self, case: Case) -> str | None:
         key = _signature(case, self.device)
         if key not in self._bwd_support_cache:
-            probe = Case(1, case.heads, case.kv_heads, case.seqlen_q, case.seqlen_k,
-                         case.head_dim, case.dtype, case.mask, case.seed)
+            probe = _probe_case(case)
             inputs = make_inputs(probe, self.device)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -287,8 +345,11 @@ def _peer(backend: str, device: str, description: str, algorithm: str,
         kind="peer",
         device=device,  # type: ignore[arg-type]
         algorithm=algorithm,
+        # window: every backend is offered the window as a mask; one that refuses a mask
+        # says so when its support is probed (sdpa_flash takes none).
         support=Support(writes_lse=False, deterministic=backend != "efficient",
-                        backward=True, backward_deterministic=backend == "math"),
+                        backward=True, backward_deterministic=backend == "math",
+                        window=True),
         description=description,
         isolate=False,
         tiles=dict(tiles or {}),

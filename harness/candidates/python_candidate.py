@@ -26,6 +26,18 @@ for a fully masked row out = 0 and lse = the declared value. An optional `prepar
 with the same arguments returns a call of no arguments (work done in `prepare`, such as
 building a block mask, stays outside the timed call).
 
+Serving shapes (harness.core.serving: its doc is the semantics). A kernel declaring
+`layouts=("dense", "varlen", ...)` or `window=True` gets six more keywords: `window_left`
+and `window_right` (-1: unbounded; aligned like the causal mask, top-left under causal_tl,
+else bottom-right per sequence), `layout` ("dense", "varlen", "paged"), `serving` (the
+case's harness.core.serving.ServingIndex of int32 tensors on `device`, None for dense),
+`max_seqlen_q` and `max_seqlen_k` (the case's largest lengths). Varlen: q, k, v and the
+result are packed (1, H, Tq, d) / (1, Hkv, Tk, d); the harness copies only the sequences'
+rows of the result into its buffers (their padding rows must stay unwritten, and the
+result is the kernel's own memory). Paged: k and v are page pools. The backward of a
+serving layout is not part of the protocol (skipped with the reason); a dense
+windowed case's backward runs for a kernel declaring `backward_window=True` only.
+
 It is registered by an entry point in the group `fa_harness.candidates` (its value
 names a `PythonKernel`, a list of them, or a function of no arguments returning either)
 or named on the command line as `--candidate module:attr`. The harness copies the
@@ -63,7 +75,7 @@ from typing import Any, Literal
 import torch
 
 from harness.core.candidate import Candidate, Support
-from harness.core.cases import DTYPES, Case, GradInputs, Inputs, MaskKind
+from harness.core.cases import DTYPES, Case, GradInputs, Inputs, Layout, MaskKind
 
 
 class CandidateOutputError(RuntimeError):
@@ -101,6 +113,18 @@ class PythonKernel:
     backward: Callable[..., Any] | None = None
     backward_prepare: Callable[..., Callable[[], Any]] | None = None
     backward_deterministic: bool = False
+    # Whether the backward applies a sliding window too (it gets the same window keywords
+    # as the forward); without it a windowed case's backward is skipped with the reason.
+    backward_window: bool = False
+    # Optional: supports(case) -> None, or the reason the case is skipped. Asked before
+    # the declaration's own reasons, so that it can say why (flex_attention: why it reads
+    # no paged cache) where the declaration would only say "not supported".
+    supports: Callable[[Case], str | None] | None = None
+    # Serving shapes (harness.core.serving): the layouts it reads ("dense", "varlen",
+    # "paged") and whether it applies a sliding window. A kernel declaring either gets the
+    # serving keywords (module doc); the others are called as before.
+    layouts: tuple[str, ...] = ("dense",)
+    window: bool = False
 
     def problems(self) -> list[str]:
         """What is wrong with the declaration (empty when it is valid)."""
@@ -122,13 +146,22 @@ class PythonKernel:
         if self.head_dims is not None and not all(isinstance(d, int) and d > 0
                                                   for d in self.head_dims):
             out.append("head_dims must be positive integers (or None for any)")
-        for what in ("backward", "backward_prepare"):
+        for what in ("backward", "backward_prepare", "supports"):
             f = getattr(self, what)
             if f is not None and not callable(f):
                 out.append(f"{what} is not callable")
         if self.backward is not None and self.backward_prepare is not None:
             out.append("give backward or backward_prepare, not both")
+        known_layouts = {x.value for x in Layout}
+        if "dense" not in self.layouts or any(x not in known_layouts for x in self.layouts):
+            out.append(f"layouts {list(self.layouts)} must include 'dense' and be among "
+                       f"{sorted(known_layouts)}")
         return out
+
+    @property
+    def serving(self) -> bool:
+        """Whether it takes the serving keywords (a layout beyond dense, or a window)."""
+        return self.window or set(self.layouts) != {"dense"}
 
     @property
     def has_backward(self) -> bool:
@@ -155,10 +188,22 @@ class PythonCandidate(Candidate):
             return "needs a CUDA GPU (none available here)"
         return None
 
+    def supports(self, case: Case) -> str | None:
+        if self.kernel is not None and self.kernel.supports is not None:
+            reason = self.kernel.supports(case)
+            if reason:
+                return reason
+        return self.support.reason_unsupported(case)
+
     def _args(self, case: Case, inputs: Inputs) -> dict[str, Any]:
-        return {"mask_kind": case.mask.value, "mask": inputs.mask,
-                "key_lengths": inputs.key_lengths, "causal_offset": case.causal_offset,
-                "scale": case.head_dim ** -0.5}
+        kw = {"mask_kind": case.mask.value, "mask": inputs.mask,
+              "key_lengths": inputs.key_lengths, "causal_offset": case.causal_offset,
+              "scale": case.head_dim ** -0.5}
+        if self.kernel is not None and self.kernel.serving:
+            kw.update(window_left=case.window_left, window_right=case.window_right,
+                      layout=case.layout.value, serving=inputs.serving,
+                      max_seqlen_q=case.seqlen_q, max_seqlen_k=case.seqlen_k)
+        return kw
 
     def timed_call(self, case: Case, inputs: Inputs, out: torch.Tensor,
                    lse: torch.Tensor | None) -> Callable[[], object]:
@@ -174,10 +219,27 @@ class PythonCandidate(Candidate):
         result = self.timed_call(case, inputs, out, lse)()
         got_out, got_lse = self._split(result)
         _expect(got_out, "out", out)
-        out.copy_(got_out)
         if lse is not None:
             _expect(got_lse, "lse", lse)
-            lse.copy_(got_lse)
+        # Varlen: only the sequences' rows are copied. The returned tensors are the
+        # candidate's own memory, whose padding rows it may well have written (flex_attention
+        # writes every row); the harness's padding rows must keep their poison.
+        rows = _sequence_rows(inputs) if case.layout is Layout.VARLEN else None
+        for got, buf in ((got_out, out), (got_lse, lse)):
+            if buf is None:
+                continue
+            if rows is None:
+                buf.copy_(got)
+            else:
+                buf.index_copy_(2, rows, got.index_select(2, rows))
+
+    def supports_backward(self, case: Case) -> str | None:
+        # The backward's buffers and oracle are those of the dense (B, H, N, d) layout.
+        if case.is_serving:
+            return f"the backward of the {case.layout.value} layout is not part of the protocol"
+        if case.has_window and not (self.kernel is not None and self.kernel.backward_window):
+            return "its backward applies no sliding window (backward_window=False)"
+        return None
 
     def backward_timed_call(self, case: Case, inputs: GradInputs) -> Callable[[], Any]:
         """The backward call the timing method measures (its preparation done here)."""
@@ -223,6 +285,18 @@ class PythonCandidate(Candidate):
         return result, None
 
 
+def _sequence_rows(inputs: Inputs) -> torch.Tensor:
+    """int64 indices of the packed rows that belong to a sequence of a varlen case (its
+    `serving` index: slot starts cu_seqlens_q, lengths seqlens_q)."""
+    index = inputs.serving
+    starts = index.cu_seqlens_q[:-1].long()
+    lens = index.seqlens_q.long()
+    first = torch.repeat_interleave(starts, lens)  # each row's sequence start
+    into = torch.arange(int(lens.sum()), device=lens.device) - torch.repeat_interleave(
+        torch.cumsum(lens, 0) - lens, lens)  # each row's position in its sequence
+    return (first + into).to(inputs.q.device)
+
+
 def _expect(t: Any, what: str, like: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
         raise CandidateOutputError(f"{what} is {type(t).__name__}, expected a torch.Tensor")
@@ -241,7 +315,8 @@ def to_candidate(k: PythonKernel, origin: str) -> PythonCandidate:
                       masks=frozenset(MaskKind(m) for m in k.masks), gqa=k.gqa,
                       writes_lse=k.lse is not None, masked_lse=k.lse or "-inf",
                       deterministic=k.deterministic, backward=k.has_backward,
-                      backward_deterministic=k.backward_deterministic)
+                      backward_deterministic=k.backward_deterministic,
+                      layouts=frozenset(Layout(x) for x in k.layouts), window=k.window)
     return PythonCandidate(name=k.name, kind="python", device=k.device, algorithm=k.algorithm,
                            support=support, description=k.description, isolate=True,
                            tiles=dict(k.tiles), meta={"origin": origin}, kernel=k,

@@ -196,8 +196,13 @@ def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
 
 
 def triton_fa2_bwd_fn(q, k, v, out, lse, dout, *, mask_kind, mask, key_lengths,
-                      causal_offset, scale):
-    """dQ, dK, dV of the module doc (the protocol of harness.candidates.python_candidate)."""
+                      causal_offset, scale, window_left=-1, window_right=-1, layout="dense",
+                      serving=None, max_seqlen_q=None, max_seqlen_k=None):
+    """dQ, dK, dV of the module doc (the protocol of harness.candidates.python_candidate).
+    Dense and windowless only: the protocol skips the other cases' backward (the forward
+    declares the serving keywords, so they come here too)."""
+    if layout != "dense" or window_left >= 0 or window_right >= 0:
+        raise ValueError("the Triton backward takes the dense layout without a window")
     B, H, Nq, d = q.shape
     Hk, Nk = k.shape[1], k.shape[2]
     if d > MAX_HEAD_DIM:

@@ -33,6 +33,8 @@ def __getattr__(name: str) -> Any:
         return {"float16": torch.float16, "bfloat16": torch.bfloat16}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 DTYPE_SHORT = {"float16": "fp16", "bfloat16": "bf16"}
+SERVING_DEFAULTS = {"window_left": -1, "window_right": -1, "layout": "dense", "page_size": 0,
+                    "full_lengths": False}
 # Case fields with a default: records written before a field existed still load.
 OPTIONAL_FIELDS = frozenset({"dtype", "mask", "seed", "window_left", "window_right", "layout",
                              "page_size", "full_lengths"})
@@ -161,10 +163,20 @@ class Case:
     def group_size(self) -> int:
         return self.heads // self.kv_heads
 
-    def to_dict(self) -> dict[str, Any]:
+    def columns(self) -> dict[str, Any]:
+        """Every field, the serving ones too (a database row)."""
         d = asdict(self)
         d["mask"] = self.mask.value
         d["layout"] = self.layout.value
+        return d
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, without serving fields at their defaults: a dense, windowless case
+        is written as it was before those fields existed (records stay comparable)."""
+        d = self.columns()
+        for name, default in SERVING_DEFAULTS.items():
+            if d[name] == default:
+                del d[name]
         return d
 
     @classmethod

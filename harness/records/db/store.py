@@ -236,7 +236,7 @@ def _store(s: Session, dialect: str, record: RunRecord) -> tuple[int, bool]:
     case_rows = []
     for e in record.results:
         c = Case.from_dict(e["case"])
-        case_rows.append({"case_id": c.id, **{k: v for k, v in c.to_dict().items()}})
+        case_rows.append({"case_id": c.id, **c.columns()})
     cids = _get_or_create(s, CaseRow, ("case_id",), case_rows)
     rows = []
     for e in record.results:
