@@ -131,23 +131,21 @@ class CudaVariant(Candidate):
 
     def resolve_num_splits(self, case: Case, sm_count: int) -> int:
         """1 for variants without split-KV; the manifest's value when > 0; else the
-        heuristic, counting one CTA per (batch, kv head, row block) per split since this
-        project's split kernels process a whole GQA group per CTA."""
+        heuristic (harness.candidates.split_heuristic), counting one CTA per (sequence,
+        kv head, row block) per split since this project's split kernels process a whole
+        GQA group per CTA, and `ctas_per_sm` resident CTAs per SM."""
         assert self.spec is not None
         n = self.spec.num_splits
         if n is None:
             return 1
         if n > 0:
             return n
-        from harness.candidates.models.splitkv import choose_num_splits
+        from harness.candidates.split_heuristic import choose_splits, splitkv_work
 
         tiles = self.spec.tiles
-        block_q = tiles.get("block_rows", tiles.get("block_q", 64))
-        rows = case.group_size * case.seqlen_q  # query rows sharing one kv head
-        slots = sm_count * tiles.get("ctas_per_sm", 1)
-        extra = {"block_k": tiles["block_k"]} if "block_k" in tiles else {}
-        return max(1, int(choose_num_splits(case.batch, case.kv_heads, rows, case.seqlen_k,
-                                            block_q, slots, **extra)))
+        block_rows = tiles.get("block_rows", tiles.get("block_q", 64))
+        work = splitkv_work(case, block_rows, tiles.get("block_k", 64))
+        return choose_splits(work, sm_count * tiles.get("ctas_per_sm", 1))
 
     def env(self, case: Case, *, num_splits: int, sm_count: int) -> dict[str, int]:
         assert self.spec is not None
@@ -284,8 +282,10 @@ class CudaVariant(Candidate):
             why = self.check_limits(p, limits, res.shared_bytes, res.max_threads)
             if why is not None:
                 raise LaunchRefused(f"{self.name}: launch refused, {why}")
+        # Zeroed once, when the case's state is made: a kernel may keep counters there
+        # that it leaves at zero again (the split-KV kernel's fused combine does).
         workspaces = [
-            torch.empty(max(1, n), dtype=WORKSPACE_TORCH_DTYPES[w.dtype], device=device)
+            torch.zeros(max(1, n), dtype=WORKSPACE_TORCH_DTYPES[w.dtype], device=device)
             for w, n in zip(self.spec.pass_workspaces(self.backward_pass),
                             self.workspace_sizes(case, num_splits=num_splits,
                                                  sm_count=limits.sm_count), strict=True)

@@ -59,12 +59,13 @@ def warm_case(candidate: Any, case: Case, options: dict[str, Any]) -> CaseResult
         return CaseResult(candidate.name, case, Status.PASSED,
                           f"compiled in {time.monotonic() - t0:.1f} s")
     from harness.core.cases import make_inputs
+    from harness.core.serving import tensor_shapes
 
     inputs = make_inputs(case, "cuda", secret=int(options.get("secret", 0)))
-    out = torch.empty((case.batch, case.heads, case.seqlen_q, case.head_dim),
-                      dtype=case.torch_dtype, device="cuda")
-    lse = (torch.empty((case.batch, case.heads, case.seqlen_q), dtype=torch.float32,
-                       device="cuda") if candidate.support.writes_lse else None)
+    shape = tensor_shapes(case)["out"]  # q's shape in the case's layout (packed for varlen)
+    out = torch.empty(shape, dtype=case.torch_dtype, device="cuda")
+    lse = (torch.empty(shape[:3], dtype=torch.float32, device="cuda")
+           if candidate.support.writes_lse else None)
     candidate.run(case, inputs, out, lse)
     torch.cuda.synchronize()
     return CaseResult(candidate.name, case, Status.PASSED,

@@ -46,10 +46,12 @@ def output_buffers(candidate: Candidate, case: Case):
     """Plain output tensors for timing (the poisoned, guarded ones are for the check)."""
     import torch
 
-    out = torch.empty((case.batch, case.heads, case.seqlen_q, case.head_dim),
-                      dtype=case.torch_dtype, device="cuda")
-    lse = (torch.empty((case.batch, case.heads, case.seqlen_q), dtype=torch.float32,
-                       device="cuda") if candidate.support.writes_lse else None)
+    from harness.core.serving import tensor_shapes
+
+    shape = tensor_shapes(case)["out"]  # q's shape in the case's layout (packed for varlen)
+    out = torch.empty(shape, dtype=case.torch_dtype, device="cuda")
+    lse = (torch.empty(shape[:3], dtype=torch.float32, device="cuda")
+           if candidate.support.writes_lse else None)
     return out, lse
 
 

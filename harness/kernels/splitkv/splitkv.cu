@@ -1,316 +1,399 @@
-// splitkv: split-KV ("flash-decoding") forward for decoding and short query blocks.
+// splitkv: split-KV ("flash-decoding") forward for decoding and short query blocks, over
+// the dense, varlen and paged layouts, with causal masks, key padding, boolean masks and
+// sliding windows.
 //
-// Decoding is memory bound: one query row per head against a long K/V cache. With few
-// (batch, head) pairs there are too few blocks to fill the GPU, so the keys are split:
+// Decoding is memory bound: one query row per head against a long K/V cache, so the
+// kernel is built to keep HBM busy. The keys a CTA's rows can see are cut into `splits`
+// pieces of whole 64-key chunks (the count comes from harness.candidates.split_heuristic):
 //
-//   kernel 1 (splitkv_partial_*): grid = (split, kv head x row chunk, batch). A block
-//       streams its split's K/V range ONCE for all query heads of one GQA group (up to
-//       4 query rows per block), in chunks of 128 keys:
-//         phase 1  scores of the chunk, 4 warps x 32 keys, 16-byte loads, q in registers
-//         phase 2  per row: chunk max, online-softmax rescale, p = exp2(s - m) in place
-//         phase 3  acc += p V, 16-byte loads of V
-//       It writes a partial O (already divided by its own l) and a partial LSE per split,
-//       or the final O and LSE directly when there is a single split.
-//   kernel 2 (splitkv_combine_*): lse = logsumexp_s lse_s, O = sum_s exp(lse_s - lse) O_s,
-//       with the weight of an empty split (lse_s = -inf) or a NaN weight taken as 0.
+//   splitkv_partial_*: grid = (split, kv head x row chunk, sequence). A CTA takes 16
+//       query rows of one kv head (a GQA group's heads, and query positions, together)
+//       and streams its piece of K/V once for all of them. Each of its 4 warps owns 16
+//       keys of every 64-key chunk and runs its own pipeline: SK_STAGES slices of K and V
+//       in flight by cp.async (16-byte copies, XOR-swizzled rows), S = Q K^T and
+//       O += P V on tensor cores (mma.sync m16n8k16, fp32 accumulators, Q held as
+//       A fragments), the online softmax in registers. No block barrier in the loop: a
+//       warp waits only for its own copies. The four warps' (max, sum, O) are merged
+//       once at the end. With one split it writes O and LSE; else a partial O (divided
+//       by its own sum) and a partial LSE per split, and then, with SK_FUSED_COMBINE (the
+//       manifest's setting), the last CTA of the row chunk to finish combines them all
+//       (splitkv_combine.cu).
+//   splitkv_combine_*: the same combine as a second kernel (SK_FUSED_COMBINE=0), one
+//       block per query row: lse = logsumexp_s lse_s, O = sum_s exp(lse_s - lse) O_s, an
+//       empty split (lse_s = -inf) or a NaN weight counting 0.
 //
-// Workspaces: [0] partial O fp32 (splits, B, H, Nq, d), [1] partial LSE fp32 (splits, B, H, Nq).
+// Layouts (fa_harness.h, harness/core/serving.py): dense (B, H, N, d); varlen packed
+// (1, H, T, d) with cu_seqlens_q/k slot starts and seqlens_q/k lengths (the padding rows
+// between sequences are never written); paged: q dense, K/V page pools read through
+// block_table, seqlens_k the cache lengths. A sequence's causal / window offset is
+// seqlens_k - seqlens_q (0 under FA_MASK_TOP_LEFT); dense cases use causal_offset.
+//
+// Workspaces: [0] partial O fp32 (splits, B, H, Nq, d), [1] partial LSE fp32
+// (splits, B, H, Nq), indexed by (sequence, head, query position): a varlen sequence's
+// rows are < Nq (the longest), so the dense sizes hold every layout. [2] (fused combine)
+// one int32 ticket counter per (sequence, kv head, row chunk), zero between calls.
 #include "fa_harness.h"
 
-#define SK_ROWS 4       // query rows per block (a GQA group of 4 at Nq = 1)
-#define SK_THREADS 128
-#define SK_NW 4         // warps
-#define SK_CH 128       // keys per chunk: 32 per warp
-#define SK_B1 4         // phase-1 steps whose loads are issued together
-#define SK_B3 8         // phase-3 steps whose loads are issued together
+namespace sk {
 
 template <int DT, int D>
-__device__ __forceinline__ void splitkv_partial(const FaParams& p) {
-    constexpr int LK = D / 16;    // lanes per key in phase 1 (16 elements each)
-    constexpr int KPS = 32 / LK;  // keys per warp step
-    constexpr int ST1 = 32 / KPS; // steps to cover the warp's 32 keys
-    constexpr int LV = D / 8;     // lanes per V row in phase 3 (8 elements each)
-    constexpr int KPV = 32 / LV;
-    constexpr int ST3 = 32 / KPV;
-    static_assert(ST1 % SK_B1 == 0 && ST3 % SK_B3 == 0, "batch sizes must divide the steps");
-
-    __shared__ float sS[SK_ROWS][SK_CH];  // scores, then probabilities, of the current chunk
-    __shared__ float sM[SK_ROWS], sL[SK_ROWS], sA[SK_ROWS];  // running max, sum, last rescale
-    __shared__ __align__(16) float sAcc[SK_NW][SK_ROWS][D];  // per-warp partial outputs
+__device__ __forceinline__ void partial(const FaParams& p) {
+    using M = Mma<DT>;
+    constexpr int KD = D / 16;              // k-steps of S = Q K^T
+    constexpr int NT = D / 8;               // n8 tiles of O
+    constexpr int CPR = D / 8;              // 16-byte chunks per row
+    constexpr int RPU = 32 / CPR;           // rows one warp-wide copy covers
+    constexpr int CPL = WK / RPU;           // copies per lane per slice (K, and V again)
+    constexpr unsigned TILE = WK * D * 2;   // bytes of one K (or V) slice
+    constexpr unsigned SLICE = 2 * TILE;    // K and V of one warp's slice
+    constexpr unsigned STAGE = kWarps * SLICE;
+    constexpr unsigned Q_BYTES = ROWS * D * 2;
+    static_assert(CPL * RPU == WK, "a slice must split evenly over the lanes");
+    static_assert(kWarps * ROWS * D * 4 <= NST * STAGE, "merge buffer must fit");
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ float sMax[kWarps][ROWS], sSum[kWarps][ROWS];
 
     if (p.head_dim != D) __trap();
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (fa_dynamic_smem_bytes() < Q_BYTES + NST * STAGE) __trap();
+    const unsigned sQ = smem_u32(smem);
+    const unsigned sKV = sQ + Q_BYTES;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, q4 = lane & 3;  // mma fragment row and column pair
     const int split = blockIdx.x, b = blockIdx.z;
     const int group = p.heads / p.kv_heads;
-    const int nq = p.seqlen_q, nk = p.seqlen_k;
-    const int nrows = group * nq;  // query rows sharing kv head kvh: (g, i) -> g * nq + i
-    const int row_chunks = (nrows + SK_ROWS - 1) / SK_ROWS;
+    const int row_chunks = (group * p.seqlen_q + ROWS - 1) / ROWS;
     const int kvh = blockIdx.y / row_chunks;
     const int rc = blockIdx.y - kvh * row_chunks;
-    const bool causal = (p.mask_kind & FA_MASK_CAUSAL) != 0;
-    int kb_end = nk;
-    if (p.mask_kind & FA_MASK_KEY_PADDING) kb_end = min(kb_end, p.seqlens_k[b]);
+    if (gridDim.y != p.kv_heads * row_chunks) __trap();  // the manifest's block_rows is ROWS
+    const Seq sq = sequence(p, b);
 
-    int row_h[SK_ROWS], row_i[SK_ROWS], row_end[SK_ROWS];
-    int cta_end = 0;
-#pragma unroll
-    for (int rr = 0; rr < SK_ROWS; ++rr) {
-        const int r = rc * SK_ROWS + rr;
-        const int g = r / nq;
-        row_i[rr] = r < nrows ? r - g * nq : 0;
-        row_h[rr] = kvh * group + (r < nrows ? g : 0);
-        int e = causal ? min(kb_end, row_i[rr] + p.causal_offset + 1) : kb_end;
-        row_end[rr] = (r < nrows && e > 0) ? e : 0;  // keys [0, row_end) can be visible
-        cta_end = max(cta_end, row_end[rr]);
+    // The CTA's 16 rows, worked out once (thread r: row r) for every thread to read.
+    __shared__ Row sRow[ROWS];
+    if (tid < ROWS) sRow[tid] = query_row(p, sq, kvh, rc, tid, group);
+    __syncthreads();
+    // [cta_lo, cta_hi): the keys some row of this CTA sees. [all_lo, all_hi): the keys
+    // every row it writes sees (slices inside it need no mask).
+    int cta_lo = 0x7fffffff, cta_hi = 0, all_lo = 0, all_hi = 0x7fffffff;
+#pragma unroll 4
+    for (int r = 0; r < ROWS; ++r) {
+        const Row w = sRow[r];
+        if (w.hi > w.lo) {
+            cta_lo = min(cta_lo, w.lo);
+            cta_hi = max(cta_hi, w.hi);
+        }
+        if (w.mine) {
+            all_lo = max(all_lo, w.lo);
+            all_hi = min(all_hi, w.hi);
+        }
     }
-    // This split's keys: whole chunks, spread evenly over the splits.
-    const int n_chunks = (nk + SK_CH - 1) / SK_CH;
-    const int c_begin = (int)((long long)split * n_chunks / p.num_splits);
-    const int c_end = (int)((long long)(split + 1) * n_chunks / p.num_splits);
-    const int key_lo = c_begin * SK_CH;
-    const int key_hi = min(c_end * SK_CH, cta_end);  // nothing past it is visible
+    if (cta_hi == 0) cta_lo = 0;
+    const bool need_mask = (p.mask_kind & FA_MASK_BOOL) != 0;
+    const Row mine0 = sRow[g], mine1 = sRow[g + 8];
+    // This split's chunks: the CTA's chunk range, spread evenly over the splits.
+    const int c0 = cta_lo / CHUNK;
+    const int nchunks = cta_hi > cta_lo ? (cta_hi + CHUNK - 1) / CHUNK - c0 : 0;
+    const int c_begin = c0 + (int)((long long)split * nchunks / p.num_splits);
+    const int n_iter = c0 + (int)((long long)(split + 1) * nchunks / p.num_splits) - c_begin;
 
-    const unsigned short* K = (const unsigned short*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
-    const unsigned short* V = (const unsigned short*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
+    // K/V rows of this kv head: dense and varlen rows are contiguous from kbase; paged
+    // rows are found through the block table (the page stride is k_batch_stride).
+    const bool paged = p.layout == FA_LAYOUT_PAGED;
+    long long kbase = kvh * p.k_head_stride, vbase = kvh * p.v_head_stride;
+    if (p.layout == FA_LAYOUT_DENSE) {
+        kbase += b * p.k_batch_stride;
+        vbase += b * p.v_batch_stride;
+    } else if (p.layout == FA_LAYOUT_VARLEN) {
+        kbase += (long long)sq.k_start * p.k_row_stride;
+        vbase += (long long)sq.k_start * p.v_row_stride;
+    }
+    const int* table = paged ? p.block_table + b * p.block_table_stride : nullptr;
+    const int ps = paged ? p.page_size : 1;
+    // A 16-aligned slice lies in one page when the page size is a multiple of 16: one
+    // table lookup per slice, made a slice ahead so that its latency hides behind compute.
+    // Other page sizes look every row up.
+    const bool per_row_pages = paged && (ps % WK) != 0;
+    const int lrow = lane / CPR, lch = lane % CPR;  // this lane's first row and its chunk
+    const long long klane = (long long)lrow * p.k_row_stride + lch * 8;
+    const long long vlane = (long long)lrow * p.v_row_stride + lch * 8;
+    const long long kstep = 2LL * RPU * p.k_row_stride, vstep = 2LL * RPU * p.v_row_stride;
 
-    // q slice of this lane (16 elements at sl * 16), pre-scaled into the log2 domain.
-    const int sl = lane % LK, kk = lane / LK;
-    float qf[SK_ROWS][16];
-#pragma unroll
-    for (int rr = 0; rr < SK_ROWS; ++rr) {
-        if (rc * SK_ROWS + rr < nrows) {
-            const uint4* g = reinterpret_cast<const uint4*>(
-                (const unsigned short*)p.q + b * p.q_batch_stride + row_h[rr] * p.q_head_stride +
-                (long long)row_i[rr] * p.q_row_stride + sl * 16);
-            fa_unpack8<DT>(__ldg(g), qf[rr]);
-            fa_unpack8<DT>(__ldg(g + 1), qf[rr] + 8);
-#pragma unroll
-            for (int e = 0; e < 16; ++e) qf[rr][e] *= p.scale_log2;
+    // Issue the copies of slice `it` (keys j0 .. j0 + 15 of chunk c_begin + it) into
+    // stage buffer `buf`; keys outside [cta_lo, cta_hi) are zero-filled, never read.
+    // Paged: `page` holds the slice's keys from slot `slot0` on.
+    auto issue = [&](int it, int buf, int page, int slot0) {
+        const int j0 = (c_begin + it) * CHUNK + warp * WK;
+        const unsigned dk = sKV + buf * STAGE + warp * SLICE;
+        const unsigned dv = dk + TILE;
+        if (per_row_pages) {
+#pragma unroll 1
+            for (int u = 0; u < CPL; ++u) {
+                const int row = u * RPU + lrow, j = j0 + row;
+                const bool ok = j >= cta_lo && j < cta_hi;
+                const int pg = ok ? __ldg(table + j / ps) : 0, slot = j % ps;
+                const long long ko = kbase + (long long)pg * p.k_batch_stride +
+                                     (long long)slot * p.k_row_stride + lch * 8;
+                const long long vo = vbase + (long long)pg * p.v_batch_stride +
+                                     (long long)slot * p.v_row_stride + lch * 8;
+                cp_async16(dk + swz<D>(row, lch), (const unsigned short*)p.k + (ok ? ko : 0), ok ? 16 : 0);
+                cp_async16(dv + swz<D>(row, lch), (const unsigned short*)p.v + (ok ? vo : 0), ok ? 16 : 0);
+            }
+            return;
+        }
+        long long k0 = kbase + klane, v0 = vbase + vlane;
+        if (paged) {
+            k0 += (long long)page * p.k_batch_stride + (long long)slot0 * p.k_row_stride;
+            v0 += (long long)page * p.v_batch_stride + (long long)slot0 * p.v_row_stride;
         } else {
-#pragma unroll
-            for (int e = 0; e < 16; ++e) qf[rr][e] = 0.f;
+            k0 += (long long)j0 * p.k_row_stride;
+            v0 += (long long)j0 * p.v_row_stride;
         }
+        const char* ksrc = (const char*)p.k + 2 * k0;
+        const char* vsrc = (const char*)p.v + 2 * v0;
+        if (j0 >= cta_lo && j0 + WK <= cta_hi) {  // the whole slice: no per-row test
+#pragma unroll
+            for (int u = 0; u < CPL; ++u) {
+                const int row = u * RPU + lrow;
+                cp_async16(dk + swz<D>(row, lch), ksrc + u * kstep);
+                cp_async16(dv + swz<D>(row, lch), vsrc + u * vstep);
+            }
+            return;
+        }
+#pragma unroll
+        for (int u = 0; u < CPL; ++u) {
+            const int row = u * RPU + lrow, j = j0 + row;
+            const bool ok = j >= cta_lo && j < cta_hi;
+            cp_async16(dk + swz<D>(row, lch), ok ? ksrc + u * kstep : (const char*)p.k, ok ? 16 : 0);
+            cp_async16(dv + swz<D>(row, lch), ok ? vsrc + u * vstep : (const char*)p.v, ok ? 16 : 0);
+        }
+    };
+    // The page of slice `it` and its first slot (dense and per-row lookups: unused; a
+    // slice with no key to read: no lookup, its table entry may not exist).
+    auto page_of = [&](int it, int& slot0) -> int {
+        slot0 = 0;
+        const int j0 = (c_begin + it) * CHUNK + warp * WK;
+        if (!paged || per_row_pages || it >= n_iter || j0 >= cta_hi || j0 + WK <= cta_lo)
+            return 0;
+        const int idx = j0 / ps;
+        slot0 = j0 - idx * ps;
+        return __ldg(table + idx);
+    };
+
+    // Q rows (zero for rows not ours), then the first slices: all in flight together.
+    {
+        const unsigned short* Q = (const unsigned short*)p.q;
+#pragma unroll
+        for (int u = 0; u < ROWS * CPR / kThreads; ++u) {
+            const int idx = u * kThreads + tid;
+            const int r = idx / CPR, ch = idx % CPR;
+            const Row w = sRow[r];
+            const long long qo = q_offset(p, sq, b, w.h, w.i, p.q_batch_stride,
+                                          p.q_head_stride, p.q_row_stride);
+            cp_async16(sQ + swz<D>(r, ch), w.mine ? (const void*)(Q + qo + ch * 8) : p.q,
+                       w.mine ? 16 : 0);
+        }
+        cp_async_commit();
     }
-    if (tid < SK_ROWS) {
-        sM[tid] = FA_NEG_INF;
-        sL[tid] = 0.f;
-        sA[tid] = 1.f;
+#pragma unroll
+    for (int st = 0; st < NST - 1; ++st) {
+        int slot0;
+        const int page = page_of(st, slot0);
+        if (st < n_iter) issue(st, st, page, slot0);
+        cp_async_commit();
     }
-    const int vsl = lane % LV, kv = lane / LV;  // phase 3: dims vsl * 8 .. +8 of key kv
-    float acc[SK_ROWS][8];
-#pragma unroll
-    for (int rr = 0; rr < SK_ROWS; ++rr)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[rr][e] = 0.f;
+    int next_slot;
+    int next_page = page_of(NST - 1, next_slot);
 
-    for (int ck = key_lo; ck < key_hi; ck += SK_CH) {
-        __syncthreads();  // sS is free again (phase 3 of the previous chunk is done)
-        const int wk0 = ck + warp * 32;  // this warp's 32 keys
+    cp_async_wait<NST - 1>();  // Q landed (the oldest group)
+    __syncthreads();
+    unsigned qf[KD][4];
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk)
+        ldsm_x4(sQ + swz<D>(lane & 15, kk * 2 + (lane >> 4)), qf[kk][0], qf[kk][1], qf[kk][2],
+                qf[kk][3]);
 
-        // Phase 1: scores.
+    float acc[NT][4];
 #pragma unroll
-        for (int st0 = 0; st0 < ST1; st0 += SK_B1) {
-            uint4 kr[SK_B1][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    float m_run[2] = {neg_inf(), neg_inf()};
+    float l_run[2] = {0.f, 0.f};
+
+    int buf = 0;  // stage buffer of slice `it`; slice it + NST - 1 goes to the one before it
+#pragma unroll 1
+    for (int it = 0; it < n_iter; ++it) {
+        if (it + NST - 1 < n_iter)
+            issue(it + NST - 1, buf == 0 ? NST - 1 : buf - 1, next_page, next_slot);
+        cp_async_commit();
+        next_page = page_of(it + NST, next_slot);
+        cp_async_wait<NST - 1>();
+        __syncwarp();  // every lane's copies of slice `it` are visible to the warp
+
+        const unsigned sK = sKV + buf * STAGE + warp * SLICE;
+        const unsigned sV = sK + TILE;
+        const int j0 = (c_begin + it) * CHUNK + warp * WK;
+        buf = buf + 1 == NST ? 0 : buf + 1;
+
+        float s[2][4];
 #pragma unroll
-            for (int u = 0; u < SK_B1; ++u) {
-                const int j = wk0 + (st0 + u) * KPS + kk;
-                if (j < key_hi) {
-                    const uint4* g = reinterpret_cast<const uint4*>(K + (long long)j * p.k_row_stride + sl * 16);
-                    kr[u][0] = __ldg(g);
-                    kr[u][1] = __ldg(g + 1);
-                } else {
-                    kr[u][0] = make_uint4(0u, 0u, 0u, 0u);
-                    kr[u][1] = make_uint4(0u, 0u, 0u, 0u);
+        for (int t = 0; t < 2; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk) {
+            unsigned b0, b1, b2, b3;
+            ldsm_x4(sK + swz<D>((lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)),
+                    b0, b1, b2, b3);
+            M::mma(s[0], qf[kk], b0, b1);
+            M::mma(s[1], qf[kk], b2, b3);
+        }
+        // Mask (s[t][e] is row g + 8 (e / 2), key j0 + 8 t + 2 q4 + (e % 2)), unless every
+        // row this CTA writes sees the whole slice.
+        if (need_mask || j0 < all_lo || j0 + WK > all_hi) {
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const Row& w = (e >> 1) ? mine1 : mine0;
+                    const int j = j0 + t * 8 + q4 * 2 + (e & 1);
+                    bool vis = j >= w.lo && j < w.hi;
+                    if (need_mask && vis) vis = fa_bool_mask_ok(p, b, w.i, j);
+                    if (!vis) s[t][e] = neg_inf();
                 }
-            }
+        }
+
+        // Online softmax in the exp2 domain, per fragment row (a quad holds one row).
+        float m_use[2], alpha[2];
 #pragma unroll
-            for (int u = 0; u < SK_B1; ++u) {
-                float kf[16];
-                fa_unpack8<DT>(kr[u][0], kf);
-                fa_unpack8<DT>(kr[u][1], kf + 8);
-                float part[SK_ROWS];
+        for (int r = 0; r < 2; ++r) {
+            float mx = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[r], mx * p.scale_log2);
+            // -inf guard: nothing visible yet -> subtract 0, so exp2(-inf) = 0, never NaN.
+            m_use[r] = m_new == neg_inf() ? 0.f : m_new;
+            alpha[r] = exp2f(m_run[r] - m_use[r]);
+            m_run[r] = m_new;
+            l_run[r] *= alpha[r];
+        }
+        // The running max rarely moves after the first slices: skip the O rescale then.
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-                for (int rr = 0; rr < SK_ROWS; ++rr) {
-                    float s = 0.f;
-#pragma unroll
-                    for (int e = 0; e < 16; ++e) s = fmaf(qf[rr][e], kf[e], s);
-                    part[rr] = s;
-                }
-#pragma unroll
-                for (int o = LK / 2; o > 0; o >>= 1)
-#pragma unroll
-                    for (int rr = 0; rr < SK_ROWS; ++rr)
-                        part[rr] += __shfl_xor_sync(0xffffffffu, part[rr], o);
-                const int jl = (st0 + u) * KPS + kk;
-                const int j = wk0 + jl;
-                if (sl == 0) {
-#pragma unroll
-                    for (int rr = 0; rr < SK_ROWS; ++rr) {
-                        const bool vis = j < row_end[rr] && fa_bool_mask_ok(p, b, row_i[rr], j);
-                        sS[rr][warp * 32 + jl] = vis ? part[rr] : FA_NEG_INF;
-                    }
-                }
+            for (int t = 0; t < NT; ++t) {
+                acc[t][0] *= alpha[0];
+                acc[t][1] *= alpha[0];
+                acc[t][2] *= alpha[1];
+                acc[t][3] *= alpha[1];
             }
         }
-        __syncthreads();
-
-        // Phase 2: online softmax over the chunk, one warp per row.
-        if (warp < SK_ROWS) {
-            float v[SK_CH / 32];
-            float mt = FA_NEG_INF;
+        unsigned pf[4];
 #pragma unroll
-            for (int t = 0; t < SK_CH / 32; ++t) {
-                v[t] = sS[warp][lane + 32 * t];
-                mt = fmaxf(mt, v[t]);
-            }
-            mt = fa_warp_max(mt);
-            const float m_old = sM[warp];
-            const float m_new = fmaxf(m_old, mt);
-            const float m_use = m_new == FA_NEG_INF ? 0.f : m_new;  // -inf guard
-            const float alpha = exp2f(m_old - m_use);
-            float sum = 0.f;
-#pragma unroll
-            for (int t = 0; t < SK_CH / 32; ++t) {
-                const float e = exp2f(v[t] - m_use);
-                sS[warp][lane + 32 * t] = e;
-                sum += e;
-            }
-            sum = fa_warp_sum(sum);
-            // Every lane read sM[warp] above; lane 0 overwrites it below. The shuffles
-            // between the two converge the warp but do not order shared memory:
-            // __syncwarp does (compute-sanitizer's racecheck reported this pair).
-            __syncwarp();
-            if (lane == 0) {
-                sM[warp] = m_new;
-                sL[warp] = sL[warp] * alpha + sum;
-                sA[warp] = alpha;
-            }
-        }
-        __syncthreads();
-
-        // Phase 3: acc = alpha acc + P V.
-#pragma unroll
-        for (int rr = 0; rr < SK_ROWS; ++rr) {
-            const float a = sA[rr];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[rr][e] *= a;
+        for (int t = 0; t < 2; ++t) {
+            const float p0 = exp2f(fmaf(s[t][0], p.scale_log2, -m_use[0]));
+            const float p1 = exp2f(fmaf(s[t][1], p.scale_log2, -m_use[0]));
+            const float p2 = exp2f(fmaf(s[t][2], p.scale_log2, -m_use[1]));
+            const float p3 = exp2f(fmaf(s[t][3], p.scale_log2, -m_use[1]));
+            l_run[0] += p0 + p1;
+            l_run[1] += p2 + p3;
+            // A fragment of P: keys 0-7 in a0 (row g), a1 (row g + 8); 8-15 in a2, a3.
+            pf[t * 2 + 0] = M::pack(p0, p1);
+            pf[t * 2 + 1] = M::pack(p2, p3);
         }
 #pragma unroll
-        for (int st0 = 0; st0 < ST3; st0 += SK_B3) {
-            uint4 vr[SK_B3];
-#pragma unroll
-            for (int u = 0; u < SK_B3; ++u) {
-                const int j = wk0 + (st0 + u) * KPV + kv;
-                vr[u] = j < key_hi
-                            ? __ldg(reinterpret_cast<const uint4*>(V + (long long)j * p.v_row_stride + vsl * 8))
-                            : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-            for (int u = 0; u < SK_B3; ++u) {
-                float vf[8];
-                fa_unpack8<DT>(vr[u], vf);
-                const int jl = (st0 + u) * KPV + kv;
-#pragma unroll
-                for (int rr = 0; rr < SK_ROWS; ++rr) {
-                    const float pr = sS[rr][warp * 32 + jl];
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[rr][e] = fmaf(pr, vf[e], acc[rr][e]);
-                }
-            }
+        for (int dp = 0; dp < D / 16; ++dp) {
+            unsigned b0, b1, b2, b3;
+            ldsm_x4_t(sV + swz<D>((lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)),
+                      b0, b1, b2, b3);
+            M::mma(acc[2 * dp], pf, b0, b1);
+            M::mma(acc[2 * dp + 1], pf, b2, b3);
         }
+        __syncwarp();  // the slice is consumed before a later issue overwrites it
     }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the stage buffers: reuse them for merging
 
-    // Lanes with the same vsl hold the same dims for different keys: add them up.
+    // Merge the warps: each holds (max, sum, O) of its keys for the 16 rows.
 #pragma unroll
-    for (int o = LV; o < 32; o <<= 1)
+    for (int r = 0; r < 2; ++r) {
+        l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+        l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+    }
+    float* sO = reinterpret_cast<float*>(smem + Q_BYTES);  // [kWarps][ROWS][D]
 #pragma unroll
-        for (int rr = 0; rr < SK_ROWS; ++rr)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[rr][e] += __shfl_xor_sync(0xffffffffu, acc[rr][e], o);
-    if (lane < LV) {
-#pragma unroll
-        for (int rr = 0; rr < SK_ROWS; ++rr) {
-            float4* dst = reinterpret_cast<float4*>(&sAcc[warp][rr][lane * 8]);
-            dst[0] = make_float4(acc[rr][0], acc[rr][1], acc[rr][2], acc[rr][3]);
-            dst[1] = make_float4(acc[rr][4], acc[rr][5], acc[rr][6], acc[rr][7]);
+    for (int r = 0; r < 2; ++r) {
+        const int row = g + 8 * r;
+        if (!(r ? mine1 : mine0).mine) continue;
+        if (q4 == 0) {
+            sMax[warp][row] = m_run[r];
+            sSum[warp][row] = l_run[r];
         }
+        float* o = sO + (warp * ROWS + row) * D;
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+            *reinterpret_cast<float2*>(o + t * 8 + q4 * 2) = make_float2(acc[t][2 * r], acc[t][2 * r + 1]);
     }
     __syncthreads();
 
-    const long long total = (long long)p.batch * p.heads * nq;
-    for (int t = tid; t < SK_ROWS * D; t += SK_THREADS) {
-        const int rr = t / D, c = t - rr * D;
-        const int r = rc * SK_ROWS + rr;
-        if (r >= nrows) continue;
-        const int g = r / nq, i = r - g * nq, h = kvh * group + g;
-        float o = 0.f;
+    const long long total = (long long)p.batch * p.heads * p.seqlen_q;
+    for (int idx = tid; idx < ROWS * D; idx += kThreads) {
+        const int r = idx / D, c = idx - r * D;
+        const Row w = sRow[r];
+        if (!w.mine) continue;
+        float mx = neg_inf();
 #pragma unroll
-        for (int w = 0; w < SK_NW; ++w) o += sAcc[w][rr][c];
-        const float L = sL[rr], M = sM[rr];
+        for (int k = 0; k < kWarps; ++k) mx = fmaxf(mx, sMax[k][r]);
+        float L = 0.f, o = 0.f;
+        if (mx != neg_inf()) {
+#pragma unroll
+            for (int k = 0; k < kWarps; ++k) {
+                const float e = exp2f(sMax[k][r] - mx);  // a warp that saw nothing: 0
+                L = fmaf(e, sSum[k][r], L);
+                o = fmaf(e, sO[(k * ROWS + r) * D + c], o);
+            }
+        }
         const float out = L > 0.f ? o / L : 0.f;
-        const float lse = L > 0.f ? (M + log2f(L)) * FA_LN2 : FA_NEG_INF;
-        const long long row = ((long long)b * p.heads + h) * nq + i;
-        if (p.num_splits == 1) {  // no split: this is the answer
-            unsigned short* O = (unsigned short*)p.o + b * p.o_batch_stride + h * p.o_head_stride +
-                                (long long)i * p.o_row_stride;
+        const float lse = L > 0.f ? (mx + log2f(L)) * FA_LN2 : neg_inf();
+        if (p.num_splits == 1) {
+            unsigned short* O = (unsigned short*)p.o +
+                                q_offset(p, sq, b, w.h, w.i, p.o_batch_stride, p.o_head_stride,
+                                         p.o_row_stride);
             O[c] = FaElem<DT>::from_float(out);
-            if (c == 0 && p.lse != nullptr) p.lse[row] = lse;
+            if (c == 0 && p.lse != nullptr) p.lse[lse_index(p, sq, b, w.h, w.i)] = lse;
         } else {
+            const long long row = ((long long)b * p.heads + w.h) * p.seqlen_q + w.i;
             ((float*)p.workspace[0])[((long long)split * total + row) * D + c] = out;
             if (c == 0) ((float*)p.workspace[1])[(long long)split * total + row] = lse;
         }
     }
-}
-
-template <int DT, int D>
-__device__ __forceinline__ void splitkv_combine(const FaParams& p) {
-    constexpr int NC = D / 32;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long total = (long long)p.batch * p.heads * p.seqlen_q;
-    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
-    if (row >= total) return;
-    const int S = p.num_splits;
-    const float* plse = (const float*)p.workspace[1];
-    const float* po = (const float*)p.workspace[0];
-
-    float mx = FA_NEG_INF;
-    for (int s = lane; s < S; s += 32) mx = fmaxf(mx, plse[(long long)s * total + row]);
-    mx = fa_warp_max(mx);
-    float lse = FA_NEG_INF;  // every split empty: the row saw no key
-    if (mx != FA_NEG_INF) {
-        float sum = 0.f;
-        for (int s = lane; s < S; s += 32) sum += expf(plse[(long long)s * total + row] - mx);
-        lse = mx + logf(fa_warp_sum(sum));
-    }
-    float acc[NC];
-#pragma unroll
-    for (int t = 0; t < NC; ++t) acc[t] = 0.f;
-    if (lse != FA_NEG_INF) {
-        for (int s = 0; s < S; ++s) {
-            const float w = expf(plse[(long long)s * total + row] - lse);  // -inf -> 0
-            if (w > 0.f) {  // false for NaN too; the same on every lane
-                const float* o = po + ((long long)s * total + row) * D;
-#pragma unroll
-                for (int t = 0; t < NC; ++t) acc[t] = fmaf(w, o[lane + 32 * t], acc[t]);
-            }
+#if SK_FUSED_COMBINE
+    // The last split of this row chunk to finish combines them all: every CTA publishes
+    // its partials (fence) before taking a ticket; the one that draws the last ticket
+    // resets the counter for the next call and reads the others' partials from L2.
+    __shared__ int sLast;
+    if (p.num_splits > 1) {
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            int* ticket = (int*)p.workspace[2] + ((long long)b * gridDim.y + blockIdx.y);
+            sLast = atomicAdd(ticket, 1) == p.num_splits - 1;
+            if (sLast) atomicExch(ticket, 0);
+        }
+        __syncthreads();
+        if (sLast) {
+            __threadfence();
+            combine_tile<DT, D>(p, sq, b, sRow);
         }
     }
-    const int i = (int)(row % p.seqlen_q);
-    const long long bh = row / p.seqlen_q;
-    const int h = (int)(bh % p.heads), b = (int)(bh / p.heads);
-    unsigned short* O = (unsigned short*)p.o + b * p.o_batch_stride + h * p.o_head_stride +
-                        (long long)i * p.o_row_stride;
-#pragma unroll
-    for (int t = 0; t < NC; ++t) O[lane + 32 * t] = FaElem<DT>::from_float(acc[t]);
-    if (lane == 0 && p.lse != nullptr) p.lse[row] = lse;
+#endif
 }
 
-#define SK_ENTRIES(SHORT, DT, D)                                                                \
-    extern "C" __global__ void __launch_bounds__(SK_THREADS, 2) splitkv_partial_##SHORT##_d##D(FaParams p) { \
-        splitkv_partial<DT, D>(p);                                                              \
-    }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(128) splitkv_combine_##SHORT##_d##D(FaParams p) { \
-        splitkv_combine<DT, D>(p);                                                              \
+}  // namespace sk
+
+#define SK_ENTRIES(SHORT, DT, D)                                                              \
+    extern "C" __global__ void __launch_bounds__(sk::kThreads, SK_MIN_BLOCKS)                 \
+        splitkv_partial_##SHORT##_d##D(FaParams p) {                                          \
+        sk::partial<DT, D>(p);                                                                \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(sk::kThreads) splitkv_combine_##SHORT##_d##D( \
+        FaParams p) {                                                                         \
+        sk::combine<DT, D>(p);                                                                \
     }
 SK_ENTRIES(fp16, FA_DTYPE_FP16, 64)
 SK_ENTRIES(fp16, FA_DTYPE_FP16, 128)

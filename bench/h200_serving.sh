@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The serving case kinds on the H200, in one bounded call (about 4 minutes), from the
+# project root with `.whl` carried:
+#     source .whl/prelude.sh && FA_HARNESS_COMMIT=<sha> bash bench/h200_serving.sh
+# 1. the `serving` grid checked for the in-repo kernels and flex_attention, over
+#    SECRETS secrets (default 2; each secret draws new inputs for every case);
+# 2. the `decode` grid (contiguous, paged, varlen) checked and timed with splitkv,
+#    triton_fa2 and the SDPA peers in one run, its record in $OUT/decode-record.json;
+#    the decode table (GB/s) in $OUT/decode.txt.
+set -uo pipefail
+OUT=${OUT:-/tmp/h200-serving}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=120
+export FA_HARNESS_HOME=${FA_HARNESS_HOME:-/tmp/fa-harness-home}
+export FA_HARNESS_BRANCH=${FA_HARNESS_BRANCH:-main}
+mkdir -p "$FA_HARNESS_HOME"
+step() {  # step NAME TIMEOUT_S CMD...: run, log to $OUT/NAME.txt, record rc and time
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout --kill-after=5 "$limit" "$@" >"$OUT/$name.txt" 2>&1
+  echo "== $name: rc=$?, $((SECONDS - t0)) s" | tee -a "$OUT/times.txt"
+}
+SERVING_KERNELS=${SERVING_KERNELS:-splitkv,triton_fa2,flex_attention}
+for s in $(seq 1 "${SECRETS:-2}"); do
+  step "serving-s$s" "${SERVING_S:-60}" python3 -m harness run --grid serving \
+    --kernels "$SERVING_KERNELS" --device cuda --secret "$((s * 7919))" --no-store
+done
+step decode "${DECODE_S:-150}" python3 -m harness run --grid decode \
+  --kernels "${DECODE_KERNELS:-splitkv,triton_fa2,sdpa_cudnn,sdpa_flash}" --device cuda \
+  --record "$OUT/decode-record.json" --no-store

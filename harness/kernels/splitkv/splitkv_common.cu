@@ -1,0 +1,187 @@
+// splitkv_common.cu: what the split-KV kernels (splitkv.cu) share: tile constants, the
+// PTX wrappers (cp.async, ldmatrix, mma.sync m16n8k16), the swizzled tile layout, and the
+// geometry of a sequence and a query row in every layout (dense, varlen, paged).
+#include "fa_harness.h"
+
+#ifndef SK_STAGES
+#define SK_STAGES 3  // K/V slices in flight per warp (the manifest's `stages` tile)
+#endif
+#ifndef SK_FUSED_COMBINE
+// 1: the last CTA of each row chunk to finish combines the splits (a ticket counter per
+// row chunk in workspace[2], zero when allocated and reset by that CTA), no second kernel.
+#define SK_FUSED_COMBINE 0
+#endif
+#ifndef SK_MIN_BLOCKS
+#define SK_MIN_BLOCKS 2  // resident CTAs per SM the registers are capped for
+#endif
+
+namespace sk {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int ROWS = 16;          // query rows per CTA: the mma M
+constexpr int WK = 16;            // keys per warp per stage: one mma k-step of P V
+constexpr int CHUNK = kWarps * WK;  // keys per CTA chunk (the manifest's block_k)
+constexpr int NST = SK_STAGES;
+static_assert(NST >= 2 && NST <= 6, "SK_STAGES out of range");
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned a;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
+                 : "=r"(a) : "l"(p));
+    return a;
+}
+// 16-byte async copy global -> shared; src_bytes = 0 zero-fills (keys outside the piece).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned& r0, unsigned& r1,
+                                        unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned addr, unsigned& r0, unsigned& r1,
+                                          unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+template <int DT> struct Mma;
+template <> struct Mma<FA_DTYPE_FP16> {
+    __device__ __forceinline__ static void mma(float* c, const unsigned* a, unsigned b0,
+                                               unsigned b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    // lo goes to the low 16 bits (the lower column index), hi to the high 16 bits.
+    __device__ __forceinline__ static unsigned pack(float lo, float hi) {
+        unsigned r;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+};
+template <> struct Mma<FA_DTYPE_BF16> {
+    __device__ __forceinline__ static void mma(float* c, const unsigned* a, unsigned b0,
+                                               unsigned b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    __device__ __forceinline__ static unsigned pack(float lo, float hi) {
+        unsigned r;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+};
+
+// Byte offset of 16-byte chunk `ch` of row `row` in a tile of D-element rows. XOR with
+// (row & 7) spreads the 8 rows one ldmatrix reads over all 32 banks.
+template <int D> __device__ __forceinline__ unsigned swz(int row, int ch) {
+    return row * (D * 2) + ((ch ^ (row & 7)) << 4);
+}
+
+// One sequence of the batch: its lengths, where its rows start, its mask offset.
+struct Seq {
+    int q_len, k_len, q_start, k_start, off;
+};
+
+__device__ __forceinline__ Seq sequence(const FaParams& p, int b) {
+    Seq s;
+    s.q_len = p.seqlen_q;
+    s.k_len = p.seqlen_k;
+    s.q_start = 0;
+    s.k_start = 0;
+    if (p.layout == FA_LAYOUT_VARLEN) {
+        s.q_len = p.seqlens_q[b];
+        s.k_len = p.seqlens_k[b];
+        s.q_start = p.cu_seqlens_q[b];
+        s.k_start = p.cu_seqlens_k[b];
+    } else if (p.layout == FA_LAYOUT_PAGED) {
+        if (p.seqlens_q != nullptr) s.q_len = p.seqlens_q[b];
+        s.k_len = p.seqlens_k[b];
+    } else if (p.mask_kind & FA_MASK_KEY_PADDING) {
+        s.k_len = min(s.k_len, p.seqlens_k[b]);
+    }
+    s.off = p.layout == FA_LAYOUT_DENSE ? p.causal_offset : fa_seq_offset(p, s.q_len, s.k_len);
+    return s;
+}
+
+// Query row r (0..ROWS) of row chunk rc: its head, query position, whether the kernel
+// writes it, and the keys [lo, hi) it can see (before a boolean mask). Varlen rows past
+// a sequence's length are padding or another sequence's: not ours, never written. A
+// paged sequence keeps the dense query rows: rows past its length are fully masked.
+struct Row {
+    int h, i, lo, hi;
+    bool mine;
+};
+
+__device__ __forceinline__ Row query_row(const FaParams& p, const Seq& s, int kvh, int rc,
+                                         int r, int group) {
+    Row w;
+    const int lr = rc * ROWS + r;
+    const int g = p.seqlen_q == 1 ? lr : lr / p.seqlen_q;  // decoding: no division
+    w.i = lr - g * p.seqlen_q;
+    w.h = kvh * group + g;
+    w.mine = lr < group * p.seqlen_q && (p.layout != FA_LAYOUT_VARLEN || w.i < s.q_len);
+    int lo = 0, hi = s.k_len;
+    if (w.i >= s.q_len) hi = 0;
+    const int d = w.i + s.off;  // the diagonal
+    if (p.mask_kind & FA_MASK_CAUSAL) hi = min(hi, d + 1);
+    if (p.mask_kind & FA_MASK_WINDOW) {
+        if (p.window_right >= 0) hi = min(hi, d + p.window_right + 1);
+        if (p.window_left >= 0) lo = max(lo, d - p.window_left);
+    }
+    if (!w.mine || hi <= lo) lo = hi = 0;
+    w.lo = lo;
+    w.hi = hi;
+    return w;
+}
+
+// Element offset of query row (h, i) of sequence b (its output row has the same place).
+__device__ __forceinline__ long long q_offset(const FaParams& p, const Seq& s, int b, int h,
+                                              int i, long long bs, long long hs, long long rs) {
+    if (p.layout == FA_LAYOUT_VARLEN) return h * hs + (long long)(s.q_start + i) * rs;
+    return b * bs + h * hs + (long long)i * rs;
+}
+
+// Index of LSE row (h, i) of sequence b in the harness's LSE ((B, H, Nq), varlen (1, H, T)).
+__device__ __forceinline__ long long lse_index(const FaParams& p, const Seq& s, int b, int h,
+                                               int i) {
+    if (p.layout == FA_LAYOUT_VARLEN)
+        return (long long)h * p.cu_seqlens_q[p.batch] + s.q_start + i;
+    return ((long long)b * p.heads + h) * p.seqlen_q + i;
+}
+
+// N consecutive floats through L2 (the partials were written by another kernel).
+template <int N> __device__ __forceinline__ void load_cg(const float* src, float* v);
+template <> __device__ __forceinline__ void load_cg<4>(const float* src, float* v) {
+    const float4 x = __ldcg(reinterpret_cast<const float4*>(src));
+    v[0] = x.x;
+    v[1] = x.y;
+    v[2] = x.z;
+    v[3] = x.w;
+}
+template <> __device__ __forceinline__ void load_cg<2>(const float* src, float* v) {
+    const float2 x = __ldcg(reinterpret_cast<const float2*>(src));
+    v[0] = x.x;
+    v[1] = x.y;
+}
+
+}  // namespace sk
