@@ -2,8 +2,9 @@
 # The serving case kinds on the H200, in one bounded call (about 4 minutes), from the
 # project root with `.whl` carried:
 #     source .whl/prelude.sh && FA_HARNESS_COMMIT=<sha> bash bench/h200_serving.sh
-# 1. the `serving` grid checked for the in-repo kernels and flex_attention, over
-#    SECRETS secrets (default 2; each secret draws new inputs for every case);
+# 1. side by side: the `serving` grid checked for the in-repo kernels and flex_attention,
+#    over SECRETS secrets (default 2; each secret draws new inputs for every case), and
+#    the split-KV kernel's GPU tests;
 # 2. the `decode` grid (contiguous, paged, varlen) checked and timed with splitkv,
 #    triton_fa2 and the SDPA peers in one run, its record in $OUT/decode-record.json;
 #    the decode table (GB/s) in $OUT/decode.txt.
@@ -21,10 +22,17 @@ step() {  # step NAME TIMEOUT_S CMD...: run, log to $OUT/NAME.txt, record rc and
   echo "== $name: rc=$?, $((SECONDS - t0)) s" | tee -a "$OUT/times.txt"
 }
 SERVING_KERNELS=${SERVING_KERNELS:-splitkv,triton_fa2,flex_attention}
-for s in $(seq 1 "${SECRETS:-2}"); do
-  step "serving-s$s" "${SERVING_S:-60}" python3 -m harness run --grid serving \
-    --kernels "$SERVING_KERNELS" --device cuda --secret "$((s * 7919))" --no-store
-done
+serving() {
+  for s in $(seq 1 "${SECRETS:-2}"); do
+    step "serving-s$s" "${SERVING_S:-60}" python3 -m harness run --grid serving \
+      --kernels "$SERVING_KERNELS" --device cuda --secret "$((s * 7919))" --no-store
+  done
+}
+# Correctness side by side: the grid over the secrets, and the kernel's GPU tests.
+serving &
+step gputests "${PYTEST_S:-120}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+  tests/test_splitkv_serving_gpu.py tests/test_cuda_variants_gpu.py -k splitkv &
+wait
 step decode "${DECODE_S:-150}" python3 -m harness run --grid decode \
   --kernels "${DECODE_KERNELS:-splitkv,triton_fa2,sdpa_cudnn,sdpa_flash}" --device cuda \
   --record "$OUT/decode-record.json" --no-store
