@@ -10,6 +10,8 @@ has the shape real runs give it (calibration keys, GPU model keys, grids, parent
     fails one case (import computes the regression verdicts), a decode run with only fp16
     cases, a run without calibration, a re-run of the first commit made later, and a
     run on another GPU model; the child commit's records name their repository;
+  - "dense": the committed records that hold no serving case (varlen, paged, sliding
+    window): the database of a team that runs dense cases only;
   - "one_grid": only the perf record;
   - "submissions": a migrated database with submissions and no run.
 """
@@ -27,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 PERF = RESULTS / "h200-20261129T201729Z-perf.json"
 DECODE = RESULTS / "h200-20261129T201729Z-decode.json"
+# The decode grid with its paged and varlen forms (splitkv, SDPA cuDNN and flash).
+SERVING_DECODE = RESULTS / "h200-20261202T055131Z-decode.json"
 CHILD = "5a1c0ffee0ddba11deadbeef0123456789abcdef"
 REPO_URL = "https://github.com/example/fa-harness"
 SLOWED = "fa2_simt"  # the kernel the child commit makes slower
@@ -114,6 +118,18 @@ def fa_import(url: str, *paths: Path) -> str:
     return url
 
 
+def dense_record_files() -> list[Path]:
+    """The committed record files none of whose results is a serving case."""
+    from harness.core.cases import Case
+
+    def serving(path: Path) -> bool:
+        rec = load(path)
+        return any(Case.from_dict(e["case"]).is_serving or Case.from_dict(e["case"]).has_window
+                   for e in rec.get("results", []))
+
+    return [p for p in sorted(RESULTS.glob("*.json")) if not serving(p)]
+
+
 def build(kind: str, directory: Path) -> str:
     """A SQLite database of `kind` (see the module docstring) under `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -125,6 +141,8 @@ def build(kind: str, directory: Path) -> str:
         return fa_import(url, write(history_records(), directory / "derived"))
     if kind == "one_grid":
         return fa_import(url, PERF)
+    if kind == "dense":
+        return fa_import(url, *dense_record_files())
     if kind == "submissions":
         return with_submissions(url)
     raise ValueError(kind)

@@ -255,6 +255,9 @@ def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict
     kv_rows = _kv_rows_per_q_block(case, bq, bk)
     terms = {"read Q": q_bytes, "read K": kv_rows * d * e, "read V": kv_rows * d * e,
              "write O": o_bytes, "write LSE": nq * F32}
+    # A kernel whose blocks serve every query head of a GQA group (tile kv_per_group = 1)
+    # reads each K/V row once per group: the K/V terms are per K/V head, not per head.
+    kv_share = case.group_size if int((tiles or {}).get("kv_per_group", 0)) else 1
     if algorithm == "splitkv":
         splits = tile_param(tiles, "splits", 1)
         if splits > 1:
@@ -262,7 +265,8 @@ def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict
             partial = splits * nq * (d + 1) * F32  # partial O and partial LSE, float32
             terms["write partials"] = partial
             terms["read partials"] = partial
-    return {k: bh * v for k, v in terms.items()}
+    return {k: bh * v // (kv_share if k in ("read K", "read V") else 1)
+            for k, v in terms.items()}
 
 
 def hbm_bytes(algorithm: str, case: Case, tiles: dict | None = None) -> int:

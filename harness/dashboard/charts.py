@@ -1,4 +1,5 @@
-"""Altair charts: history series with a noise band, roofline, correctness heat map.
+"""Altair charts: history series with a noise band, roofline, decode bandwidth,
+correctness heat map.
 
 Chart builders take small, already aggregated frames (one point per run, or one run's
 results) and never query the database themselves.
@@ -138,6 +139,31 @@ def roofline_chart(points: pd.DataFrame, bw_gbps: float | None,
                  alt.Tooltip("intensity:Q", format=".1f")])
     layers.append(scatter)
     return alt.layer(*layers).properties(title=title, height=420)
+
+
+def decode_bandwidth_chart(points: pd.DataFrame, copy_gbps: float | None,
+                           title: str) -> alt.LayerChart:
+    """points (case_kinds.decode_points): achieved GB/s of each decode-shaped result
+    against its KV length, colour by variant, shape by layout (contiguous, paged with its
+    page size, varlen), under the runner's copy ceiling."""
+    tooltip = ["variant:N", "case_id:N", "layout:N",
+               alt.Tooltip("gbps:Q", title="GB/s", format=",.0f"),
+               alt.Tooltip("median_ms:Q", title="median ms", format=".4f")]
+    if copy_gbps:
+        tooltip.append(alt.Tooltip("of_copy:Q", title="of copy ceiling", format=".2f"))
+    layers: list[alt.Chart] = [alt.Chart(points).mark_point(size=70, filled=True,
+                                                           opacity=0.85).encode(
+        x=alt.X("seqlen_k:Q", scale=alt.Scale(type="log"), title="KV length (keys)"),
+        y=alt.Y("gbps:Q", title="achieved GB/s"),
+        color=alt.Color("variant:N"),
+        shape=alt.Shape("layout:N", title="layout"),
+        tooltip=tooltip)]
+    if copy_gbps:
+        layers.append(alt.Chart(pd.DataFrame({
+            "copy": [copy_gbps], "roof": [f"copy ceiling {copy_gbps:,.0f} GB/s"]}))
+            .mark_rule(color="#555", strokeDash=[4, 2])
+            .encode(y="copy:Q", tooltip=["roof:N"]))
+    return alt.layer(*layers).properties(title=title, height=380)
 
 
 def correctness_heatmap(df: pd.DataFrame, bound: float = 2.0) -> alt.Chart:

@@ -14,7 +14,7 @@ from typing import Any
 import streamlit as st
 from sqlalchemy import Engine
 
-from harness.dashboard import alerts, board_data, compare_data, queries, source
+from harness.dashboard import alerts, board_data, case_kinds, compare_data, queries, source
 
 TTL_S = 60
 
@@ -33,7 +33,8 @@ def probe(url: str) -> source.Probe:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def load(url: str, name: str, *args: Any) -> Any:
-    fn: Callable[..., Any] = next(getattr(m, name) for m in (queries, alerts, compare_data, board_data)
+    fn: Callable[..., Any] = next(getattr(m, name) for m in (queries, alerts, compare_data,
+                                                             board_data, case_kinds)
                                   if hasattr(m, name))
     return fn(engine_for(url), *args)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from harness.dashboard import ui
+from harness.dashboard import case_filter, ui
 from harness.dashboard.compare_data import per_variant
 from harness.dashboard.data import Ctx
 from harness.dashboard.queries import FLAGGED, GOOD
@@ -126,6 +126,16 @@ def render(ctx: Ctx) -> None:
     if only_base or only_new:
         st.caption(f"{len(both)} shared (variant, case) pair(s); {only_base} only in the base "
                    f"run, {only_new} only in the new run (not shown).")
+    flt = case_filter.pick(ctx)
+    if flt.active:
+        shared = len(both)
+        both = flt.apply(both)
+        st.caption(f"{len(both)} of the {shared} shared pairs are of the chosen case kinds "
+                   f"({flt.label}); the counts and tables below are of those.")
+        if both.empty:
+            st.info("No shared (variant, case) pair of the chosen case kinds.")
+            _links(ctx, base_id, new_id)
+            return
 
     counts = both["verdict"].value_counts()
     cols_m = st.columns(4)

@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import streamlit as st
 
-from harness.dashboard import charts, commits, ui
+from harness.dashboard import case_filter, charts, commits, ui
 from harness.dashboard.data import Ctx
 from harness.dashboard.page_roofline import pick_gpu_and_run
 
@@ -21,7 +21,8 @@ def render(ctx: Ctx) -> None:
     if run_id is None:
         st.info("No runs on this GPU.")
         return
-    res = ctx.q("run_results", run_id)
+    flt = case_filter.pick(ctx)
+    res = flt.apply(ctx.q("run_results", run_id))
     counts = res["status"].value_counts()
     cols = st.columns(4)
     cols[0].metric("passed", int(counts.get("passed", 0)))
@@ -30,7 +31,8 @@ def render(ctx: Ctx) -> None:
     cols[3].metric("crashed/timeout/error/invalid",
                    int(sum(counts.get(s, 0) for s in ("crashed", "timeout", "error", "invalid"))))
     if res.empty:
-        st.info("This run has no results.")
+        st.info(f"This run has no results of the chosen case kinds ({flt.label})."
+                if flt.active else "This run has no results.")
         return
     if len(res) <= HEATMAP_MAX_CELLS:
         st.altair_chart(charts.correctness_heatmap(res), width="stretch")

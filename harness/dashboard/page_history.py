@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from harness.dashboard import charts, commits, ui
+from harness.dashboard import case_filter, charts, commits, ui
 from harness.dashboard.data import Ctx
 from harness.dashboard.queries import FLAGGED
 
@@ -68,6 +68,18 @@ def render(ctx: Ctx) -> None:
         cases = [pair[1], *(c for c in cases if c != pair[1])]
         if pair[2] and ui.param("gpu") is None and ui.param("variant") is None:
             st.query_params["gpu"] = pair[2]
+    flt = case_filter.pick(ctx)
+    if flt.active:
+        cases = [c for c in cases if flt.keeps(c)]
+        linked = ui.param("case")
+        if linked is not None and not flt.keeps(linked) and linked in flt.kinds["case_id"].values:
+            # The link's case is in the database, only not of the chosen kinds: a note,
+            # not the picker's "not in this database".
+            st.caption(f"Case `{linked}` is not of the chosen case kinds ({flt.label}).")
+            st.query_params.pop("case", None)
+        if not cases:
+            st.info(f"No case of the chosen kinds ({flt.label}).")
+            return
     c1, c2, c3, c4 = st.columns([2, 3, 2, 1])
     chosen_variants = pick_many("Variants", variants, "variant", where=c1)
     case_id = ui.pick("Case", cases, "case", where=c2)

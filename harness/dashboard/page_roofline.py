@@ -1,5 +1,6 @@
 """Roofline: arithmetic intensity vs achieved TFLOP/s of one run, under the ceilings its
-runner measured at calibration (copy bandwidth, dense matmul throughput)."""
+runner measured at calibration (copy bandwidth, dense matmul throughput); then its
+decode-shaped cases as achieved GB/s against the copy ceiling (roofline_decode)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from harness.dashboard import charts, ui
+from harness.dashboard import case_filter, charts, roofline_decode, ui
 from harness.dashboard.data import Ctx
 
 BYTES = {"model": "IO model bytes (bytes_model)", "measured": "measured DRAM bytes (Nsight)"}
@@ -90,8 +91,20 @@ def render(ctx: Ctx) -> None:
     if run_id is None:
         st.info("No runs on this GPU.")
         return
+    flt = case_filter.pick(ctx)
     detail = ctx.q("run_detail", run_id)
-    res = ctx.q("run_results", run_id)
+    res = flt.apply(ctx.q("run_results", run_id))
+    bw, peaks = ceilings(detail.get("calibration"))
+    title = f"run #{run_id} {ui.short(detail.get('commit'))} on {detail.get('gpu_name')}"
+    if flt.active and res.empty:
+        st.info(f"Run #{run_id} has no result of the chosen case kinds ({flt.label}).")
+        return
+    _flop_roofline(res, bw, peaks, title, flt)
+    roofline_decode.render(res, flt.kinds, bw, title)
+
+
+def _flop_roofline(res: pd.DataFrame, bw: float | None, peaks: dict[str, float], title: str,
+                   flt: case_filter.KindFilter) -> None:
     has_measured = bool(res["bytes_read"].notna().any()) if len(res) else False
     source = st.radio("Bytes", list(BYTES), format_func=BYTES.__getitem__, horizontal=True,
                       index=0, disabled=not has_measured)
@@ -103,13 +116,12 @@ def render(ctx: Ctx) -> None:
     pts = pts[(pts["status"] == "passed") & pts["tflops"].gt(0) & pts["bytes"].gt(0)
               & pts["flops"].notna()]
     if pts.empty:
-        st.info("This run has no passing result with FLOPs, bytes and timing.")
+        kinds = f" of the chosen case kinds ({flt.label})" if flt.active else ""
+        st.info(f"This run has no passing result{kinds} with FLOPs, bytes and timing.")
         return
     pts = pts.assign(intensity=pts["flops"].astype("float64") / pts["bytes"])
-    bw, peaks = ceilings(detail.get("calibration"))
     if not bw and not peaks:
         st.caption("This run recorded no calibration, so no ceilings are drawn.")
-    title = f"run #{run_id} {ui.short(detail.get('commit'))} on {detail.get('gpu_name')}"
     st.altair_chart(charts.roofline_chart(
         pts[["intensity", "tflops", "variant", "case_id", "dtype"]], bw, peaks, title),
         width="stretch")

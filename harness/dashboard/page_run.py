@@ -8,8 +8,8 @@ from urllib.parse import urlencode
 import pandas as pd
 import streamlit as st
 
+from harness.dashboard import case_filter, ui
 from harness.dashboard import flags as flag_list
-from harness.dashboard import ui
 from harness.dashboard.data import Ctx
 from harness.dashboard.queries import FLAGGED
 
@@ -43,8 +43,14 @@ def render(ctx: Ctx) -> None:
         return
     st.subheader(f"#{run_id} · {ui.short(detail['commit'])} · {detail.get('gpu_name') or '?'}")
 
-    res_counts = ctx.q("status_counts", (run_id,))
-    counts = dict(zip(res_counts["status"], res_counts["n"], strict=True))
+    flt = case_filter.pick(ctx)
+    if flt.active:
+        per_case = flt.apply(ctx.q("run_case_statuses", run_id))
+        counts = {str(k): int(v) for k, v in per_case.groupby("status")["n"].sum().items()}
+        st.caption(f"Counts, verdicts and failures of the {flt.label} cases only.")
+    else:
+        res_counts = ctx.q("status_counts", (run_id,))
+        counts = dict(zip(res_counts["status"], res_counts["n"], strict=True))
     cols = st.columns(4)
     cols[0].metric("results", int(sum(counts.values())))
     cols[1].metric("passed", int(counts.get("passed", 0)))
@@ -53,7 +59,7 @@ def render(ctx: Ctx) -> None:
                                          if k not in ("passed", "skipped"))))
 
     # What regressed comes first: it is why a run page is opened from a CI summary.
-    comps = ctx.q("run_comparisons", run_id)
+    comps = flt.apply(ctx.q("run_comparisons", run_id))
     if len(comps):
         st.markdown("#### Verdicts against the baseline")
         base = comps["base_run_id"].dropna()
@@ -65,7 +71,7 @@ def render(ctx: Ctx) -> None:
         st.dataframe(comps["verdict"].value_counts().rename("count"))
         if comps["verdict"].isin(FLAGGED).any():
             st.markdown("#### Flagged verdicts")
-            flag_list.show(ctx, ctx.q("flagged_in_runs", (run_id,)))
+            flag_list.show(ctx, flt.apply(ctx.q("flagged_in_runs", (run_id,))))
 
     st.markdown("#### Environment")
     env = pd.DataFrame({"field": list(ENV_FIELDS),
@@ -87,7 +93,7 @@ def render(ctx: Ctx) -> None:
         st.dataframe(res, hide_index=True)
 
     st.markdown("#### Failures")
-    fails = ctx.q("run_failures", run_id)
+    fails = flt.apply(ctx.q("run_failures", run_id))
     if fails.empty:
         st.success("No failed, crashed, timed-out, erroneous or invalid result.")
     else:

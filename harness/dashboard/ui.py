@@ -15,7 +15,7 @@ T = TypeVar("T")
 
 # Query parameters every view understands; a link built from them reopens the same view.
 PARAMS = ("page", "run", "variant", "case", "gpu", "base", "new", "branch", "metric",
-          "base_gpu")
+          "base_gpu", "layout", "window")
 
 
 def param(name: str) -> str | None:

@@ -178,8 +178,15 @@ def benchmark_device_time(benchmark: Any, candidate: Candidate, case: Case, *,
 
 
 def kv_bytes(case: Case) -> int:
-    return 2 * case.batch * case.kv_heads * case.seqlen_k * case.head_dim * \
-        case.torch_dtype.itemsize
+    """K + V bytes the query rows see: every key of every batch entry for a dense case;
+    for windows and the serving layouts, each sequence's keys some row sees (a varlen
+    decode batch's caches have mixed lengths)."""
+    per_key = 2 * case.kv_heads * case.head_dim * case.torch_dtype.itemsize
+    if not (case.is_serving or case.has_window):
+        return case.batch * case.seqlen_k * per_key
+    from harness.core.serving import keys_touched, sequence_lengths
+
+    return sum(keys_touched(case, q, k) for q, k in sequence_lengths(case) if q) * per_key
 
 
 def is_decode(case: Case) -> bool:
