@@ -75,9 +75,10 @@ def test_committed_records_before_the_backward_read_as_forward():
         elif all("pass" not in e for e in data["results"]):
             assert passes == {"fwd"}  # written before the pass existed: forward results
             old += 1
-        else:  # a gate's run since: its backward entries say so
-            assert passes == {"fwd", "bwd"}
-            assert all(e["pass"] == "bwd" for e in data["results"] if entry_pass(e) == "bwd")
+        else:  # written since: every entry names its pass (a gate's run has both)
+            assert all(e.get("pass") in ("fwd", "bwd") for e in data["results"])
+            if "ci" in p.name:
+                assert passes == {"fwd", "bwd"}
     assert old >= 10
 
 
