@@ -191,3 +191,15 @@ def dashboard_app(url: str, monkeypatch: Any, **params: str) -> Any:
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
+
+
+def sql(url: str, query: str, **params: Any) -> list:
+    """The rows of one SQL query against the database at `url`."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(text(query), params))
+    finally:
+        engine.dispose()

@@ -71,13 +71,7 @@ def texts(elements) -> str:
     return "\n".join(str(e.value) for e in elements)
 
 
-def sql(url: str, query: str, **params) -> list:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return list(conn.execute(text(query), params))
-    finally:
-        engine.dispose()
+sql = realdata.sql
 
 
 def latest_run_ids(url: str) -> list[int]:

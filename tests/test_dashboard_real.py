@@ -11,7 +11,6 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 import realdata
-from sqlalchemy import create_engine, text
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["overview", "history", "compare", "roofline", "correctness", "leaderboard", "run",
@@ -30,13 +29,7 @@ def dbs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 app = realdata.dashboard_app
 
 
-def sql(url: str, query: str, **params) -> list:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return list(conn.execute(text(query), params))
-    finally:
-        engine.dispose()
+sql = realdata.sql
 
 
 def texts(elements) -> str:

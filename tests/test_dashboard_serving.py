@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import realdata
 import servingdata
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 
 from harness.core.grids import get_grid
 from harness.dashboard import case_kinds
@@ -39,13 +39,7 @@ def dense(tmp_path_factory: pytest.TempPathFactory) -> str:
     return realdata.build("dense", tmp_path_factory.mktemp("dense"))
 
 
-def sql(url: str, query: str, **params) -> list:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return list(conn.execute(text(query), params))
-    finally:
-        engine.dispose()
+sql = realdata.sql
 
 
 def run_id(url: str, commit: str, grid: str) -> int:
