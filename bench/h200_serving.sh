@@ -2,6 +2,8 @@
 # The serving case kinds on the H200, in one bounded call (about 4 minutes), from the
 # project root with `.whl` carried:
 #     source .whl/prelude.sh && FA_HARNESS_COMMIT=<sha> bash bench/h200_serving.sh
+# 0. the package installed, editable, with no dependencies (the Python candidates are
+#    found through its entry points; the machine reaches no registry);
 # 1. side by side: the `serving` grid checked for the in-repo kernels and flex_attention,
 #    over SECRETS secrets (default 2; each secret draws new inputs for every case), and
 #    the split-KV kernel's GPU tests;
@@ -26,8 +28,10 @@ serving() {
   for s in $(seq 1 "${SECRETS:-2}"); do
     step "serving-s$s" "${SERVING_S:-60}" python3 -m harness run --grid serving \
       --kernels "$SERVING_KERNELS" --device cuda --secret "$((s * 7919))" --no-store
+    grep -E "passed|failed|skipped" "$OUT/serving-s$s.txt" | tail -n 3 >>"$OUT/times.txt"
   done
 }
+step install 90 python3 -m pip install -q --no-deps --no-build-isolation -e .
 # Correctness side by side: the grid over the secrets, and the kernel's GPU tests.
 serving &
 step gputests "${PYTEST_S:-120}" python3 -m pytest -q -m gpu -p no:cacheprovider \
