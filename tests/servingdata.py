@@ -1,6 +1,6 @@
 """Serving-kind runs (varlen, paged, sliding-window cases) on top of the project's committed
-H200 records, for the dashboard tests. The committed records hold one serving run (the
-decode grid of 2026-12-02: realdata.SERVING_DECODE); for volume and for serving-grid
+H200 records, for the dashboard tests. The committed records hold the decode grid's paged
+and varlen forms (the decode runs of 2026-12-02, realdata.SERVING_DECODE the first); for volume and for serving-grid
 verdicts these are made the way the harness makes a record, with generated timings:
 
   - each result is a `CaseResult` of a case of `harness.core.grids.get_grid("decode")` or
@@ -32,7 +32,8 @@ import realdata
 
 COMMIT_A = "5e1f0a11" * 5
 COMMIT_B = "5e1f0b22" * 5
-NEWEST = realdata.RESULTS / "h200-20261202T022403Z-ci-cold.json"
+# The newest committed record (its name begins with its UTC time): the serving runs follow it.
+NEWEST = max(realdata.RESULTS.glob("h200-*Z-*.json"))
 # The layout cost of each decode variant against its contiguous time on the same shape.
 DECODE_COST = {"splitkv": {"paged": {64: 1.18, 256: 1.04}, "varlen": 1.05},
                "sdpa_cudnn": {"paged": {64: 1.10, 256: 1.02}, "varlen": 1.12},

@@ -85,7 +85,8 @@ def test_the_model_reads_earlier_runs_and_pairs_only_one_source(tmp_path):
         last = get_run(db, "latest").id
         m = noise.from_db(db, "nvidia-h200", before_run_id=last)
     key = next(k for k in m.points if k[0] == "fa2_mma")
-    assert m.points[key] and all(src for src, _ in m.points[key])
+    assert m.points[key] and all(src for src, _, _ in m.points[key])
+    assert all(dev.startswith("GPU-") for _, _, dev in m.points[key])  # the chips' uuids
     # A/A pairs: consecutive runs at one source; a changed source breaks the chain but
     # its spread still judges the new source (the noise is the measurement's).
     model = noise.NoiseModel()
@@ -109,3 +110,56 @@ def test_the_threshold_follows_the_history():
         noisy.add(key, "s", 1.0 + 0.03 * (i % 2))
     assert quiet.threshold(key, 0.02) == noise.MIN_CHANGE
     assert noisy.threshold(key, 0.02) > 0.05  # 3 spreads of a 3% wobble
+
+
+def test_pairs_of_one_chip_and_across_chips():
+    """Five runs on one chip agree within 0.2%; across chips the same source lands 3%
+    apart: a comparison across chips is judged by the cross-chip pairs, one on the same
+    chip by its chip's (module doc of harness.records.noise)."""
+    key = ("fa1", "fwd", "c")
+    model = noise.NoiseModel()
+    for dev, med in (("A", 0.522), ("B", 0.537), ("C", 0.523), ("D", 0.538), ("D", 0.539),
+                     ("D", 0.538), ("D", 0.539), ("E", 0.523)):
+        model.add(key, "s", med, dev)
+    assert model.history(key, False) == 3 and model.history(key, True) == 4
+    assert model.spread(key, False) < 0.002 < 0.01 < model.spread(key, True)
+    assert model.threshold(key, 0.02, False) == 0.02 < 0.08 < model.threshold(key, 0.02, True)
+    d: dict = {}
+    assert noise.judge("regression", 1.031, model.spread(key, True), 4, d,
+                       across=True) == "same"
+    assert d["spread_of"] == "runs across GPUs"
+    # On one chip a 3% change stands out against the chip's own 0.2%.
+    assert noise.judge("regression", 1.031, model.spread(key, False), 3, {},
+                       across=False) == "regression"
+    # Too few cross-chip pairs: no spread across chips, and the verdict says so.
+    few = noise.NoiseModel()
+    for dev, med in (("A", 1.0), ("A", 1.001), ("A", 1.0), ("B", 1.03)):
+        few.add(key, "s", med, dev)
+    assert few.spread(key, True) is None and few.spread(key, False) is not None
+    d = {}
+    assert noise.judge("regression", 1.03, None, 1, d, across=True) == "regression"
+    assert "across GPUs" in d["history"]
+
+
+def test_the_range_a_source_measured_on_other_chips():
+    """An unchanged source that measured 0.49 ms on three chips and 0.64 on a fourth is
+    "same" at 0.645 ms; a changed source has no range, one chip's runs give none, and a
+    median beyond the range is still judged."""
+    key = ("flex_attention", "fwd", "c")
+    model = noise.NoiseModel()
+    for dev, med in (("A", 0.644), ("B", 0.492), ("B", 0.4935), ("C", 0.4885)):
+        model.add(key, "s", med, dev)
+    seen = model.seen_range(key, "s")
+    assert seen == (0.4885, 0.644) and model.seen_range(key, "other") is None
+    d: dict = {}
+    assert noise.judge("regression", 1.33, 0.002, 3, d, seen=seen, new_median=0.645) == "same"
+    assert d["seen_range_ms"] == [0.4885, 0.644] and "did not change" in d["reason"]
+    assert noise.judge("regression", 1.5, 0.002, 3, {}, seen=seen,
+                       new_median=0.74) == "regression"
+    one = noise.NoiseModel()
+    for med in (0.49, 0.64, 0.49):
+        one.add(key, "s", med, "A")
+    assert one.seen_range(key, "s") is None
+    # Correctness verdicts are never waved through by a range.
+    assert noise.judge("correctness_regression", 1.0, 0.002, 3, {}, seen=seen,
+                       new_median=0.5) == "correctness_regression"

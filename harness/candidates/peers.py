@@ -40,6 +40,7 @@ the forward); only math's backward is declared bitwise deterministic.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import warnings
 from collections.abc import Callable
@@ -354,7 +355,11 @@ def _peer(backend: str, device: str, description: str, algorithm: str,
         isolate=False,
         tiles=dict(tiles or {}),
         backend=backend,
-        meta={"backend": backend, "torch": torch.__version__},
+        # Its source is torch's: the backend and the torch build (the noise model pairs
+        # runs at one source hash).
+        meta={"backend": backend, "torch": torch.__version__,
+              "source_hash": hashlib.sha256(
+                  f"sdpa:{backend}:{torch.__version__}".encode()).hexdigest()[:16]},
     )
 
 

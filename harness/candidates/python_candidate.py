@@ -74,6 +74,7 @@ from typing import Any, Literal
 
 import torch
 
+from harness.candidates.python_source import source_hash
 from harness.core.candidate import Candidate, Support
 from harness.core.cases import DTYPES, Case, GradInputs, Inputs, Layout, MaskKind
 
@@ -319,7 +320,11 @@ def to_candidate(k: PythonKernel, origin: str) -> PythonCandidate:
                       layouts=frozenset(Layout(x) for x in k.layouts), window=k.window)
     return PythonCandidate(name=k.name, kind="python", device=k.device, algorithm=k.algorithm,
                            support=support, description=k.description, isolate=True,
-                           tiles=dict(k.tiles), meta={"origin": origin}, kernel=k,
+                           tiles=dict(k.tiles),
+                           meta={"origin": origin, "source_hash": source_hash(
+                               (k.fn, k.prepare, k.backward, k.backward_prepare),
+                               extra=k.name)},
+                           kernel=k,
                            origin=origin)
 
 

@@ -298,15 +298,20 @@ def compare_records(base: RunRecord | Sequence[RunRecord], new: RunRecord,
     new_index = _index(new.results)
     for k, entry in new_index.items():
         # The practical threshold of this (candidate, pass, case): the noise model's
-        # when its history knows the run-to-run spread (harness.records.noise).
+        # when its history knows the run-to-run spread (harness.records.noise), of runs
+        # on one chip or across chips as this comparison is.
+        across = _across(new, [b for b, ix in zip(bases, indexes, strict=True) if k in ix])
         own = policy if noise is None else replace(
-            policy, threshold=noise.threshold(k, policy.threshold))
+            policy, threshold=noise.threshold(k, policy.threshold, across))
         v = compare_entries([ix[k] for ix in indexes if k in ix], entry, own)
         if own.threshold != policy.threshold:
             v.detail["threshold"] = own.threshold
         if noise is not None:
-            v.verdict = judge(v.verdict, v.ratio, noise.spread(k), noise.history(k), v.detail,
-                              practical=policy.threshold)
+            source = (new.kernels.get(k[0]) or {}).get("source_hash") or ""
+            v.verdict = judge(v.verdict, v.ratio, noise.spread(k, across),
+                              noise.history(k, across), v.detail, practical=policy.threshold,
+                              seen=noise.seen_range(k, source),
+                              new_median=entry.get("median_ms"), across=across)
         v.base_uuid = next((b.uuid for b, ix in zip(bases, indexes, strict=True) if k in ix),
                            None)
         verdicts.append(v)
@@ -319,6 +324,16 @@ def compare_records(base: RunRecord | Sequence[RunRecord], new: RunRecord,
         f" (+{len(bases) - 3} more)" if len(bases) > 3 else "")
     return Report(base_label=label, new_label=_label(new), gpu_model_key=key,
                   verdicts=verdicts, policy=policy)
+
+
+def _across(new: RunRecord, bases: Sequence[RunRecord]) -> bool | None:
+    """Whether `new` ran on another chip than any of its baseline runs; None when a GPU
+    uuid is unknown."""
+    dev = (new.gpu or {}).get("uuid")
+    others = [(b.gpu or {}).get("uuid") for b in bases]
+    if not dev or not others or not all(others):
+        return None
+    return any(o != dev for o in others)
 
 
 def _label(r: RunRecord) -> str:

@@ -18,6 +18,22 @@ the spread its earlier sources showed. With fewer than `MIN_PAIRS` such pairs th
 is unknown and a verdict says "insufficient history" instead of claiming a run-to-run
 noise it has not seen.
 
+Each GPU apart. A fleet's runners are different chips of one model, and chips differ:
+on the committed H200 records (almost every run on a chip of its own) fa1 on a 1k-key
+decode case measures 0.522 ms on some chips and 0.537-0.541 on others, flex_attention's
+d64 causal case 0.49 or 0.65 ms, while five runs on one chip agree within 0.3%. A spread
+pooled over both kinds of pairs is the one chip's (a robust scale ignores the rarer
+cross-chip pairs), and a run on another chip than its baseline's then reads as a 3%
+regression of code that did not change. So each A/A pair is of one chip (both runs'
+GPU uuid known and equal) or across chips, and a comparison uses the pairs of its own
+kind (`across`: whether the new run's GPU differs from its baseline runs'): within one
+chip its chip pairs (all pairs while those are fewer than `MIN_PAIRS`), across chips
+the cross-chip pairs only (fewer than `MIN_PAIRS`: "insufficient history").
+A source also has a range: `seen_range` is the span of the medians the same source
+measured in the history on at least two chips; a timing change whose new median lies in
+that span (widened by `NOISE_K` spreads) is code that did not change measuring what it
+measured before on another chip, so "same" (`judge`'s `seen`).
+
 The threshold a timing change must pass (`threshold`): the comparison's practical one
 (2%) while the history is short, raised to `NOISE_K` spreads where the runs are noisier;
 with `TRUSTED_PAIRS` A/A pairs or more, `NOISE_K` spreads but at least `MIN_CHANGE` (1%,
@@ -64,50 +80,90 @@ def relative_spread(medians: Sequence[float]) -> float | None:
 
 @dataclass
 class NoiseModel:
-    """(source hash, median) of earlier runs per (candidate, pass, case), oldest first."""
+    """(source hash, median, GPU uuid) of earlier runs per (candidate, pass, case),
+    oldest first ("" where the GPU uuid is unknown)."""
 
-    points: dict[Key, list[tuple[str, float]]] = field(default_factory=dict)
+    points: dict[Key, list[tuple[str, float, str]]] = field(default_factory=dict)
 
-    def add(self, key: Key, source: str, median: float) -> None:
-        self.points.setdefault(key, []).append((source, median))
+    def add(self, key: Key, source: str, median: float, device: str = "") -> None:
+        self.points.setdefault(key, []).append((source, median, device or ""))
 
-    def pairs(self, key: Key) -> list[float]:
-        """|log ratio| of consecutive runs at the same source (A/A pairs)."""
-        pts = [(src, x) for src, m in self.points.get(key, []) if (x := _log(m)) is not None]
-        return [abs(b - a) for (sa, a), (sb, b) in zip(pts, pts[1:], strict=False)
-                if sa == sb]
+    def pairs(self, key: Key, across: bool | None = None) -> list[float]:
+        """|log ratio| of consecutive runs at the same source (A/A pairs): all of them
+        (`across` None), those on one chip (False) or across chips (True); a pair with
+        an unknown GPU is neither."""
+        pts = [(src, x, dev) for src, m, dev in self.points.get(key, [])
+               if (x := _log(m)) is not None]
+        out = []
+        for (sa, a, da), (sb, b, db) in zip(pts, pts[1:], strict=False):
+            if sa != sb:
+                continue
+            if across is None or (da and db and (da != db) == across):
+                out.append(abs(b - a))
+        return out
 
-    def spread(self, key: Key) -> float | None:
-        diffs = self.pairs(key)
+    def _used(self, key: Key, across: bool | None) -> list[float]:
+        """The pairs a comparison of kind `across` is judged by (module doc)."""
+        if across is False:
+            own = self.pairs(key, False)
+            return own if len(own) >= MIN_PAIRS else self.pairs(key)
+        return self.pairs(key, across)
+
+    def spread(self, key: Key, across: bool | None = None) -> float | None:
+        diffs = self._used(key, across)
         return _spread(diffs) if len(diffs) >= MIN_PAIRS else None
 
-    def history(self, key: Key) -> int:
-        return len(self.pairs(key))
+    def history(self, key: Key, across: bool | None = None) -> int:
+        return len(self._used(key, across))
 
-    def threshold(self, key: Key, practical: float) -> float:
+    def threshold(self, key: Key, practical: float, across: bool | None = None) -> float:
         """The smallest timing change that counts for `key` (module doc)."""
-        spread, n = self.spread(key), self.history(key)
+        spread, n = self.spread(key, across), self.history(key, across)
         if spread is None:
             return practical
         floor = MIN_CHANGE if n >= TRUSTED_PAIRS else practical
         return max(floor, math.expm1(NOISE_K * spread))
 
+    def seen_range(self, key: Key, source: str) -> tuple[float, float] | None:
+        """(lowest, highest) median of `source` in the history when it was measured on
+        at least two chips, MIN_HISTORY runs or more (module doc); else None."""
+        meds = [(m, dev) for src, m, dev in self.points.get(key, [])
+                if src == source and _log(m) is not None]
+        if not source or len(meds) < MIN_HISTORY or len({d for _, d in meds if d}) < 2:
+            return None
+        return min(m for m, _ in meds), max(m for m, _ in meds)
+
 
 def judge(verdict: str, ratio: float | None, spread: float | None, n_history: int,
-          detail: dict[str, Any], practical: float = 0.02) -> str:
+          detail: dict[str, Any], practical: float = 0.02, *,
+          seen: tuple[float, float] | None = None, new_median: float | None = None,
+          across: bool | None = None) -> str:
     """The verdict once the run-to-run noise is known (module doc); notes in `detail`:
-    the spread, and why a change beyond the `practical` threshold is still "same"."""
+    the spread, and why a change beyond the `practical` threshold is still "same".
+    `seen`: the range the new entry's source measured before (`seen_range`), with the
+    new median; `across`: the new run is on another chip than its baseline's."""
     if verdict not in ("regression", "improvement", "same", "inconclusive") or ratio is None:
         return verdict
+    timing_verdict = verdict in ("regression", "improvement")
+    if seen is not None and new_median is not None and timing_verdict:
+        widen = math.exp(NOISE_K * (spread or 0.0))
+        lo, hi = seen
+        if lo / widen <= new_median <= hi * widen:
+            detail["seen_range_ms"] = [lo, hi]
+            detail["reason"] = (f"within what this source measured before on other GPUs of "
+                                f"this model ({lo:.4g}-{hi:.4g} ms): the code did not change")
+            return "same"
     if spread is None:
-        if verdict in ("regression", "improvement"):
+        if timing_verdict:
+            kind = " across GPUs" if across else ""
             detail["history"] = (f"insufficient history ({n_history} A/A pair(s) of earlier "
-                                 f"runs at one source, {MIN_PAIRS} needed): judged on this "
-                                 "run's samples only")
+                                 f"runs at one source{kind}, {MIN_PAIRS} needed): judged on "
+                                 "this run's samples only")
         return verdict
     detail["run_to_run_spread"] = spread
+    if across is not None:
+        detail["spread_of"] = "runs across GPUs" if across else "runs on one GPU"
     size = abs(math.log(ratio))
-    timing_verdict = verdict in ("regression", "improvement")
     if size < NOISE_K * spread and (timing_verdict or abs(ratio - 1.0) > practical):
         detail["reason"] = (f"within the run-to-run noise: {abs(ratio - 1):.2%} change, "
                             f"runs spread {spread:.2%} ({NOISE_K:g} x = {NOISE_K * spread:.2%})")
@@ -115,17 +171,19 @@ def judge(verdict: str, ratio: float | None, spread: float | None, n_history: in
     return verdict
 
 
-def from_rows(rows: Iterable[tuple[str, str, str, str, float]]) -> NoiseModel:
-    """A model from (candidate, source hash, pass, case id, median) rows, oldest first."""
+def from_rows(rows: Iterable[tuple]) -> NoiseModel:
+    """A model from (candidate, source hash, pass, case id, median[, GPU uuid]) rows,
+    oldest first."""
     model = NoiseModel()
-    for name, src, pass_name, case_id, median in rows:
-        model.add((name, pass_name or "fwd", case_id), src or "", float(median))
+    for name, src, pass_name, case_id, median, *device in rows:
+        model.add((name, pass_name or "fwd", case_id), src or "", float(median),
+                  (device[0] if device else "") or "")
     return model
 
 
 def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int, runs: int,
                   include_upto: bool, kernels: Sequence[str] | None = None) -> list[tuple]:
-    """(candidate, source hash, pass, case id, commit, median) of the passed, timed
+    """(candidate, source hash, pass, case id, commit, median, GPU uuid) of the passed, timed
     results of the last `runs` stored runs on `gpu_model_key` up to run `upto_run_id`
     (itself included or not), oldest first: what the noise model and the step search
     (harness.records.steps) read."""
@@ -140,7 +198,7 @@ def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int, runs:
     recent = (select(Run.id).where(*cond)
               .order_by(Run.created_at.desc(), Run.id.desc()).limit(runs).subquery())
     stmt = (select(Variant.name, Variant.source_hash, Result.pass_name, CaseRow.case_id,
-                   Run.commit, Result.median_ms)
+                   Run.commit, Result.median_ms, Run.gpu_uuid)
             .select_from(Result)
             .join(Variant, Variant.id == Result.variant_id)
             .join(CaseRow, CaseRow.id == Result.case_pk)
@@ -160,4 +218,4 @@ def from_db(db: Any, gpu_model_key: str | None, *, before_run_id: int,
     `before_run_id` (its passed, timed results)."""
     rows = timed_history(db, gpu_model_key, upto_run_id=before_run_id, runs=runs,
                          include_upto=False)
-    return from_rows([(n, src, p, c, m) for n, src, p, c, _commit, m in rows])
+    return from_rows([(n, src, p, c, m, dev) for n, src, p, c, _commit, m, dev in rows])

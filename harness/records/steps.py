@@ -147,7 +147,7 @@ def series_from_db(db: Any, gpu_model_key: str | None, *, upto_run_id: int,
     rows = timed_history(db, gpu_model_key, upto_run_id=upto_run_id, runs=runs,
                          include_upto=True, kernels=kernels)
     out: dict[tuple[str, str, str], dict[str, float]] = {}
-    for name, _src, pass_name, case_id, commit, median in rows:
+    for name, _src, pass_name, case_id, commit, median, _gpu in rows:
         if commit is not None:
             per_commit = out.setdefault((name, pass_name or "fwd", case_id), {})
             per_commit.pop(commit, None)  # a re-run moves the commit to its newest place
