@@ -1,7 +1,8 @@
 """Serving-kind runs (varlen, paged, sliding-window cases) on top of the project's committed
 H200 records, for the dashboard tests. The committed records hold the decode grid's paged
-and varlen forms (the decode runs of 2026-12-02, realdata.SERVING_DECODE the first); for volume and for serving-grid
-verdicts these are made the way the harness makes a record, with generated timings:
+and varlen forms (the decode runs of 2026-12-02, realdata.SERVING_DECODE the first); for
+volume and for serving-grid verdicts these are made the way the harness makes a record,
+with generated timings:
 
   - each result is a `CaseResult` of a case of `harness.core.grids.get_grid("decode")` or
     `get_grid("serving")`, with the harness's own FLOP count (`flops.attention_flops`) and

@@ -113,7 +113,7 @@ def test_the_threshold_follows_the_history():
 
 
 def test_pairs_of_one_chip_and_across_chips():
-    """Five runs on one chip agree within 0.2%; across chips the same source lands 3%
+    """Four runs on one chip agree within 0.2%; across chips the same source lands 3%
     apart: a comparison across chips is judged by the cross-chip pairs, one on the same
     chip by its chip's (module doc of harness.records.noise)."""
     key = ("fa1", "fwd", "c")

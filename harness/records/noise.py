@@ -150,8 +150,8 @@ def judge(verdict: str, ratio: float | None, spread: float | None, n_history: in
         lo, hi = seen
         if lo / widen <= new_median <= hi * widen:
             detail["seen_range_ms"] = [lo, hi]
-            detail["reason"] = (f"within what this source measured before on other GPUs of "
-                                f"this model ({lo:.4g}-{hi:.4g} ms): the code did not change")
+            detail["reason"] = (f"within what this source measured before on GPUs of this "
+                                f"model ({lo:.4g}-{hi:.4g} ms): the code did not change")
             return "same"
     if spread is None:
         if timing_verdict:
