@@ -26,6 +26,7 @@ from harness.candidates.nvcc import (  # noqa: F401 - the nvcc half, re-exported
     CompileReport,
     EntryResources,
     NvccResult,
+    arch_flags,
     arch_for,
     build_key,
     cached_nvcc,

@@ -225,7 +225,7 @@ def compile_with_timeout(source: str, options: Sequence[str] = (), timeout_s: fl
         src = Path(tmp) / filename
         src.write_text(source)
         cubin = Path(tmp) / "out.cubin"
-        cmd = [nvcc, "-cubin", f"-arch={arch}", "-Xptxas", "-v", CXX_STD, *options,
+        cmd = [nvcc, "-cubin", *arch_flags(arch), "-Xptxas", "-v", CXX_STD, *options,
                "-o", str(cubin), str(src)]
         proc = subprocess.Popen(cmd, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
@@ -245,6 +245,16 @@ def compile_with_timeout(source: str, options: Sequence[str] = (), timeout_s: fl
                               f"nvcc exited with {proc.returncode}")
         return NvccResult(True, arch, output, parse_ptxas(output),
                           cubin.read_bytes() if keep_cubin else None)
+
+
+def arch_flags(arch: str) -> list[str]:
+    """nvcc's flags for one arch. An arch-specific target (sm_90a: wgmma, setmaxnreg) is
+    named in the -gencode form, virtual and real arch both `a`, so that no plain sm_90 pass
+    sees instructions it rejects."""
+    if arch.endswith("a"):
+        num = arch[3:]
+        return [f"-gencode=arch=compute_{num},code=sm_{num}"]
+    return [f"-arch={arch}"]
 
 
 def arch_for(spec: VariantSpec, target: str) -> str | None:

@@ -26,6 +26,7 @@ from harness.candidates.compile import (
     KernelResources,
     NvccResult,
     _cupy,
+    arch_flags,
     build_key,
     cubin_cache_dir,
     nvcc_path,
@@ -55,7 +56,7 @@ def nvcc_cubin(source: str, options: Sequence[str] = (), timeout_s: float = 180.
         res = sandbox.SandboxResult(127, "nvcc not found on PATH", "none", 0.0)
         return NvccResult(False, arch, res.output), res
     tool = sandbox.toolchain_root(nvcc)
-    argv = [str(tool / "bin" / "nvcc"), "-cubin", f"-arch={arch}", "-Xptxas", "-v", CXX_STD,
+    argv = [str(tool / "bin" / "nvcc"), "-cubin", *arch_flags(arch), "-Xptxas", "-v", CXX_STD,
             *options, "-o", "/out/out.cubin", f"/src/{filename}"]
     res = sandbox.run(argv, sources={filename: source}, toolchain=tool,
                       limits=limits_for(timeout_s), require_isolation=require_isolation)

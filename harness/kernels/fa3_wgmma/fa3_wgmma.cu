@@ -1,0 +1,458 @@
+// fa3_wgmma: a Hopper (sm_90a) forward: warp specialization, mbarrier pipeline, wgmma.
+//
+// One CTA = 3 warpgroups over a 128-row Q block (the FA3 design, in its plainest form):
+//   - warpgroup 0 is the producer: it brings Q once, then K_j and V_j into a STAGES-deep
+//     ring of shared-memory slots, each slot guarded by "full" and "empty" mbarriers.
+//     The copies are cp.async, and each thread's cp.async.mbarrier.arrive makes the slot's
+//     "full" barrier complete when its copies have landed. It gives registers away
+//     (setmaxnreg.dec), since it computes nothing.
+//   - warpgroups 1 and 2 are consumers, 64 query rows each (setmaxnreg.inc): S = Q K^T by
+//     wgmma m64n128k16 with both operands read from shared memory through matrix
+//     descriptors, the online softmax on the fp32 accumulators in registers, then
+//     O += P V by wgmma with P as register A-fragments (the S accumulator layout is the
+//     A-fragment layout, as with mma.sync) and V read transposed (MN-major) from shared
+//     memory. A consumer arrives on the slot's "empty" barrier when its PV has retired.
+// Shared-memory tiles use the 128-byte swizzle the tensor cores read: a tile is split into
+// 64-column halves (128 bytes per row), rows 128 bytes apart, and 16-byte chunk c of row r
+// stored at chunk c ^ (r % 8); every half starts 1024-byte aligned.
+// cp.async writes shared memory through the generic proxy and wgmma reads it through the
+// async proxy, so a consumer issues fence.proxy.async.shared::cta after a slot's barrier
+// completes and before its wgmma read the slot.
+// Softmax: exp2 domain, the -inf guard of fa2_mma (a row that has seen no key subtracts 0),
+// O / l at the end, LSE = ln(sum exp(scale * s)); a row that sees no key: O = 0, LSE = -inf.
+// Masks: none, causal (both alignments through causal_offset), key padding; causal CTAs
+// stop at their last visible tile and run longest first.
+#include "fa_harness.h"
+
+namespace fa3wg {
+
+constexpr int BM = 128;         // query rows per CTA (64 per consumer warpgroup)
+constexpr int BN = 128;         // keys per K/V tile
+constexpr int kThreads = 384;   // producer + 2 consumers
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned a;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
+                 : "=r"(a) : "l"(p));
+    return a;
+}
+
+// ---- mbarriers ---------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+// Completes (asynchronously) when every cp.async this thread issued before it has landed;
+// counts as one of the barrier's expected arrivals (.noinc).
+__device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// ---- wgmma -------------------------------------------------------------------------------
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait0() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Keeps the compiler from moving accumulator registers across an in-flight wgmma.
+__device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
+
+// Matrix descriptor of a 128-byte-swizzled operand: start address, leading and stride byte
+// offsets (16-byte units), layout type 1 (128B swizzle) in bits 62-63.
+__device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned lbo_bytes) {
+    unsigned long long d = 0;
+    d |= (unsigned long long)((addr & 0x3FFFF) >> 4);
+    d |= (unsigned long long)(lbo_bytes >> 4) << 16;
+    d |= (unsigned long long)(1024 >> 4) << 32;   // 8 rows of 128 bytes
+    d |= 1ull << 62;
+    return d;
+}
+
+template <bool BF16> struct Mma;
+
+template <> struct Mma<false> {
+    // D (64 x 128, fp32) = A (smem, K-major) * B (smem, K-major) [+ D when acc != 0].
+    __device__ __forceinline__ static void ss_n128(float* d, unsigned long long da,
+                                                 unsigned long long db, int acc) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+            "%64, %65, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "l"(da), "l"(db), "r"(acc));
+    }
+    // D (64 x 64, fp32) += A (registers) * B (smem, MN-major: imm-trans-b = 1).
+    __device__ __forceinline__ static void rs_n64(float* d, const unsigned* a,
+                                                 unsigned long long db) {
+        asm volatile(
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+            "{%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+    }
+    // D (64 x 128, fp32) += A (registers) * B (smem, MN-major: imm-trans-b = 1).
+    __device__ __forceinline__ static void rs_n128(float* d, const unsigned* a,
+                                                 unsigned long long db) {
+        asm volatile(
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+            "{%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+    }
+};
+
+template <> struct Mma<true> {
+    // D (64 x 128, fp32) = A (smem, K-major) * B (smem, K-major) [+ D when acc != 0].
+    __device__ __forceinline__ static void ss_n128(float* d, unsigned long long da,
+                                                 unsigned long long db, int acc) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+            "%64, %65, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "l"(da), "l"(db), "r"(acc));
+    }
+    // D (64 x 64, fp32) += A (registers) * B (smem, MN-major: imm-trans-b = 1).
+    __device__ __forceinline__ static void rs_n64(float* d, const unsigned* a,
+                                                 unsigned long long db) {
+        asm volatile(
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+            "{%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+    }
+    // D (64 x 128, fp32) += A (registers) * B (smem, MN-major: imm-trans-b = 1).
+    __device__ __forceinline__ static void rs_n128(float* d, const unsigned* a,
+                                                 unsigned long long db) {
+        asm volatile(
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+            "{%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+    }
+};
+
+template <bool BF16> __device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+    if (BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Byte offset of 16-byte chunk c of row r in a swizzled (ROWS x D) tile.
+template <int D, int ROWS> __device__ __forceinline__ unsigned tile_off(int r, int c) {
+    return (unsigned)((c >> 3) * ROWS * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// The producer warpgroup copies rows [r0, r0 + ROWS) of a (row, D) matrix; rows >= rmax
+// are zero-filled (they are masked or never written, but must not be NaN garbage).
+template <int D, int ROWS>
+__device__ __forceinline__ void load_tile(unsigned sbase, const char* gbase,
+                                          long long row_stride_bytes, int r0, int rmax,
+                                          int ptid) {
+    constexpr int CH = D / 8;
+    constexpr int TOTAL = ROWS * CH;
+    static_assert(TOTAL % 128 == 0, "tile must split evenly over the producer");
+#pragma unroll 4
+    for (int it = 0; it < TOTAL / 128; ++it) {
+        const int i = it * 128 + ptid;
+        const int row = i / CH;
+        const int c = i % CH;
+        const int grow = r0 + row;
+        const bool ok = grow < rmax;
+        const char* src = gbase + (long long)(ok ? grow : 0) * row_stride_bytes + c * 16;
+        cp_async16(sbase + tile_off<D, ROWS>(row, c), src, ok ? 16 : 0);
+    }
+}
+
+template <int D, bool BF16, int STAGES>
+__device__ __forceinline__ void fwd(const FaParams& p) {
+    using M = Mma<BF16>;
+    constexpr unsigned Q_BYTES = BM * D * 2;
+    constexpr unsigned KV_BYTES = BN * D * 2;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The swizzle is a function of address bits, so the tiles need 1024-byte alignment;
+    // the manifest asks for 1024 bytes more than the tiles use.
+    const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const unsigned sQ = base;
+    const unsigned sK0 = sQ + Q_BYTES;
+    const unsigned sV0 = sK0 + STAGES * KV_BYTES;
+    const unsigned bars = sV0 + STAGES * KV_BYTES;
+    const unsigned bar_q = bars;
+    // k_full[s] = bars + 8 (1 + s), v_full[s] = bars + 8 (1 + STAGES + s),
+    // empty[s] = bars + 8 (1 + 2 STAGES + s)
+#define FA3_KFULL(s) (bars + 8u * (1u + (unsigned)(s)))
+#define FA3_VFULL(s) (bars + 8u * (1u + STAGES + (unsigned)(s)))
+#define FA3_EMPTY(s) (bars + 8u * (1u + 2u * STAGES + (unsigned)(s)))
+
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7;
+    const bool causal = (p.mask_kind & FA_MASK_CAUSAL) != 0;
+    const int qblock = causal ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    const int hk = h / (p.heads / p.kv_heads);
+    const int q0 = qblock * BM;
+    if (q0 >= p.seqlen_q) return;
+    const int q_last = min(q0 + BM, p.seqlen_q) - 1;
+
+    int klimit = p.seqlen_k;
+    if ((p.mask_kind & FA_MASK_KEY_PADDING) && p.seqlens_k) klimit = min(klimit, p.seqlens_k[b]);
+    int kend = klimit;
+    if (causal) kend = min(kend, q_last + p.causal_offset + 1);
+    const int n_tiles = kend > 0 ? (kend + BN - 1) / BN : 0;
+
+    if (tid == 0) {
+        mbar_init(bar_q, 128);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(FA3_KFULL(s), 128);
+            mbar_init(FA3_VFULL(s), 128);
+            mbar_init(FA3_EMPTY(s), 256);
+        }
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(kProducerRegs));
+        if (n_tiles == 0) return;
+        const int ptid = tid;
+        const char* qg = (const char*)p.q + 2 * (b * p.q_batch_stride + h * p.q_head_stride);
+        const char* kg = (const char*)p.k + 2 * (b * p.k_batch_stride + hk * p.k_head_stride);
+        const char* vg = (const char*)p.v + 2 * (b * p.v_batch_stride + hk * p.v_head_stride);
+        load_tile<D, BM>(sQ, qg, 2 * p.q_row_stride, q0, p.seqlen_q, ptid);
+        mbar_arrive_cp_async(bar_q);
+        for (int j = 0; j < n_tiles; ++j) {
+            const int s = j % STAGES;
+            const unsigned ph = (unsigned)(j / STAGES) & 1u;
+            mbar_wait(FA3_EMPTY(s), ph ^ 1u);  // the first round passes at once
+            load_tile<D, BN>(sK0 + s * KV_BYTES, kg, 2 * p.k_row_stride, j * BN, kend, ptid);
+            mbar_arrive_cp_async(FA3_KFULL(s));
+            load_tile<D, BN>(sV0 + s * KV_BYTES, vg, 2 * p.v_row_stride, j * BN, kend, ptid);
+            mbar_arrive_cp_async(FA3_VFULL(s));
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
+    const int cw = wg - 1;            // consumer 0 or 1: query rows q0 + 64 cw ...
+    const int wt = tid & 127;
+    const int warp = wt >> 5;
+    const int lane = tid & 31;
+    const int g = lane >> 2;
+    const int q4 = lane & 3;
+    const int row0 = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
+    int unmasked_end = klimit;        // tiles ending at or before it need no element mask
+    if (causal) unmasked_end = min(unmasked_end, q0 + cw * 64 + p.causal_offset + 1);
+
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    float m_run[2] = {neg_inf(), neg_inf()};
+    float l_run[2] = {0.f, 0.f};
+
+    if (n_tiles > 0) mbar_wait(bar_q, 0);
+    for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % STAGES;
+        const unsigned ph = (unsigned)(j / STAGES) & 1u;
+        const unsigned sK = sK0 + s * KV_BYTES;
+        const unsigned sV = sV0 + s * KV_BYTES;
+        const int n0 = j * BN;
+
+        mbar_wait(FA3_KFULL(s), ph);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        float sacc[BN / 2];
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const unsigned qa = sQ + (kk >> 2) * (BM * 128) + cw * (64 * 128) + (kk & 3) * 32;
+            const unsigned ka = sK + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
+            M::ss_n128(sacc, sw128_desc(qa, 16), sw128_desc(ka, 16), kk > 0);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
+        wgmma_wait0();
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
+
+        if (n0 + BN > unmasked_end) {
+#pragma unroll
+            for (int t = 0; t < BN / 8; ++t) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = row0 + ((e >> 1) << 3);
+                    const int key = n0 + t * 8 + q4 * 2 + (e & 1);
+                    int row_end = klimit;
+                    if (causal) row_end = min(row_end, row + p.causal_offset + 1);
+                    if (key >= row_end) sacc[4 * t + e] = neg_inf();
+                }
+            }
+        }
+
+        float mx[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+        for (int t = 0; t < BN / 8; ++t) {
+            mx[0] = fmaxf(mx[0], fmaxf(sacc[4 * t], sacc[4 * t + 1]));
+            mx[1] = fmaxf(mx[1], fmaxf(sacc[4 * t + 2], sacc[4 * t + 3]));
+        }
+        float m_use[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float m_new = fmaxf(m_run[r], mx[r] * p.scale_log2);
+            m_use[r] = (m_new == neg_inf()) ? 0.f : m_new;   // the -inf guard
+            const float alpha = exp2f(m_run[r] - m_use[r]);
+            m_run[r] = m_new;
+            l_run[r] *= alpha;
+#pragma unroll
+            for (int t = 0; t < D / 8; ++t) {
+                o[4 * t + 2 * r] *= alpha;
+                o[4 * t + 2 * r + 1] *= alpha;
+            }
+        }
+        unsigned pf[BN / 16][4];
+#pragma unroll
+        for (int t = 0; t < BN / 8; ++t) {
+            const float p0 = exp2f(fmaf(sacc[4 * t], p.scale_log2, -m_use[0]));
+            const float p1 = exp2f(fmaf(sacc[4 * t + 1], p.scale_log2, -m_use[0]));
+            const float p2 = exp2f(fmaf(sacc[4 * t + 2], p.scale_log2, -m_use[1]));
+            const float p3 = exp2f(fmaf(sacc[4 * t + 3], p.scale_log2, -m_use[1]));
+            l_run[0] += p0 + p1;
+            l_run[1] += p2 + p3;
+            pf[t >> 1][(t & 1) * 2 + 0] = pack2<BF16>(p0, p1);
+            pf[t >> 1][(t & 1) * 2 + 1] = pack2<BF16>(p2, p3);
+        }
+
+        mbar_wait(FA3_VFULL(s), ph);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            const unsigned va = sV + kk * (16 * 128);
+            if (D == 128) M::rs_n128(o, pf[kk], sw128_desc(va, BN * 128));
+            else M::rs_n64(o, pf[kk], sw128_desc(va, BN * 128));
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
+        wgmma_wait0();
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
+        mbar_arrive(FA3_EMPTY(s));
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+        l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+    }
+    char* og = (char*)p.o + 2 * (b * p.o_batch_stride + h * p.o_head_stride);
+    float* lseg = p.lse ? p.lse + ((long long)b * p.heads + h) * p.seqlen_q : nullptr;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + r * 8;
+        if (row >= p.seqlen_q) continue;
+        const float inv = l_run[r] > 0.f ? 1.f / l_run[r] : 0.f;
+        unsigned* orow = (unsigned*)(og + 2 * (long long)row * p.o_row_stride);
+#pragma unroll
+        for (int t = 0; t < D / 8; ++t)
+            orow[t * 4 + q4] = pack2<BF16>(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv);
+        if (lseg && q4 == 0)
+            lseg[row] = l_run[r] > 0.f ? m_run[r] * FA_LN2 + logf(l_run[r]) : neg_inf();
+    }
+#undef FA3_KFULL
+#undef FA3_VFULL
+#undef FA3_EMPTY
+}
+
+}  // namespace fa3wg
+
+#define FA3WG_ENTRY(NAME, D, BF16, STAGES)                                              \
+    extern "C" __global__ void __launch_bounds__(fa3wg::kThreads, 1) NAME(FaParams p) { \
+        fa3wg::fwd<D, BF16, STAGES>(p);                                                 \
+    }
+
+FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d64, 64, false, 3)
+FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d128, 128, false, 2)
+FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d64, 64, true, 3)
+FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d128, 128, true, 2)
