@@ -44,7 +44,7 @@ for stage in "$@"; do
     full)
       for s in $(seq 1 "${SECRETS:-1}"); do
         step "full-$s" "${FULL_S:-300}" $FA run --grid full --kernels fa3_wgmma --repeats 2 \
-          --secret "h200-hopper-$s" --no-progress --json "$OUT/full-$s.json" --no-store
+          --secret "$((90000 + s))" --no-progress --json "$OUT/full-$s.json" --no-store
       done ;;
     sanitize)
       CASES=${SAN_CASES:-b2h4k2-113x203-d64-fp16-causal_br,b1h4-203x113-d128-bf16-key_padding}

@@ -73,11 +73,12 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait0() {
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
 }
 // Keeps the compiler from moving accumulator registers across an in-flight wgmma.
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
+__device__ __forceinline__ void reg_fence_u(unsigned& r) { asm volatile("" : "+r"(r) :: "memory"); }
 
 // Matrix descriptor of a 128-byte-swizzled operand: start address, leading and stride byte
 // offsets (16-byte units), layout type 1 (128B swizzle) in bits 62-63.
@@ -326,21 +327,10 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
     float m_run[2] = {neg_inf(), neg_inf()};
     float l_run[2] = {0.f, 0.f};
+    unsigned pf[BN / 16][4];          // P of the previous tile, A-fragments of its PV
 
-    if (n_tiles > 0) mbar_wait(bar_q, 0);
-    for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % STAGES;
-        const unsigned ph = (unsigned)(j / STAGES) & 1u;
-        const unsigned sK = sK0 + s * KV_BYTES;
-        const unsigned sV = sV0 + s * KV_BYTES;
-        const int n0 = j * BN;
-
-        mbar_wait(FA3_KFULL(s), ph);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        float sacc[BN / 2];
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
-        wgmma_fence();
+    // S = Q K_j, issued (not waited for).
+    auto issue_s = [&](float* sacc, unsigned sK) {
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const unsigned qa = sQ + (kk >> 2) * (BM * 128) + cw * (64 * 128) + (kk & 3) * 32;
@@ -348,12 +338,20 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             M::ss_n128(sacc, sw128_desc(qa, 16), sw128_desc(ka, 16), kk > 0);
         }
         wgmma_commit();
+    };
+    // O += P V_j, issued.
+    auto issue_pv = [&](unsigned sV) {
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
-        wgmma_wait0();
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
-
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            const unsigned va = sV + kk * (16 * 128);
+            if (D == 128) M::rs_n128(o, pf[kk], sw128_desc(va, BN * 128));
+            else M::rs_n64(o, pf[kk], sw128_desc(va, BN * 128));
+        }
+        wgmma_commit();
+    };
+    // Mask tile j, update the running max and sum, P_j into pn; alpha rescales O (which the
+    // caller applies once the previous PV has retired).
+    auto softmax = [&](float* sacc, int n0, float* alpha, unsigned (*pn)[4]) {
         if (n0 + BN > unmasked_end) {
 #pragma unroll
             for (int t = 0; t < BN / 8; ++t) {
@@ -367,7 +365,6 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
                 }
             }
         }
-
         float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
         for (int t = 0; t < BN / 8; ++t) {
@@ -381,16 +378,10 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
             const float m_new = fmaxf(m_run[r], mx[r] * p.scale_log2);
             m_use[r] = (m_new == neg_inf()) ? 0.f : m_new;   // the -inf guard
-            const float alpha = exp2f(m_run[r] - m_use[r]);
+            alpha[r] = exp2f(m_run[r] - m_use[r]);
             m_run[r] = m_new;
-            l_run[r] *= alpha;
-#pragma unroll
-            for (int t = 0; t < D / 8; ++t) {
-                o[4 * t + 2 * r] *= alpha;
-                o[4 * t + 2 * r + 1] *= alpha;
-            }
+            l_run[r] *= alpha[r];
         }
-        unsigned pf[BN / 16][4];
 #pragma unroll
         for (int t = 0; t < BN / 8; ++t) {
             const float p0 = exp2f(fmaf(sacc[4 * t], p.scale_log2, -m_use[0]));
@@ -399,26 +390,90 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             const float p3 = exp2f(fmaf(sacc[4 * t + 3], p.scale_log2, -m_use[1]));
             l_run[0] += p0 + p1;
             l_run[1] += p2 + p3;
-            pf[t >> 1][(t & 1) * 2 + 0] = pack2<BF16>(p0, p1);
-            pf[t >> 1][(t & 1) * 2 + 1] = pack2<BF16>(p2, p3);
+            pn[t >> 1][(t & 1) * 2 + 0] = pack2<BF16>(p0, p1);
+            pn[t >> 1][(t & 1) * 2 + 1] = pack2<BF16>(p2, p3);
         }
+    };
+    // Ping-pong: the two consumers take turns issuing their matmuls (named barriers 1 and
+    // 2), so that one warpgroup's softmax runs while the other's wgmma keep the tensor
+    // cores busy. Consumer 1 opens the first turn for consumer 0.
+    // Barrier ids are immediates: a register id makes ptxas reserve all 16 of them.
+    auto wait_turn = [&]() {
+        if (cw == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        else asm volatile("bar.sync 2, 256;\n" ::: "memory");
+    };
+    auto pass_turn = [&]() {
+        if (cw == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+        else asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+    };
+    if (n_tiles > 0 && cw == 1) pass_turn();
 
-        mbar_wait(FA3_VFULL(s), ph);
+    if (n_tiles > 0) {
+        mbar_wait(bar_q, 0);
+        float sacc[BN / 2];
+        float alpha[2];
+        // Tile 0: S_0 alone.
+        mbar_wait(FA3_KFULL(0), 0);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        wait_turn();
+        wgmma_fence();
+        issue_s(sacc, sK0);
+        if (!(cw == 1 && n_tiles == 1))
+            pass_turn();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
+        softmax(sacc, 0, alpha, pf);
+
+        // Tile j: S_j = Q K_j and O += P_{j-1} V_{j-1} in flight together; the softmax of
+        // S_j runs while the PV still does, and O is rescaled once it has retired.
+        for (int j = 1; j < n_tiles; ++j) {
+            const int s = j % STAGES;
+            const int ps = (j - 1) % STAGES;
+            mbar_wait(FA3_KFULL(s), (unsigned)(j / STAGES) & 1u);
+            mbar_wait(FA3_VFULL(ps), (unsigned)((j - 1) / STAGES) & 1u);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            wait_turn();
+            wgmma_fence();
+            issue_s(sacc, sK0 + s * KV_BYTES);
+            issue_pv(sV0 + ps * KV_BYTES);
+            if (!(cw == 1 && j == n_tiles - 1))
+                pass_turn();
+            wgmma_wait<1>();          // S_j has landed; the PV may still run
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
+            unsigned pn[BN / 16][4];
+            softmax(sacc, j * BN, alpha, pn);
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) reg_fence_u(pf[kk][e]);
+            mbar_arrive(FA3_EMPTY(ps));
+#pragma unroll
+            for (int t = 0; t < D / 8; ++t) {
+                o[4 * t] *= alpha[0];
+                o[4 * t + 1] *= alpha[0];
+                o[4 * t + 2] *= alpha[1];
+                o[4 * t + 3] *= alpha[1];
+            }
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) pf[kk][e] = pn[kk][e];
+        }
+        // The last tile's PV.
+        const int ls = (n_tiles - 1) % STAGES;
+        mbar_wait(FA3_VFULL(ls), (unsigned)((n_tiles - 1) / STAGES) & 1u);
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            const unsigned va = sV + kk * (16 * 128);
-            if (D == 128) M::rs_n128(o, pf[kk], sw128_desc(va, BN * 128));
-            else M::rs_n64(o, pf[kk], sw128_desc(va, BN * 128));
-        }
-        wgmma_commit();
+        issue_pv(sV0 + ls * KV_BYTES);
+        wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
-        wgmma_wait0();
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
-        mbar_arrive(FA3_EMPTY(s));
+        mbar_arrive(FA3_EMPTY(ls));
     }
 
 #pragma unroll
