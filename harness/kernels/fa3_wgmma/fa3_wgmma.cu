@@ -256,11 +256,14 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     const unsigned sV0 = sK0 + STAGES * KV_BYTES;
     const unsigned bars = sV0 + STAGES * KV_BYTES;
     const unsigned bar_q = bars;
-    // k_full[s] = bars + 8 (1 + s), v_full[s] = bars + 8 (1 + STAGES + s),
-    // empty[s] = bars + 8 (1 + 2 STAGES + s)
+    // Slot s has four barriers: K_s and V_s full (the producer's copies landed), K_s and V_s
+    // empty (both consumers are done reading). K and V are released separately: K_j as
+    // soon as S_j has landed, V_j once P_j V_j has, so the next K copy starts a whole
+    // softmax earlier than it could if the slot were released as one.
 #define FA3_KFULL(s) (bars + 8u * (1u + (unsigned)(s)))
 #define FA3_VFULL(s) (bars + 8u * (1u + STAGES + (unsigned)(s)))
-#define FA3_EMPTY(s) (bars + 8u * (1u + 2u * STAGES + (unsigned)(s)))
+#define FA3_KEMPTY(s) (bars + 8u * (1u + 2u * STAGES + (unsigned)(s)))
+#define FA3_VEMPTY(s) (bars + 8u * (1u + 3u * STAGES + (unsigned)(s)))
 
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
@@ -284,7 +287,8 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(FA3_KFULL(s), 128);
             mbar_init(FA3_VFULL(s), 128);
-            mbar_init(FA3_EMPTY(s), 256);
+            mbar_init(FA3_KEMPTY(s), 256);
+            mbar_init(FA3_VEMPTY(s), 256);
         }
     }
     __syncthreads();
@@ -301,9 +305,10 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         for (int j = 0; j < n_tiles; ++j) {
             const int s = j % STAGES;
             const unsigned ph = (unsigned)(j / STAGES) & 1u;
-            mbar_wait(FA3_EMPTY(s), ph ^ 1u);  // the first round passes at once
+            mbar_wait(FA3_KEMPTY(s), ph ^ 1u);  // the first round passes at once
             load_tile<D, BN>(sK0 + s * KV_BYTES, kg, 2 * p.k_row_stride, j * BN, kend, ptid);
             mbar_arrive_cp_async(FA3_KFULL(s));
+            mbar_wait(FA3_VEMPTY(s), ph ^ 1u);
             load_tile<D, BN>(sV0 + s * KV_BYTES, vg, 2 * p.v_row_stride, j * BN, kend, ptid);
             mbar_arrive_cp_async(FA3_VFULL(s));
         }
@@ -423,6 +428,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
+        mbar_arrive(FA3_KEMPTY(0));
         softmax(sacc, 0, alpha, pf);
 
         // Tile j: S_j = Q K_j and O += P_{j-1} V_{j-1} in flight together; the softmax of
@@ -442,6 +448,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             wgmma_wait<1>();          // S_j has landed; the PV may still run
 #pragma unroll
             for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
+            mbar_arrive(FA3_KEMPTY(s));
             unsigned pn[BN / 16][4];
             softmax(sacc, j * BN, alpha, pn);
             wgmma_wait<0>();
@@ -451,7 +458,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) reg_fence_u(pf[kk][e]);
-            mbar_arrive(FA3_EMPTY(ps));
+            mbar_arrive(FA3_VEMPTY(ps));
 #pragma unroll
             for (int t = 0; t < D / 8; ++t) {
                 o[4 * t] *= alpha[0];
@@ -473,7 +480,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
-        mbar_arrive(FA3_EMPTY(ls));
+        mbar_arrive(FA3_VEMPTY(ls));
     }
 
 #pragma unroll
@@ -497,7 +504,8 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     }
 #undef FA3_KFULL
 #undef FA3_VFULL
-#undef FA3_EMPTY
+#undef FA3_KEMPTY
+#undef FA3_VEMPTY
 }
 
 }  // namespace fa3wg
