@@ -31,13 +31,14 @@ def _layout_source(asserts: str) -> str:
 
 
 def test_dtype_shape():
-    assert PARAMS_DTYPE.itemsize == 432
+    assert PARAMS_DTYPE.itemsize == 440
     offs = field_offsets()
     assert offs["q"] == 0 and offs["workspace"] == 56 and offs["q_batch_stride"] == 88
     assert offs["dout"] == 200 and offs["dv_row_stride"] == 320
     assert offs["batch"] == 328 and offs["scale_log2"] == 372
     assert offs["cu_seqlens_q"] == 376 and offs["block_table_stride"] == 408
-    assert list(PARAMS_DTYPE.names)[-2:] == ["window_left", "window_right"]
+    assert list(PARAMS_DTYPE.names)[-3:] == ["window_left", "window_right", "tensor_maps"]
+    assert offs["tensor_maps"] == 432
 
 
 @pytest.mark.nvcc

@@ -39,6 +39,7 @@ from harness.candidates.nvcc import (  # noqa: F401 - the nvcc half, re-exported
     nvcc_version,
     parse_ptxas,
     spec_reports,
+    unsupported_reason,
     write_atomic,
 )
 from harness.candidates.variants import VariantSpec
@@ -106,8 +107,7 @@ def nvrtc_arch(spec: VariantSpec, cc: tuple[int, int]) -> str:
     target = f"sm_{cc[0]}{cc[1]}"
     arch = arch_for(spec, target)
     if arch is None:
-        need = ".".join(map(str, spec.min_compute_capability))
-        raise CompileError(f"{spec.name} needs compute capability {need}, device has "
+        raise CompileError(f"{spec.name} {unsupported_reason(spec)}, device has "
                            f"{cc[0]}.{cc[1]}")
     return arch
 

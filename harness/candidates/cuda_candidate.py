@@ -30,7 +30,9 @@ from harness.candidates.launch_state import (
     function_ptr,
     tensor_key,
 )
+from harness.candidates.nvcc import arch_for, unsupported_reason
 from harness.candidates.params import build_params
+from harness.candidates.tensor_map import Box, TensorMapError, device_maps
 from harness.candidates.variants import LoadError, VariantSpec, load_specs, size_env
 from harness.core.candidate import Candidate
 from harness.core.cases import Case, GradInputs, Inputs
@@ -106,10 +108,8 @@ class CudaVariant(Candidate):
             return f"head_dim {case.head_dim} > {self.spec.supports.max_head_dim}"
         if torch.cuda.is_available():
             cc = torch.cuda.get_device_capability()
-            need = self.spec.min_compute_capability
-            if tuple(cc) < need:
-                return (f"needs compute capability {need[0]}.{need[1]}, device has "
-                        f"{cc[0]}.{cc[1]}")
+            if arch_for(self.spec, f"sm_{cc[0]}{cc[1]}") is None:
+                return f"{unsupported_reason(self.spec)}, device has {cc[0]}.{cc[1]}"
         return None
 
     # --- planning (pure Python: testable without a GPU) --------------------------------
@@ -161,6 +161,16 @@ class CudaVariant(Candidate):
             out.append(PlannedLaunch(launch.entry_name(case.dtype, case.head_dim),
                                      grid, block, launch.shared_mem.evaluate(env)))  # type: ignore[arg-type]
         return out
+
+    def tensor_map_boxes(self, case: Case, *, num_splits: int, sm_count: int
+                         ) -> list[tuple[str, Box]]:
+        """(tensor, box) of each `[[tensor_map]]` for `case` (the forward's only)."""
+        assert self.spec is not None
+        if self.backward_pass or not self.spec.tensor_maps:
+            return []
+        env = self.env(case, num_splits=num_splits, sm_count=sm_count)
+        return [(m.tensor, Box(m.box_rows.evaluate(env), m.box_cols.evaluate(env), m.swizzle))
+                for m in self.spec.tensor_maps]
 
     def workspace_sizes(self, case: Case, *, num_splits: int, sm_count: int) -> list[int]:
         assert self.spec is not None
@@ -282,6 +292,13 @@ class CudaVariant(Candidate):
             why = self.check_limits(p, limits, res.shared_bytes, res.max_threads)
             if why is not None:
                 raise LaunchRefused(f"{self.name}: launch refused, {why}")
+        boxes = self.tensor_map_boxes(case, num_splits=num_splits, sm_count=limits.sm_count)
+        for tensor, box in boxes:
+            try:
+                box.check(case.torch_dtype.itemsize)
+            except TensorMapError as e:
+                raise LaunchRefused(f"{self.name}: launch refused, tensor map of {tensor}: "
+                                    f"{e}") from None
         # Zeroed once, when the case's state is made: a kernel may keep counters there
         # that it leaves at zero again (the split-KV kernel's fused combine does).
         workspaces = [
@@ -312,7 +329,7 @@ class CudaVariant(Candidate):
         return CaseState(case=case, stream_id=tstream.cuda_stream, num_splits=num_splits,
                           workspaces=workspaces, launches=launches, cp=cp,
                           cp_stream=cupy_stream(cp, tstream), cp_device=cp.cuda.Device(idx),
-                          driver_launch=driver_launch)
+                          driver_launch=driver_launch, tensor_boxes=boxes)
 
     def _prepare(self, case: Case, inputs: Inputs, out: torch.Tensor,
                  lse: torch.Tensor | None, state: CaseState,
@@ -321,8 +338,16 @@ class CudaVariant(Candidate):
         copies = [t for t, src in zip((q, k, v), (inputs.q, inputs.k, inputs.v), strict=True)
                   if t is not src]
         dev_inputs = Inputs(q, k, v, inputs.mask, inputs.key_lengths, inputs.serving)
+        maps = None
+        if state.tensor_boxes:
+            named = {"q": q, "k": k, "v": v, "o": out}
+            try:
+                maps = device_maps([named[t] for t, _ in state.tensor_boxes],
+                                   [b for _, b in state.tensor_boxes])
+            except TensorMapError as e:
+                raise LaunchRefused(f"{self.name}: launch refused, {e}") from None
         params = build_params(case, dev_inputs, out, lse, state.workspaces, state.num_splits,
-                              grads)
+                              grads, tensor_maps=maps)
         sources = tuple(t for t in (inputs.mask, inputs.key_lengths) if t is not None)
         # cuLaunchKernel's kernelParams: one pointer, to the FaParams bytes (the struct is
         # the kernel's only argument, passed by value; the driver copies it at launch).

@@ -52,6 +52,8 @@ class CaseState:
     cp_device: Any
     driver_launch: Any = None
     params: dict[tuple, PreparedParams] = field(default_factory=dict)
+    # (tensor, harness.candidates.tensor_map.Box) of each declared tensor map
+    tensor_boxes: list[tuple[str, Any]] = field(default_factory=list)
 
 
 @dataclass

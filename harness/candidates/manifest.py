@@ -27,9 +27,13 @@ from harness.candidates.variant_spec import (
     LAUNCH_OPTIONAL,
     LAUNCH_REQUIRED,
     MAX_HEAD_DIM,
+    MAX_TENSOR_MAPS,
     MAX_WORKSPACES,
     SUPPORTS_OPTIONAL,
     SUPPORTS_REQUIRED,
+    TENSOR_MAP_OPTIONAL,
+    TENSOR_MAP_REQUIRED,
+    TENSOR_MAP_TENSORS,
     TIMING_MODES,
     TOP_OPTIONAL,
     TOP_REQUIRED,
@@ -39,6 +43,7 @@ from harness.candidates.variant_spec import (
     LaunchSpec,
     LoadError,
     SupportSpec,
+    TensorMapSpec,
     VariantError,
     VariantSpec,
     WorkspaceSpec,
@@ -200,6 +205,7 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
     names = SIZE_NAMES | frozenset(tiles)
 
     workspaces = _workspaces(ctx, data.get("workspace", []), "workspace", names)
+    tensor_maps = _tensor_maps(ctx, data.get("tensor_map", []), names)
     launches = _launches(ctx, data["launch"], "launch", names, supports)
     backward = None
     if "backward" in data:
@@ -247,7 +253,7 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
         workspaces=tuple(workspaces), launches=tuple(launches), manifest_path=path,
         source_texts=tuple(texts), raw=data, timing=timing,
         timing_max_seqlen=timing_max_seqlen, timing_min=timing_min,
-        timing_cases=timing_cases, backward=backward,
+        timing_cases=timing_cases, backward=backward, tensor_maps=tensor_maps,
     )
 
 
@@ -271,6 +277,28 @@ def _workspaces(ctx: _Ctx, raw: Any, where0: str, names: frozenset[str]
         workspaces.append(WorkspaceSpec(wname, wdt, _expr(ctx, w["elements"],
                                                           f"{where}.elements", names)))
     return tuple(workspaces)
+
+
+def _tensor_maps(ctx: _Ctx, raw: Any, names: frozenset[str]) -> tuple[TensorMapSpec, ...]:
+    """`[[tensor_map]]`: which tensor, the box (expressions, checked against TMA's rules
+    for each case when the map is encoded) and the swizzle."""
+    maps: list[TensorMapSpec] = []
+    raw_maps = _list(ctx, raw, "tensor_map", nonempty=False)
+    if len(raw_maps) > MAX_TENSOR_MAPS:
+        raise ctx.fail("tensor_map", f"at most {MAX_TENSOR_MAPS} tensor maps, got {len(raw_maps)}")
+    for i, m in enumerate(raw_maps):
+        where = f"tensor_map[{i}]"
+        _keys(ctx, m, where, TENSOR_MAP_REQUIRED, TENSOR_MAP_OPTIONAL)
+        tensor = _str(ctx, m["tensor"], f"{where}.tensor")
+        if tensor not in TENSOR_MAP_TENSORS:
+            raise ctx.fail(f"{where}.tensor", f"{tensor!r} is not one of "
+                           f"{', '.join(TENSOR_MAP_TENSORS)}")
+        swizzle = _int(ctx, m.get("swizzle", 128), f"{where}.swizzle", 0)
+        if swizzle not in (0, 32, 64, 128):
+            raise ctx.fail(f"{where}.swizzle", f"{swizzle} must be 0, 32, 64 or 128 (bytes)")
+        maps.append(TensorMapSpec(tensor, _expr(ctx, m["box_rows"], f"{where}.box_rows", names),
+                                  _expr(ctx, m["box_cols"], f"{where}.box_cols", names), swizzle))
+    return tuple(maps)
 
 
 def _launches(ctx: _Ctx, raw: Any, where0: str, names: frozenset[str],

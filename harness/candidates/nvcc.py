@@ -271,7 +271,18 @@ def arch_for(spec: VariantSpec, target: str) -> str | None:
         ma = ARCH_RE.match(spec.arch)
         if ma and (int(ma.group(1)), int(ma.group(2))) == cc:
             return spec.arch
+        if spec.arch.endswith("a"):
+            # An arch-specific build (wgmma, setmaxnreg) runs on that chip only: sm_90a
+            # code neither loads on nor compiles for a newer GPU.
+            return None
     return target
+
+
+def unsupported_reason(spec: VariantSpec) -> str:
+    """Why `arch_for` gave None: the GPU the variant needs."""
+    if spec.arch.endswith("a"):
+        return f"needs {spec.arch} (arch-specific instructions)"
+    return "needs compute capability " + ".".join(map(str, spec.min_compute_capability))
 
 
 def compile_spec_nvcc(spec: VariantSpec, target: str,
@@ -288,9 +299,8 @@ def spec_reports(spec: VariantSpec, target: str,
     variant needs a newer GPU than `target`."""
     arch = arch_for(spec, target)
     if arch is None:
-        need = ".".join(map(str, spec.min_compute_capability))
         return [CompileReport(spec.name, "", target, ok=True,
-                              message=f"skipped: needs compute capability {need}")]
+                              message=f"skipped: {unsupported_reason(spec)}")]
     res = build(arch)
     if not res.ok:
         return [CompileReport(spec.name, "", arch, ok=False, message=res.message)]

@@ -52,6 +52,8 @@ _FIELDS: list[tuple[str, str, int]] = [
     ("block_table", "u8", 1), ("block_table_stride", "i8", 1),
     ("layout", "i4", 1), ("page_size", "i4", 1),
     ("window_left", "i4", 1), ("window_right", "i4", 1),
+    # TMA descriptors the manifest's [[tensor_map]] asks for (harness.candidates.tensor_map).
+    ("tensor_maps", "u8", 1),
 ]
 
 
@@ -132,10 +134,12 @@ def _strides(t: torch.Tensor, what: str) -> tuple[int, int, int]:
 
 def build_params(case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None,
                  workspaces: Sequence[torch.Tensor], num_splits: int,
-                 grads: Sequence[torch.Tensor] | None = None) -> BuiltParams:
+                 grads: Sequence[torch.Tensor] | None = None,
+                 tensor_maps: torch.Tensor | None = None) -> BuiltParams:
     """Fill FaParams for one launch sequence. Tensors must already be on the device.
     A backward launch gives `grads` = (dout, dq, dk, dv); `out` and `lse` are then the
-    forward's O and LSE, which the backward reads."""
+    forward's O and LSE, which the backward reads. `tensor_maps` is the device buffer of
+    the launch's TMA descriptors, when the variant declares any."""
     if len(workspaces) > NUM_WORKSPACES:
         raise ValueError(f"at most {NUM_WORKSPACES} workspaces, got {len(workspaces)}")
     if num_splits < 1:
@@ -210,6 +214,9 @@ def build_params(case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tenso
         _serving_fields(p, case, inputs, keep)
     if grads is not None:
         _grad_fields(p, case, grads)
+    if tensor_maps is not None:
+        keep.append(tensor_maps)
+        p["tensor_maps"] = tensor_maps.data_ptr()
     return BuiltParams(arr, keep)
 
 

@@ -29,7 +29,8 @@ MAX_HEAD_DIM = 256
 TOP_REQUIRED = ("name", "description", "algorithm", "sources", "min_compute_capability",
                 "supports", "launch")
 TOP_OPTIONAL = ("arch", "compile_options", "deterministic", "num_splits", "tiles", "workspace",
-                "timing", "timing_max_seqlen", "timing_min", "timing_cases", "backward")
+                "timing", "timing_max_seqlen", "timing_min", "timing_cases", "backward",
+                "tensor_map")
 BACKWARD_REQUIRED = ("launch",)
 BACKWARD_OPTIONAL = ("deterministic", "workspace")
 # How the CI gate times a variant (harness.records.plan): "full" every timing case it
@@ -39,6 +40,12 @@ SUPPORTS_REQUIRED = ("dtypes", "head_dims", "masks", "gqa", "writes_lse")
 SUPPORTS_OPTIONAL = ("masked_lse", "max_seqlen_q", "max_seqlen_k", "decode_only", "max_head_dim",
                      "layouts", "window")
 WORKSPACE_KEYS = ("name", "dtype", "elements")
+# `[[tensor_map]]`: a TMA descriptor of one of the forward's tensors (harness.candidates.
+# tensor_map), FaParams.tensor_maps + 128 * i in declaration order.
+TENSOR_MAP_REQUIRED = ("tensor", "box_rows", "box_cols")
+TENSOR_MAP_OPTIONAL = ("swizzle",)
+TENSOR_MAP_TENSORS = ("q", "k", "v", "o")
+MAX_TENSOR_MAPS = 4
 LAUNCH_REQUIRED = ("entry", "grid", "block")
 LAUNCH_OPTIONAL = ("shared_mem",)
 
@@ -90,6 +97,14 @@ class WorkspaceSpec:
     @property
     def itemsize(self) -> int:
         return WORKSPACE_DTYPES[self.dtype]
+
+
+@dataclass(frozen=True)
+class TensorMapSpec:
+    tensor: str      # q | k | v | o
+    box_rows: Expr   # rows of the tensor one copy moves
+    box_cols: Expr   # head_dim columns one copy moves
+    swizzle: int     # shared-memory swizzle span in bytes: 0, 32, 64 or 128
 
 
 @dataclass(frozen=True)
@@ -156,6 +171,7 @@ class VariantSpec:
     timing_min: int | None = None  # the gate's floor of timed cases (owned variants)
     timing_cases: int | None = None  # the gate's target of timed cases (owned variants)
     backward: BackwardSpec | None = None
+    tensor_maps: tuple[TensorMapSpec, ...] = ()
 
     def _pass(self, backward: bool) -> Any:
         """The launches' and workspaces' holder of a pass: this spec, or its backward."""

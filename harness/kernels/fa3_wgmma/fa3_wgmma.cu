@@ -1,11 +1,12 @@
 // fa3_wgmma: a Hopper (sm_90a) forward: warp specialization, mbarrier pipeline, wgmma.
 //
 // One CTA = 3 warpgroups over a 128-row Q block (the FA3 design, in its plainest form):
-//   - warpgroup 0 is the producer: it brings Q once, then K_j and V_j into a STAGES-deep
-//     ring of shared-memory slots, each slot guarded by "full" and "empty" mbarriers.
-//     The copies are cp.async, and each thread's cp.async.mbarrier.arrive makes the slot's
-//     "full" barrier complete when its copies have landed. It gives registers away
-//     (setmaxnreg.dec), since it computes nothing.
+//   - warpgroup 0 is the producer: one of its threads has the Tensor Memory Accelerator
+//     bring Q once, then K_j and V_j into a STAGES-deep ring of shared-memory slots
+//     (cp.async.bulk.tensor through the tensor maps the harness encodes on the host for
+//     the manifest's [[tensor_map]] tables), each slot guarded by "full" mbarriers (the
+//     copy's bytes have landed: expect_tx / complete_tx) and "empty" ones. The warpgroup
+//     gives its registers away (setmaxnreg.dec), since it computes nothing.
 //   - warpgroups 1 and 2 are consumers, 64 query rows each (setmaxnreg.inc): S = Q K^T by
 //     wgmma m64n128k16 with both operands read from shared memory through matrix
 //     descriptors, the online softmax on the fp32 accumulators in registers, then
@@ -15,9 +16,9 @@
 // Shared-memory tiles use the 128-byte swizzle the tensor cores read: a tile is split into
 // 64-column halves (128 bytes per row), rows 128 bytes apart, and 16-byte chunk c of row r
 // stored at chunk c ^ (r % 8); every half starts 1024-byte aligned.
-// cp.async writes shared memory through the generic proxy and wgmma reads it through the
-// async proxy, so a consumer issues fence.proxy.async.shared::cta after a slot's barrier
-// completes and before its wgmma read the slot.
+// TMA writes shared memory and wgmma reads it through the same (async) proxy, so no proxy
+// fence is needed between them; the mbarrier orders them. Rows past the end of Q, K or V
+// arrive as zeros (the tensor map's bounds), and are masked or never written.
 // Softmax: exp2 domain, the -inf guard of fa2_mma (a row that has seen no key subtracts 0),
 // O / l at the end, LSE = ln(sum exp(scale * s)); a row that sees no key: O = 0, LSE = -inf.
 // Masks: none, causal (both alignments through causal_offset), key padding; causal CTAs
@@ -29,8 +30,8 @@ namespace fa3wg {
 constexpr int BM = 128;         // query rows per CTA (64 per consumer warpgroup)
 constexpr int BN = 128;         // keys per K/V tile
 constexpr int kThreads = 384;   // producer + 2 consumers
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;  // 128 * 24 + 256 * 240 <= 65536
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
@@ -48,10 +49,10 @@ __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
 }
-// Completes (asynchronously) when every cp.async this thread issued before it has landed;
-// counts as one of the barrier's expected arrivals (.noinc).
-__device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
+// The producer's arrival: the phase also waits for `bytes` of copies to land on it.
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(bar), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     asm volatile(
@@ -61,9 +62,15 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
         "@!done bra WAIT_%=;\n}\n" :: "r"(bar), "r"(parity) : "memory");
 }
 
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+// One TMA copy of a box at coordinates (column, row, head, batch) of a 4-D tensor map;
+// its bytes complete_tx on `bar`.
+__device__ __forceinline__ void tma_load(unsigned dst, const void* tmap, unsigned bar, int col,
+                                         int row, int head, int batch) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%3, %4, %5, %6}], [%2];\n"
+        :: "r"(dst), "l"(tmap), "r"(bar), "r"(col), "r"(row), "r"(head), "r"(batch)
+        : "memory");
 }
 
 // ---- wgmma -------------------------------------------------------------------------------
@@ -216,30 +223,15 @@ template <bool BF16> __device__ __forceinline__ unsigned pack2(float lo, float h
     return r;
 }
 
-// Byte offset of 16-byte chunk c of row r in a swizzled (ROWS x D) tile.
-template <int D, int ROWS> __device__ __forceinline__ unsigned tile_off(int r, int c) {
-    return (unsigned)((c >> 3) * ROWS * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-
-// The producer warpgroup copies rows [r0, r0 + ROWS) of a (row, D) matrix; rows >= rmax
-// are zero-filled (they are masked or never written, but must not be NaN garbage).
+// The producer's copies of one (ROWS x D) tile: one TMA box per 64-column half, each half
+// a swizzled (ROWS x 128 bytes) region.
 template <int D, int ROWS>
-__device__ __forceinline__ void load_tile(unsigned sbase, const char* gbase,
-                                          long long row_stride_bytes, int r0, int rmax,
-                                          int ptid) {
-    constexpr int CH = D / 8;
-    constexpr int TOTAL = ROWS * CH;
-    static_assert(TOTAL % 128 == 0, "tile must split evenly over the producer");
-#pragma unroll 4
-    for (int it = 0; it < TOTAL / 128; ++it) {
-        const int i = it * 128 + ptid;
-        const int row = i / CH;
-        const int c = i % CH;
-        const int grow = r0 + row;
-        const bool ok = grow < rmax;
-        const char* src = gbase + (long long)(ok ? grow : 0) * row_stride_bytes + c * 16;
-        cp_async16(sbase + tile_off<D, ROWS>(row, c), src, ok ? 16 : 0);
-    }
+__device__ __forceinline__ void load_tile(unsigned sbase, const void* tmap, unsigned bar,
+                                          int row0, int head, int batch) {
+    mbar_expect_tx(bar, ROWS * D * 2);
+#pragma unroll
+    for (int half = 0; half < D / 64; ++half)
+        tma_load(sbase + half * ROWS * 128, tmap, bar, half * 64, row0, head, batch);
 }
 
 template <int D, bool BF16, int STAGES>
@@ -283,10 +275,10 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     const int n_tiles = kend > 0 ? (kend + BN - 1) / BN : 0;
 
     if (tid == 0) {
-        mbar_init(bar_q, 128);
+        mbar_init(bar_q, 1);
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(FA3_KFULL(s), 128);
-            mbar_init(FA3_VFULL(s), 128);
+            mbar_init(FA3_KFULL(s), 1);
+            mbar_init(FA3_VFULL(s), 1);
             mbar_init(FA3_KEMPTY(s), 256);
             mbar_init(FA3_VEMPTY(s), 256);
         }
@@ -295,24 +287,17 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(kProducerRegs));
-        if (n_tiles == 0) return;
-        const int ptid = tid;
-        const char* qg = (const char*)p.q + 2 * (b * p.q_batch_stride + h * p.q_head_stride);
-        const char* kg = (const char*)p.k + 2 * (b * p.k_batch_stride + hk * p.k_head_stride);
-        const char* vg = (const char*)p.v + 2 * (b * p.v_batch_stride + hk * p.v_head_stride);
-        load_tile<D, BM>(sQ, qg, 2 * p.q_row_stride, q0, p.seqlen_q, ptid);
-        mbar_arrive_cp_async(bar_q);
+        if (n_tiles == 0 || tid != 0) return;   // one thread issues every copy
+        const char* maps = (const char*)p.tensor_maps;   // Q, K, V (manifest order)
+        load_tile<D, BM>(sQ, maps, bar_q, q0, h, b);
         for (int j = 0; j < n_tiles; ++j) {
             const int s = j % STAGES;
             const unsigned ph = (unsigned)(j / STAGES) & 1u;
             mbar_wait(FA3_KEMPTY(s), ph ^ 1u);  // the first round passes at once
-            load_tile<D, BN>(sK0 + s * KV_BYTES, kg, 2 * p.k_row_stride, j * BN, kend, ptid);
-            mbar_arrive_cp_async(FA3_KFULL(s));
+            load_tile<D, BN>(sK0 + s * KV_BYTES, maps + 128, FA3_KFULL(s), j * BN, hk, b);
             mbar_wait(FA3_VEMPTY(s), ph ^ 1u);
-            load_tile<D, BN>(sV0 + s * KV_BYTES, vg, 2 * p.v_row_stride, j * BN, kend, ptid);
-            mbar_arrive_cp_async(FA3_VFULL(s));
+            load_tile<D, BN>(sV0 + s * KV_BYTES, maps + 256, FA3_VFULL(s), j * BN, hk, b);
         }
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
         return;
     }
 
@@ -419,7 +404,6 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         float alpha[2];
         // Tile 0: S_0 alone.
         mbar_wait(FA3_KFULL(0), 0);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         wait_turn();
         wgmma_fence();
         issue_s(sacc, sK0);
@@ -438,8 +422,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             const int ps = (j - 1) % STAGES;
             mbar_wait(FA3_KFULL(s), (unsigned)(j / STAGES) & 1u);
             mbar_wait(FA3_VFULL(ps), (unsigned)((j - 1) / STAGES) & 1u);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            wait_turn();
+                wait_turn();
             wgmma_fence();
             issue_s(sacc, sK0 + s * KV_BYTES);
             issue_pv(sV0 + ps * KV_BYTES);
@@ -474,7 +457,6 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         // The last tile's PV.
         const int ls = (n_tiles - 1) % STAGES;
         mbar_wait(FA3_VFULL(ls), (unsigned)((n_tiles - 1) / STAGES) & 1u);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         wgmma_fence();
         issue_pv(sV0 + ls * KV_BYTES);
         wgmma_wait<0>();

@@ -78,6 +78,10 @@ struct FaParams {
     // o the alignment offset (causal_offset for dense cases, bottom-right unless the
     // causal mask is top-left).
     int window_left, window_right;
+    // TMA descriptors (CUtensorMap, 128 bytes each, 64-byte aligned, in global memory) of
+    // the tensors the manifest's [[tensor_map]] tables name, in their order; null when it
+    // names none. Pass `(const char*)p.tensor_maps + 128 * i` to cp.async.bulk.tensor.
+    const void* tensor_maps;
 };
 
 // True when (row i, key j) of batch b is visible. Kernels may inline their own faster

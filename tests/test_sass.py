@@ -1,0 +1,67 @@
+"""The Hopper variant is on the fast path: warpgroup MMAs in its SASS, no local memory.
+
+Runs wherever nvcc and cuobjdump exist (the dev extra brings cuobjdump as a wheel); no GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.candidates.compile import arch_flags, arch_for, cached_nvcc, nvcc_path
+from harness.candidates.nvcc import unsupported_reason
+from harness.candidates.sass import count, cuobjdump_path, opcode_counts, sass_by_function
+from harness.candidates.variants import KERNELS_ROOT, load_variant_dir
+
+needs_tools = pytest.mark.skipif(nvcc_path() is None or cuobjdump_path() is None,
+                                 reason="nvcc or cuobjdump not found")
+
+
+def _sass(variant: str, target: str = "sm_90") -> dict[str, str]:
+    spec = load_variant_dir(KERNELS_ROOT / variant)
+    arch = arch_for(spec, target)
+    assert arch is not None
+    res = cached_nvcc(spec.full_source(), spec.compile_options, 300.0, arch=arch,
+                      filename=f"{variant}.cu")
+    assert res.ok, res.message
+    assert res.cubin is not None
+    return {name: text for name, text in sass_by_function(res.cubin).items()
+            if name in spec.entry_names()}
+
+
+@needs_tools
+def test_fa3_wgmma_runs_on_warpgroup_mma_without_local_memory():
+    spec = load_variant_dir(KERNELS_ROOT / "fa3_wgmma")
+    sass = _sass("fa3_wgmma")
+    assert set(sass) == set(spec.entry_names())
+    for name, text in sass.items():
+        ops = opcode_counts(text)
+        d = 128 if name.endswith("d128") else 64
+        # S = QK^T takes d/16 k-steps of 16, PV 128/16 (one per 16 keys of a tile): at
+        # least one S and one PV must be on warpgroup MMAs.
+        assert count(text, "HGMMA") >= d // 16 + 8, (name, ops)
+        assert count(text, "HMMA") == 0, name
+        assert count(text, "LDL") == 0 and count(text, "STL") == 0, (name, "local memory")
+        assert count(text, "USETMAXREG") == 2, name   # producer gives, consumers take
+        assert any(op.startswith("HGMMA.64x128x16.F32") for op in ops), name
+
+
+@needs_tools
+def test_the_counter_tells_mma_sync_from_wgmma():
+    # fa2_mma is mma.sync: HMMA and no HGMMA. Without this the test above could pass on
+    # a SASS reader that sees nothing.
+    for name, text in _sass("fa2_mma").items():
+        if "fwd" in name:
+            assert count(text, "HMMA") > 0 and count(text, "HGMMA") == 0, name
+
+
+def test_arch_specific_targets():
+    spec = load_variant_dir(KERNELS_ROOT / "fa3_wgmma")
+    assert spec.arch == "sm_90a"
+    assert arch_for(spec, "sm_90") == "sm_90a"
+    assert arch_for(spec, "sm_80") is None
+    assert arch_for(spec, "sm_100") is None    # sm_90a code runs on Hopper only
+    assert unsupported_reason(spec) == "needs sm_90a (arch-specific instructions)"
+    assert arch_flags("sm_90a") == ["-gencode=arch=compute_90a,code=sm_90a"]
+    assert arch_flags("sm_80") == ["-arch=sm_80"]
+    fa2 = load_variant_dir(KERNELS_ROOT / "fa2_mma")
+    assert arch_for(fa2, "sm_100") == "sm_100"
