@@ -68,7 +68,8 @@ def test_arch_for():
                                "min_compute_capability": (9, 0)})
     assert arch_for(hopper, "sm_80") is None
     assert arch_for(hopper, "sm_90") == "sm_90a"
-    assert arch_for(hopper, "sm_100") == "sm_100"
+    # Arch-specific code (wgmma, setmaxnreg) exists on that chip only: skipped elsewhere.
+    assert arch_for(hopper, "sm_100") is None
 
 
 # ------------------------------------------------------------------ real compilations
