@@ -6,6 +6,8 @@
 # full:     the full grid under each of SECRETS secrets (default 1), 2 repeats
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck on small cases
 # perf:     the perf grid (PERF_CASES, default all) with the peers in the same run, recorded
+# ncu:      Nsight Compute on one launch of NCU_KERNEL (default fa3_wgmma) on NCU_CASE: speed of
+#           light, tensor-pipe use, warp stall reasons
 # Set FA_HARNESS_COMMIT / FA_HARNESS_BRANCH to the commit measured (the tree comes without
 # .git). Logs, JSON results and the run record go to $OUT.
 set -uo pipefail
@@ -57,6 +59,14 @@ for stage in "$@"; do
       step perf "${PERF_S:-420}" $FA run --grid perf --kernels "fa3_wgmma,$PEERS" \
         ${PERF_CASES:+--cases "$PERF_CASES"} --no-progress ${MIN_TIME:+--min-time "$MIN_TIME"} \
         --baseline sdpa_cudnn --json "$OUT/perf.json" --record "$OUT/h200-$stamp-perf.json" ;;
+    ncu)
+      NK=${NCU_KERNEL:-fa3_wgmma}
+      step ncu "${NCU_S:-180}" ncu --target-processes all --kernel-name "regex:${NK}_fwd" \
+        --launch-skip 3 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active \
+        $FA run --grid perf --kernels "$NK" --cases "${NCU_CASE:-b4h16-4096x4096-d128-fp16-none}" \
+        --no-progress --no-store ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
