@@ -1,7 +1,8 @@
 """`fa-harness submit PATH`: validate a kernel variant and queue it for scoring.
 
-Exit codes: 0 queued (with --wait: scored), 1 with --wait: scored with another verdict,
-2 rejected (the message says what is wrong) or bad arguments/token/database.
+Exit codes: 0 queued (with --wait: scored), 1 with --wait: scored with another verdict
+(the forward's; a declared backward's own verdict is printed after it), 2 rejected (the
+message says what is wrong) or bad arguments/token/database.
 """
 
 from __future__ import annotations
@@ -107,8 +108,27 @@ def _wait(engine, sid: int, timeout: float | None) -> int:  # noqa: ANN001 - Eng
         if status in ("done", "error"):
             score_s = f" score {score:.4f}" if score is not None else ""
             print(f"submission {sid}: {verdict}{score_s}: {message}")
+            _print_backward(engine, sid)
+            # The exit status is the forward's: the backward is ranked on its own board.
             return EXIT_OK if verdict == "scored" else EXIT_FAIL
         if timeout is not None and time.monotonic() - t0 > timeout:
             print(f"submission {sid}: still {status} after {timeout:g} s", file=sys.stderr)
             return EXIT_FAIL
         time.sleep(1.0)
+
+
+def _print_backward(engine, sid: int) -> None:  # noqa: ANN001 - Engine
+    """The submission's backward entry, when it declared a backward."""
+    from sqlalchemy import select
+
+    from harness.records.db.engine import session_factory
+    from harness.records.db.models import SubmissionPass
+
+    with session_factory(engine)() as s:
+        row = s.scalars(select(SubmissionPass).where(SubmissionPass.submission_id == sid,
+                                                     SubmissionPass.pass_name == "bwd")).first()
+        if row is None:
+            return
+        score_s = f" score {row.score:.4f}" if row.score is not None else ""
+        print(f"submission {sid} backward: {row.verdict}{score_s}: {row.message}")
+

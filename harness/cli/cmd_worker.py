@@ -44,6 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", default="sdpa_flash")
     p.add_argument("--perf-grid", default="perf")
     p.add_argument("--correctness-grid", default="full")
+    p.add_argument("--perf-bwd-grid", default="perf-bwd",
+                   help="grid a declared backward is timed on (default perf-bwd)")
+    p.add_argument("--no-backward", action="store_true",
+                   help="score the forward only, even of submissions with a [backward] "
+                        "(demos); their backward board entry is then not written")
     p.add_argument("--max-perf-cases", type=int, default=None)
     p.add_argument("--stop-at-first-failure", action="store_true")
     p.add_argument("--quick", action="store_true",
@@ -72,7 +77,8 @@ def _worker(args: argparse.Namespace) -> int:
     scoring = {"baseline": args.baseline, "perf_grid": args.perf_grid,
                "correctness_grid": args.correctness_grid,
                "max_perf_cases": args.max_perf_cases,
-               "stop_at_first_failure": args.stop_at_first_failure}
+               "stop_at_first_failure": args.stop_at_first_failure,
+               "perf_bwd_grid": args.perf_bwd_grid, "score_backward": not args.no_backward}
     if args.quick:
         scoring.update(min_samples=5, min_time_s=0.05, max_time_s=2.0)
     config = WorkerConfig(gpu=args.gpu, case_timeout_s=args.case_timeout,

@@ -1,5 +1,6 @@
 """The Leaderboard page's reads: the submissions, ranked as `fa-harness leaderboard` ranks
-them (plain functions of an Engine; nothing here imports Streamlit)."""
+them, on the forward's board and the backward's (plain functions of an Engine; nothing
+here imports Streamlit)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pandas as pd
 from sqlalchemy import Engine, inspect, select
 
 from harness.dashboard.schema import Run, Submission
-from harness.submissions.ranking import COLUMNS, leaderboard_rows
+from harness.submissions.ranking import COLUMNS, FWD, leaderboard_rows
 
 
 def has_table(engine: Engine, name: str) -> bool:
@@ -15,12 +16,14 @@ def has_table(engine: Engine, name: str) -> bool:
         return inspect(conn).has_table(name)
 
 
-def leaderboard(engine: Engine) -> pd.DataFrame:
-    """Every submission: the scored ones ranked exactly as `fa-harness leaderboard` ranks
-    them (`harness.submissions.ranking`), then the others, newest first, with rank NaN."""
+def leaderboard(engine: Engine, pass_name: str = FWD) -> pd.DataFrame:
+    """Every entry of the board of `pass_name` ("fwd": every submission; "bwd": every
+    backward entry): the scored ones ranked exactly as `fa-harness leaderboard` ranks them
+    (`harness.submissions.ranking`), then the others, newest first, with rank NaN."""
     if not has_table(engine, Submission.__tablename__):
         return pd.DataFrame(columns=[*COLUMNS, "gpu"])
-    subs = pd.DataFrame(leaderboard_rows(engine, include_all=True, limit=1000),
+    subs = pd.DataFrame(leaderboard_rows(engine, include_all=True, limit=1000,
+                                         pass_name=pass_name),
                         columns=list(COLUMNS))
     # The GPU a submission was scored on is that of its scoring run.
     run_ids = sorted({int(r) for r in subs["run_id"].dropna()})

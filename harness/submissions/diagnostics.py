@@ -76,3 +76,15 @@ def compile_message(output: str, names: Iterable[str], *, what: str = "compile f
 
 def _cut(text: str) -> str:
     return text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS - 3] + "..."
+
+
+# A path with at least one directory: everything up to its last "/" goes.
+_DIRS = re.compile(r"(?<![\w.~-])(?:[A-Za-z]:)?/(?:[^\s/:()'\"<>,]+/)+")
+
+
+def strip_paths(text: str) -> str:
+    """`text` with the folders of every path dropped (`/home/x/harness/f.py:12` ->
+    `f.py:12`): an exception's message or its innermost frame names the machine's files,
+    and a scoring message is shown to the submitter."""
+    return _DIRS.sub("", text)
+

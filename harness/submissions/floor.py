@@ -67,20 +67,29 @@ def measured_ceilings(options: ScoringOptions, dtype: str) -> tuple[dict[str, fl
     return {"copy_gbps": c.copy_gbps, "matmul_tflops": c.matmul_tflops}, "calibration"
 
 
-def floor_ms(case: Case, ceilings: dict[str, float]) -> float:
-    from harness.core.flops import attention_flops
+def floor_ms(case: Case, ceilings: dict[str, float], *, backward: bool = False) -> float:
+    """The roofline floor of the case's forward, or (`backward`) of its backward: the
+    backward's FLOPs (five products per visible pair) and ideal bytes
+    (harness.core.iomodel_bwd)."""
+    from harness.core.flops import attention_bwd_flops, attention_flops
     from harness.core.iomodel import Ceilings, ideal_bytes, roofline_floor_ms
+    from harness.core.iomodel_bwd import ideal_bytes_bwd
 
+    if backward:
+        return roofline_floor_ms(attention_bwd_flops(case), ideal_bytes_bwd(case),
+                                 Ceilings.from_dict(ceilings))
     return roofline_floor_ms(attention_flops(case), ideal_bytes(case),
                              Ceilings.from_dict(ceilings))
 
 
-def floors(case: Case, options: ScoringOptions, gpu_name: str) -> Floors:
+def floors(case: Case, options: ScoringOptions, gpu_name: str, *,
+           backward: bool = False) -> Floors:
     spec = datasheet(options, gpu_name)
     physical = None if spec is None else floor_ms(
-        case, {"copy_gbps": spec.hbm_tbps * 1000, "matmul_tflops": spec.tflops_fp16})
+        case, {"copy_gbps": spec.hbm_tbps * 1000, "matmul_tflops": spec.tflops_fp16},
+        backward=backward)
     ceilings, source = measured_ceilings(options, case.dtype)
-    measured = None if ceilings is None else floor_ms(case, ceilings)
+    measured = None if ceilings is None else floor_ms(case, ceilings, backward=backward)
     label = spec.name if spec else f"no datasheet entry for {gpu_name!r}: no physical floor"
     return Floors(physical, measured, label, source)
 

@@ -33,12 +33,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, delete, select, update
 
 from harness.records.db.engine import session_factory
-from harness.records.db.models import Submission, utcnow
+from harness.records.db.models import Submission, SubmissionPass, utcnow
 
 QUEUED, RUNNING, DONE, ERROR = "queued", "running", "done", "error"
+# The pass name of a submission's backward entry (as results name their passes).
+BWD = "bwd"
 
 
 @dataclass(frozen=True)
@@ -66,11 +68,27 @@ class Outcome:
     detail: dict[str, Any] = field(default_factory=dict)
     # "error": the runner, not the submission, could not score it (no GPU, no baseline).
     status: str = DONE
+    # The backward's own outcome, when the submission declares one (its `status` unused):
+    # stored as its own entry, so nothing of it can change the forward's verdict or score.
+    backward: Outcome | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "message": self.message, "score": self.score,
-                "failing_cases": self.failing_cases, "detail": self.detail,
-                "status": self.status}
+        d = {"verdict": self.verdict, "message": self.message, "score": self.score,
+             "failing_cases": self.failing_cases, "detail": self.detail,
+             "status": self.status}
+        if self.backward is not None:
+            d["backward"] = self.backward.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Outcome:
+        """What `to_dict` wrote (the scoring child's result file); KeyError or TypeError
+        when it is not that."""
+        bwd = d.get("backward")
+        return cls(verdict=str(d["verdict"]), message=str(d.get("message") or ""),
+                   score=d.get("score"), failing_cases=list(d.get("failing_cases") or []),
+                   detail=dict(d.get("detail") or {}), status=str(d.get("status") or DONE),
+                   backward=cls.from_dict(bwd) if isinstance(bwd, dict) else None)
 
 
 def claim(engine: Engine, worker: str) -> Job | None:
@@ -95,7 +113,9 @@ def claim(engine: Engine, worker: str) -> Job | None:
 
 
 def finish(engine: Engine, job: Job, outcome: Outcome) -> bool:
-    """Store the outcome of `job`; False when the claim was lost (requeued meanwhile)."""
+    """Store the outcome of `job`, and its backward's as the submission's "bwd" entry, in
+    one transaction; False when the claim was lost (requeued meanwhile)."""
+    now = utcnow()
     with session_factory(engine)() as s, s.begin():
         res = s.execute(
             update(Submission)
@@ -103,10 +123,20 @@ def finish(engine: Engine, job: Job, outcome: Outcome) -> bool:
                    Submission.worker == job.worker, Submission.attempts == job.attempts)
             .values(status=outcome.status, verdict=outcome.verdict, score=outcome.score,
                     message=outcome.message, failing_cases=outcome.failing_cases or None,
-                    detail=outcome.detail or None, finished_at=utcnow())
+                    detail=outcome.detail or None, finished_at=now)
             .execution_options(synchronize_session=False)
         )
-        return res.rowcount == 1
+        if res.rowcount != 1:
+            return False
+        # An earlier attempt's entry (a job scored again) is replaced, never kept beside.
+        s.execute(delete(SubmissionPass).where(SubmissionPass.submission_id == job.id))
+        b = outcome.backward
+        if b is not None:
+            s.add(SubmissionPass(submission_id=job.id, pass_name=BWD, verdict=b.verdict,
+                                 score=b.score, message=b.message,
+                                 failing_cases=b.failing_cases or None,
+                                 detail=b.detail or None, finished_at=now))
+        return True
 
 
 def release(engine: Engine, job: Job, message: str) -> bool:

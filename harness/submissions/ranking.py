@@ -1,6 +1,8 @@
 """The leaderboard's ranking rule, shared by `fa-harness leaderboard` and the dashboard.
 
-Scored submissions that cover every perf case rank before those covering only part of
+Each pass has its own board: the forward's, and the backward's for submissions that
+declare one (scored on the perf-bwd grid against the baseline's backward). On either,
+scored submissions that cover every perf case rank before those covering only part of
 the grid (a kernel that declares only the easy cases cannot top the board), then by score
 descending (geometric mean speedup over the baseline), then by submission id (earlier
 first). SQLAlchemy only: the dashboard imports this module and must never import torch.
@@ -11,12 +13,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, inspect, select
 
 from harness.records.db.engine import session_factory
-from harness.records.db.models import Submission
+from harness.records.db.models import Submission, SubmissionPass
 
-COLUMNS = ("rank", "id", "name", "submitter", "status", "verdict", "score", "coverage",
+# The boards: the forward's (a submission's own verdict) and the backward's (its "bwd"
+# entry, harness.submissions.queue.finish), each ranked by the same rule.
+FWD, BWD = "fwd", "bwd"
+PASSES = (FWD, BWD)
+COLUMNS = ("rank", "pass", "id", "name", "submitter", "status", "verdict", "score", "coverage",
            "gpu_s", "message", "failing_cases", "run_id", "created_at", "finished_at")
 
 
@@ -44,27 +50,42 @@ def rank_key(score: float | None, detail: Mapping[str, Any] | None,
     return (0 if of and timed == of else 1, -(score or 0.0), submission_id)
 
 
-def leaderboard_rows(engine: Engine, *, include_all: bool = False,
-                     limit: int = 50) -> list[dict[str, Any]]:
-    """Up to `limit` scored submissions ranked (keys: COLUMNS). With `include_all`, up to
-    `limit` other submissions follow, newest first, with rank None."""
-    cols = (Submission.id, Submission.name, Submission.submitter, Submission.status,
-            Submission.verdict, Submission.score, Submission.message,
-            Submission.failing_cases, Submission.detail, Submission.run_id,
-            Submission.created_at, Submission.finished_at)
+def leaderboard_rows(engine: Engine, *, include_all: bool = False, limit: int = 50,
+                     pass_name: str = FWD) -> list[dict[str, Any]]:
+    """Up to `limit` scored submissions of the board of `pass_name` ranked (keys: COLUMNS):
+    "fwd", the submissions' own verdicts; "bwd", their backward entries (a submission
+    without one is not on that board). With `include_all`, up to `limit` other entries of
+    that pass follow, newest first, with rank None."""
+    if pass_name not in PASSES:
+        raise ValueError(f"unknown pass {pass_name!r}; known: {', '.join(PASSES)}")
+    if pass_name == FWD:
+        src: Any = Submission
+        base = select(Submission.id, Submission.name, Submission.submitter,
+                      Submission.status, Submission.verdict, Submission.score,
+                      Submission.message, Submission.failing_cases, Submission.detail,
+                      Submission.run_id, Submission.created_at, Submission.finished_at)
+    else:
+        if not inspect(engine).has_table(SubmissionPass.__tablename__):
+            return []  # a database from before backward entries: nobody is on that board
+        src = SubmissionPass
+        base = (select(Submission.id, Submission.name, Submission.submitter,
+                       Submission.status, SubmissionPass.verdict, SubmissionPass.score,
+                       SubmissionPass.message, SubmissionPass.failing_cases,
+                       SubmissionPass.detail, Submission.run_id, Submission.created_at,
+                       SubmissionPass.finished_at)
+                .join(SubmissionPass, SubmissionPass.submission_id == Submission.id)
+                .where(SubmissionPass.pass_name == pass_name))
     with session_factory(engine)() as s:
-        scored = s.execute(select(*cols).where(Submission.verdict == "scored")).all()
-        others = (s.execute(select(*cols)
-                            .where((Submission.verdict != "scored")
-                                   | Submission.verdict.is_(None))
+        scored = s.execute(base.where(src.verdict == "scored")).all()
+        others = (s.execute(base.where((src.verdict != "scored") | src.verdict.is_(None))
                             .order_by(Submission.id.desc()).limit(limit)).all()
                   if include_all else [])
 
     def row(r: Any, rank: int | None) -> dict[str, Any]:
         timed, of = coverage(r.detail)
-        return {"rank": rank, "id": r.id, "name": r.name, "submitter": r.submitter,
-                "status": r.status, "verdict": r.verdict, "score": r.score,
-                "coverage": f"{timed}/{of}" if of else None,
+        return {"rank": rank, "pass": pass_name, "id": r.id, "name": r.name,
+                "submitter": r.submitter, "status": r.status, "verdict": r.verdict,
+                "score": r.score, "coverage": f"{timed}/{of}" if of else None,
                 "gpu_s": gpu_seconds(r.detail), "message": r.message,
                 "failing_cases": r.failing_cases, "run_id": r.run_id,
                 "created_at": r.created_at, "finished_at": r.finished_at}

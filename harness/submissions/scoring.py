@@ -44,7 +44,9 @@ seconds used and the budget are kept in `detail["gpu_s"]` / `detail["gpu_budget_
 shown on the leaderboard.
 
 No host code of the submission runs: the candidate is a `CudaVariant` built from CUDA
-source and a declarative manifest.
+source and a declarative manifest. A declared backward is scored after all this, on its
+own (harness.submissions.scoring_bwd); the worker's scorer is
+harness.submissions.score_job.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from harness.core.results import CaseResult, Status
 from harness.submissions.floor import datasheet, device_name, floors, judge, ncu_recheck
 from harness.submissions.queue import Outcome
 from harness.submissions.timed import (
+    CASE_LISTS,
     CallTimer,
     CheatDetected,
     ScoringOptions,
@@ -110,7 +113,7 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
     progress = progress or (lambda _s, _c: None)
     device = options.device
     detail: dict[str, Any] = {"options": {k: v for k, v in options.to_dict().items()
-                                          if k not in ("correctness_cases", "perf_cases")},
+                                          if k not in CASE_LISTS},
                               "gpu_budget_s": options.gpu_budget_s}
     started = time.monotonic()
 
@@ -301,54 +304,3 @@ def _diagnosed(report: ScoreReport, sanitizer: Callable[[], Any] | None,
     if rep.finding is not None:
         report.message = f"{report.message}; compute-sanitizer: {rep.finding.summary}"
     return report
-
-
-def score_files(files: dict[str, str], options: ScoringOptions, *, secret: int,
-                progress: Progress | None = None) -> ScoreReport:
-    """Build the submission from its files (CUDA source + manifest only) and score it."""
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    from harness.submissions.submit import Rejected, load_candidate
-
-    if torch.device(options.device).type == "cuda" and not torch.cuda.is_available():
-        return ScoreReport("crashed", "this worker has no usable CUDA GPU; the submission "
-                           "was not run", status="error")
-    workdir = Path(tempfile.mkdtemp(prefix="fa-score-"))
-    try:
-        try:
-            candidate = load_candidate(files, workdir)
-        except Rejected as e:
-            return ScoreReport("rejected", str(e))
-        from harness.execution import sanitize as san
-
-        vpath = san.variant_path_of(candidate)
-        run_sanitizer = None
-        if options.sanitize and torch.device(options.device).type == "cuda":
-            def run_sanitizer() -> Any:
-                return san.sanitize(vpath, candidate.support, san.source_names(candidate),
-                                    timeout_s=options.sanitize_timeout_s)
-        last = ["", ""]
-
-        def track(stage: str, case: str) -> None:
-            last[:] = [stage, case]
-            if progress is not None:
-                progress(stage, case)
-
-        try:
-            return score_candidate(candidate, options, secret=secret, progress=track,
-                                   sanitizer=run_sanitizer, variant_path=vpath)
-        except Exception as e:
-            # A fault that surfaced outside a guarded launch (the next synchronising
-            # call): the same verdict as inside one, named by the sanitizer.
-            from harness.core.faults import is_cuda_fatal
-
-            text = (str(e).strip().splitlines() or [""])[0][:1000]
-            if not is_cuda_fatal(text):
-                raise
-            where = " ".join(x for x in last if x)
-            return _diagnosed(ScoreReport("crashed", f"{type(e).__name__} during {where}: "
-                                          f"{text}"), run_sanitizer, progress)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)

@@ -21,11 +21,14 @@ submission may enter the queue. The first problem found rejects it with one mess
 3. the manifest, by the project's variant loader (schema, types, expressions, entries);
 4. compile options from a whitelist (no -rdc, -I, -include, no -D of harness names) and
    an `arch` from a short list;
-5. launch limits, with every expression evaluated at every case of the full, perf and
-   decode grids the variant supports (the largest decides): blocks per launch at most
-   `MAX_BLOCKS_PER_LAUNCH`, at most 1024 threads per block, dynamic shared memory at most
-   the Hopper opt-in maximum (227 KiB), workspace at most `MAX_WORKSPACE_BYTES`;
-6. an nvcc compile of every entry with the entry-signature check, under a time limit.
+5. launch limits (harness.submissions.limits), with every expression evaluated at every
+   case of the full, perf and decode grids the variant supports (the largest decides):
+   blocks per launch at most `MAX_BLOCKS_PER_LAUNCH`, at most 1024 threads per block,
+   dynamic shared memory at most the Hopper opt-in maximum (227 KiB), workspace at most
+   `MAX_WORKSPACE_BYTES`; a `[backward]`, which is scored too, is held to the same limits
+   at every case of the full and perf-bwd grids, its own launches and workspaces;
+6. an nvcc compile of every entry (the backward's too: one module holds both) with the
+   entry-signature check, under a time limit.
 
 A rejected submission is stored as status `done`, verdict `rejected`, with the message
 (and its source, when the source was within the size limits), so the submitter and the
@@ -40,28 +43,21 @@ import re
 import shutil
 import tempfile
 import tomllib
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.core.cases import Case, Layout
+from harness.submissions.limits import BWD_GRIDS, check_launch_limits, limit_cases
 from harness.submissions.sources import (
     _SUB_NAME_OK,
     COMPILE_TIMEOUT_S,
     MANIFEST_FILE,
-    MAX_BLOCKS_PER_LAUNCH,
     MAX_FILE_BYTES,
     MAX_FILES,
-    MAX_GRID_Y_Z,
     MAX_NAME_LEN,
-    MAX_SHARED_BYTES,
-    MAX_SPLITS,
-    MAX_THREADS_PER_BLOCK,
     MAX_TOTAL_BYTES,
-    MAX_WORKSPACE_BYTES,
     SINGLE_FILE_MARKER,
-    SM_COUNT,
     SOURCE_SUFFIXES,
     CannotCheck,
     Rejected,
@@ -73,11 +69,13 @@ from harness.submissions.sources import (
     source_hash,
 )
 
-# The checks of harness.submissions.sources are part of this module's public face.
+# The checks of harness.submissions.sources and .limits are part of this module's public
+# face.
 __all__ = [
     "MAX_FILES", "MAX_FILE_BYTES", "MAX_TOTAL_BYTES", "CannotCheck", "Rejected", "Validated",
-    "check_compile_options", "check_files", "check_source", "pack_path", "pack_upload",
-    "read_manifest", "submit_files", "store", "validate", "default_submitter",
+    "check_compile_options", "check_files", "check_launch_limits", "check_source",
+    "limit_cases", "pack_path", "pack_upload", "read_manifest", "submit_files", "store",
+    "validate", "default_submitter",
 ]
 
 
@@ -158,88 +156,6 @@ def load_candidate(files: dict[str, str], workdir: Path) -> Any:
     return candidate
 
 
-# --------------------------------------------------------------------------- launch limits
-
-
-def limit_cases() -> list[Case]:
-    """Every case of the grids a submission can be run on (full, perf, decode)."""
-    from harness.core.grids import get_grid
-
-    cases: list[Case] = []
-    for grid in ("full", "perf", "decode"):
-        cases += get_grid(grid)
-    return cases
-
-
-def check_launch_limits(spec: Any, cases: Iterable[Case]) -> dict[str, Any]:
-    """Evaluate the spec's launch and workspace expressions at every case it supports (the
-    split count is tried at both extremes when the manifest leaves it to the heuristic).
-    Returns the largest values seen and how many cases were checked."""
-    from harness.candidates.expr import ExprError
-    from harness.candidates.variants import size_env
-
-    support = spec.to_support()
-    splits_options = [spec.num_splits] if spec.num_splits else [1, MAX_SPLITS]
-    worst: dict[str, Any] = {"blocks": 0, "threads": 0, "shared_bytes": 0,
-                             "workspace_bytes": 0, "case": None, "cases_checked": 0}
-    for case in cases:
-        if support.reason_unsupported(case) is not None:
-            continue
-        worst["cases_checked"] += 1
-        for splits in splits_options:
-            env = size_env(case, num_splits=splits, sm_count=SM_COUNT, tiles=spec.tiles)
-            try:
-                for li, launch in enumerate(spec.launches):
-                    where = f"launch[{li}] ({launch.entry})"
-                    grid = [e.evaluate(env) for e in launch.grid]
-                    block = [e.evaluate(env) for e in launch.block]
-                    _check_launch(where, case, grid, block, launch.shared_mem.evaluate(env),
-                                  worst)
-                ws_total = 0
-                for wi, ws in enumerate(spec.workspaces):
-                    n = ws.elements.evaluate(env)
-                    if n < 0:
-                        raise Rejected(f"workspace[{wi}] ({ws.name}): negative size {n} at "
-                                       f"case {case.id}")
-                    ws_total += n * ws.itemsize
-                    if ws_total > MAX_WORKSPACE_BYTES:
-                        raise Rejected(f"workspace[{wi}] ({ws.name}): {ws_total} bytes at "
-                                       f"case {case.id} exceed the limit of "
-                                       f"{MAX_WORKSPACE_BYTES} bytes")
-                worst["workspace_bytes"] = max(worst["workspace_bytes"], ws_total)
-            except ExprError as e:
-                raise Rejected(f"manifest: {e} (case {case.id})") from None
-    return worst
-
-
-def _check_launch(where: str, case: Case, grid: list[int], block: list[int], shared: int,
-                  worst: dict[str, Any]) -> None:
-    if any(g < 1 for g in grid) or any(b < 1 for b in block) or len(grid) > 3 or len(block) > 3:
-        raise Rejected(f"{where}: grid {grid} / block {block} at case {case.id}: every "
-                       f"dimension must be >= 1 and there are at most 3")
-    blocks = 1
-    for g in grid:
-        blocks *= g
-    threads = 1
-    for b in block:
-        threads *= b
-    if blocks > MAX_BLOCKS_PER_LAUNCH:
-        raise Rejected(f"{where}: {blocks} blocks at case {case.id} exceed the limit of "
-                       f"{MAX_BLOCKS_PER_LAUNCH} blocks per launch")
-    if any(g > MAX_GRID_Y_Z for g in grid[1:]):
-        raise Rejected(f"{where}: grid {grid} at case {case.id}: gridDim.y/z above {MAX_GRID_Y_Z}")
-    if threads > MAX_THREADS_PER_BLOCK:
-        raise Rejected(f"{where}: block {block} = {threads} threads at case {case.id} exceeds "
-                       f"{MAX_THREADS_PER_BLOCK} threads per block")
-    if shared < 0 or shared > MAX_SHARED_BYTES:
-        raise Rejected(f"{where}: {shared} bytes of shared memory at case {case.id} exceed the "
-                       f"device maximum of {MAX_SHARED_BYTES} bytes per block")
-    if blocks > worst["blocks"]:
-        worst["blocks"], worst["case"] = blocks, case.id
-    worst["threads"] = max(worst["threads"], threads)
-    worst["shared_bytes"] = max(worst["shared_bytes"], shared)
-
-
 # --------------------------------------------------------------------------- compile
 
 
@@ -291,11 +207,6 @@ def validate(files: dict[str, str], *, compile_timeout_s: float = COMPILE_TIMEOU
     workdir = Path(tempfile.mkdtemp(prefix="fa-submit-"))
     try:
         spec = load_spec(files, workdir)
-        if spec.backward is not None:
-            # Scoring checks and times the forward only: a backward would be accepted
-            # and never judged, which is worse than saying so.
-            raise Rejected("manifest: [backward]: submissions are scored on the forward "
-                           "only; submit the variant without its [backward] table")
         sup = spec.supports
         if tuple(sup.layouts) != (Layout.DENSE,) or sup.window:
             # The scored grids are dense and windowless: a declared serving layout would
@@ -307,6 +218,11 @@ def validate(files: dict[str, str], *, compile_timeout_s: float = COMPILE_TIMEOU
         if limits["cases_checked"] == 0:
             raise Rejected("the submission supports none of the scoring grids' cases "
                            "(check [supports]: dtypes, head_dims, masks)")
+        if spec.backward is not None:
+            # The backward is scored too (harness.submissions.scoring_bwd), on the full
+            # and perf-bwd grids: its launches are held to the same limits there.
+            limits["backward"] = check_launch_limits(
+                spec, cases if cases is not None else limit_cases(BWD_GRIDS), backward=True)
         if compile_sources:
             compile_check(spec, compile_timeout_s)
     finally:

@@ -25,6 +25,10 @@ ROW_PICK_DRAW = 1 << 40
 
 
 
+# The options that hold explicit case lists (serialised as case dicts).
+CASE_LISTS = ("correctness_cases", "perf_cases", "perf_bwd_cases")
+
+
 class CheatDetected(Exception):
     """A timed call failed one of its checks."""
 
@@ -68,14 +72,20 @@ class ScoringOptions:
     # timing past it: scored from the cases measured). Both are said in the message.
     slow_cut_factor: float = 50.0
     gpu_budget_s: float | None = 600.0
+    # A declared backward (a manifest's `[backward]`) is scored on its own
+    # (harness.submissions.scoring_bwd): correctness on `correctness_grid`, timing on
+    # `perf_bwd_grid`, with this job's budget and cuts again; off only for demos.
+    score_backward: bool = True
+    perf_bwd_grid: str = "perf-bwd"
     # Explicit cases instead of the named grids (tests, demos).
     correctness_cases: list[Case] | None = None
     perf_cases: list[Case] | None = None
+    perf_bwd_cases: list[Case] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ScoringOptions:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        for k in ("correctness_cases", "perf_cases"):
+        for k in CASE_LISTS:
             if known.get(k) is not None:
                 known[k] = [Case.from_dict(c) for c in known[k]]
         return cls(**known)
@@ -84,7 +94,7 @@ class ScoringOptions:
         from dataclasses import asdict
 
         d = asdict(self)
-        for k in ("correctness_cases", "perf_cases"):
+        for k in CASE_LISTS:
             if getattr(self, k) is not None:
                 d[k] = [c.to_dict() for c in getattr(self, k)]
         return d
@@ -236,8 +246,6 @@ def timed_calls(candidate: Candidate, case: Case, *, secret: int, timer: CallTim
     """Time `candidate` on `case`, every call with fresh inputs and fully checked
     (module doc). Raises CheatDetected on the first failed check. `cut_above_ms`: once 3
     samples have a median above it, stop sampling (`stop_reason` says "cut short")."""
-    from harness.measure.timing import StopRule, rel_noise, sample_until_stable, to_timing
-
     bufs = OutputBuffers.allocate(case, device, candidate.support.writes_lse)
     gen = torch.Generator()
     # Which rows get the oracle is secret too: derived from the secret, never stored.
@@ -274,6 +282,18 @@ def timed_calls(candidate: Candidate, case: Case, *, secret: int, timer: CallTim
         if msg:
             raise CheatDetected(f"{where}: output wrong on sampled rows: {msg}")
         return ms, valid, clock
+
+    return sample_checked(one_call, timer=timer, options=options, cut_above_ms=cut_above_ms,
+                          calls=calls)
+
+
+def sample_checked(one_call: Callable[[int], tuple[float, bool, float | None]], *,
+                   timer: CallTimer, options: ScoringOptions, cut_above_ms: float | None,
+                   calls: dict[str, int]) -> TimedCase:
+    """The warm-up calls, then `harness.measure.timing`'s stopping rule over `one_call(draw)`
+    (one checked, timed call on the inputs of that draw index), as `timed_calls` and the
+    backward's `harness.submissions.timed_bwd.timed_backward_calls` both time."""
+    from harness.measure.timing import StopRule, rel_noise, sample_until_stable, to_timing
 
     for w in range(options.warmup_calls):
         one_call(-1 - w)  # checked like the rest; the first call may compile

@@ -57,7 +57,12 @@ from harness.submissions.queue import (
     requeue_dead,
     requeue_stale,
 )
-from harness.submissions.worker_child import DEFAULT_SCORER, child_main
+from harness.submissions.worker_child import (
+    DEFAULT_SCORER,
+    child_main,
+    read_result,
+    with_forward,
+)
 
 STDERR_TAIL = 2000
 
@@ -245,21 +250,17 @@ def _run_job(job: Job, config: WorkerConfig,
                     break
             if killed is not None:
                 killed.detail = {"elapsed_s": round(time.monotonic() - started, 2)}
-                return killed
+                return with_forward(result_path, killed)
         # The child is gone; make sure nothing of its group lingers.
         _kill_group(proc)
         elapsed = round(time.monotonic() - started, 2)
-        if result_path.is_file():
-            try:
-                doc = json.loads(result_path.read_text())
-                detail = dict(doc.get("detail") or {})
-                detail["elapsed_s"] = elapsed
-                return Outcome(verdict=doc["verdict"], message=doc.get("message", ""),
-                               score=doc.get("score"),
-                               failing_cases=list(doc.get("failing_cases") or []),
-                               detail=detail, status=doc.get("status", "done"))
-            except (ValueError, KeyError, TypeError) as e:
-                return Outcome("crashed", f"the scoring child wrote an unreadable result: {e}")
+        try:
+            done, pending = read_result(result_path)
+        except (ValueError, KeyError, TypeError) as e:
+            return Outcome("crashed", f"the scoring child wrote an unreadable result: {e}")
+        if done is not None and not pending:
+            done.detail["elapsed_s"] = elapsed
+            return done
         # The watchdog reads the progress file once per round, then the memory (a pgrep,
         # slow on a loaded machine): a child that writes its last lines and dies in
         # between would be blamed on an earlier stage. The file as it left it names the case.
@@ -271,9 +272,9 @@ def _run_job(job: Job, config: WorkerConfig,
         msg = f"the scoring process {how} during {stage} {case}".rstrip()
         if tail:
             msg += f": {tail.splitlines()[-1][:500]}"
-        return Outcome("crashed", msg,
-                       failing_cases=[{"case": case, "status": "crashed", "message": how}]
-                       if case else [], detail={"elapsed_s": elapsed, "stderr_tail": tail})
+        return with_forward(result_path, Outcome(
+            "crashed", msg, failing_cases=[{"case": case, "status": "crashed", "message": how}]
+            if case else [], detail={"elapsed_s": elapsed, "stderr_tail": tail}))
 
 
 def _event(config: WorkerConfig, **fields: Any) -> None:
@@ -349,13 +350,19 @@ def _loop(engine: Any, config: WorkerConfig, watch: Any, *, once: bool, drain: b
                     + ("" if ok else " (claim lost)"))
                 _event(config, event="release", id=job.id, attempt=job.attempts, shared=True)
                 continue
-            outcome.message = ("GPU shared with another process while scored: the score is "
-                               "not comparable. " + outcome.message)
+            for o in (outcome, outcome.backward):
+                if o is not None:
+                    o.message = ("GPU shared with another process while scored: the score "
+                                 "is not comparable. " + o.message)
         stored = finish(engine, job, outcome)
         _event(config, event="finish", id=job.id, attempt=job.attempts, stored=stored,
                verdict=outcome.verdict, score=outcome.score,
                shared=bool(gpu and gpu["shared"]))
         score = f" score {outcome.score:.3f}" if outcome.score is not None else ""
+        b = outcome.backward
+        if b is not None:  # the backward's own verdict, said apart from the forward's
+            score += f"; backward {b.verdict}" + (f" {b.score:.3f}" if b.score is not None
+                                                  else "")
         log(f"submission {job.id} ({job.name}): {outcome.verdict}{score}: "
             f"{outcome.message[:300]}" + ("" if stored else " (claim lost; not stored)"))
         done += 1

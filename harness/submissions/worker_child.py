@@ -7,6 +7,7 @@ and touches the GPU."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -15,12 +16,49 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-DEFAULT_SCORER = "harness.submissions.scoring:score_files"
+from harness.submissions.queue import Outcome
+
+DEFAULT_SCORER = "harness.submissions.score_job:score_files"
+# Marks a result file written before the backward ran: the forward's verdict, final, and
+# a backward still to come. A child that dies or is killed after writing it has its
+# forward stored as scored and the death blamed on the backward alone.
+PENDING = "backward_pending"
 
 
 def _resolve(path: str) -> Callable[..., Any]:
     mod, _, attr = path.partition(":")
     return getattr(importlib.import_module(mod), attr)
+
+
+def _write(result_path: Path, doc: dict[str, Any]) -> None:
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, default=str))
+    tmp.replace(result_path)  # atomic: the parent never reads half a file
+
+
+def read_result(result_path: Path) -> tuple[Outcome | None, bool]:
+    """(the outcome in the child's result file, whether its backward was still pending);
+    (None, False) without a file. ValueError, KeyError or TypeError when it is unreadable."""
+    if not result_path.is_file():
+        return None, False
+    doc = json.loads(result_path.read_text())
+    return Outcome.from_dict(doc), bool(doc.get(PENDING))
+
+
+def with_forward(result_path: Path, failure: Outcome) -> Outcome:
+    """What to store for a child that was killed or died: `failure`, unless it had written
+    its forward's verdict before the backward ran; then that verdict, with `failure` as
+    the backward's outcome (the forward's score is not erased by its backward)."""
+    try:
+        forward, pending = read_result(result_path)
+    except (ValueError, KeyError, TypeError):
+        return failure
+    if forward is None or not pending:
+        return failure
+    forward.detail["elapsed_s"] = failure.detail.get("elapsed_s")
+    failure.message = f"backward: {failure.message}"
+    forward.backward = failure
+    return forward
 
 
 def child_main(job_path: str) -> int:
@@ -60,17 +98,24 @@ def child_main(job_path: str) -> int:
         # module and opening the CUDA context above are start-up, however long a loaded
         # machine takes (a line written before them would leave them only a case's time).
         progress("load", "")
-        report = scorer(doc["files"], options, secret=int(doc["secret"]), progress=progress)
+        kw: dict[str, Any] = {}
+        if "checkpoint" in inspect.signature(scorer).parameters:
+            def checkpoint(forward: ScoreReport) -> None:
+                _write(result_path, {**forward.to_dict(), PENDING: True})
+
+            kw["checkpoint"] = checkpoint
+        report = scorer(doc["files"], options, secret=int(doc["secret"]), progress=progress,
+                        **kw)
         if not isinstance(report, ScoreReport):
             raise TypeError(f"scorer returned {type(report).__name__}, not ScoreReport")
         out = report.to_dict()
     except Exception as e:  # noqa: BLE001 - any error of the scoring run is the verdict
         where = f"{state['stage']} {state['case']}".strip()
         text = str(e).strip().splitlines()[0][:1000] if str(e).strip() else ""
-        out = ScoreReport("crashed", f"{type(e).__name__} during {where}: {text}").to_dict()
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, default=str))
-    tmp.replace(result_path)
+        crash = ScoreReport("crashed", f"{type(e).__name__} during {where}: {text}")
+        # Past the forward's checkpoint, the error is the backward's.
+        out = with_forward(result_path, crash).to_dict()
+    _write(result_path, out)
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter and CUDA teardown: after a kernel fault it can hang or abort.

@@ -277,8 +277,32 @@ class Submission(Base):
     )
 
 
+class SubmissionPass(Base):
+    """The verdict and score of one more pass of a submission than its forward (whose
+    verdict is the `submissions` row itself): its backward, `pass_name` "bwd". Its own
+    entry, ranked on its own board: a failed backward leaves the forward's score alone."""
+
+    __tablename__ = "submission_passes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    submission_id: Mapped[int] = mapped_column(
+        ForeignKey("submissions.id", ondelete="CASCADE"))
+    pass_name: Mapped[str] = mapped_column(String(8))
+    verdict: Mapped[str] = mapped_column(String(16))
+    score: Mapped[float | None]
+    message: Mapped[str | None] = mapped_column(Text)
+    failing_cases: Mapped[list[Any] | None]
+    detail: Mapped[dict[str, Any] | None]
+    finished_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        UniqueConstraint("submission_id", "pass_name", name="uq_submission_passes_pass"),
+        Index("ix_submission_passes_board", "pass_name", "verdict"),
+    )
+
+
 __all__ = [
     "ApiToken", "Base", "CaseRow", "Comparison", "JSONType", "RUN_SOURCES", "Result", "Run",
-    "SUBMISSION_STATUSES", "SUBMISSION_VERDICTS", "Submission", "UTCDateTime", "VERDICTS",
-    "Variant", "utcnow",
+    "SUBMISSION_STATUSES", "SUBMISSION_VERDICTS", "Submission", "SubmissionPass",
+    "UTCDateTime", "VERDICTS", "Variant", "utcnow",
 ]

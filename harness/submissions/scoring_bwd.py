@@ -1,0 +1,261 @@
+"""Scoring a submission's backward, on its own (a manifest's `[backward]`).
+
+`score_passes` scores the forward exactly as before (harness.submissions.scoring), hands
+its verdict to `checkpoint` (the worker's child writes it to disk, so that a backward that
+hangs or kills the process cannot take the forward's score with it), then, when the
+candidate declares a backward, scores the backward with `score_backward` and attaches that
+as `report.backward`: its own verdict and score, stored as the submission's "bwd" entry and
+ranked on the backward board. Nothing the backward does changes the forward's report.
+
+The backward's stages mirror the forward's:
+1. Correctness on the `full` grid generated from what the submission declares, through
+   `harness.core.check_grad.check_backward_case` with the worker's secret mixed into every
+   input and into dO: dQ, dK and dV against the float64 gradient oracle (computed after
+   the kernel ran, kept on the CPU) with the backward's tolerance rule; each case run
+   `race_repeats` times and compared bitwise when the manifest declares the backward
+   deterministic. Any failure: `incorrect`, failing cases listed; an unusable CUDA
+   context afterwards: `crashed`.
+2. Speed on the `perf-bwd` grid, the submission's backward and the baseline's backward
+   timed in the same run by the same routine (harness.submissions.timed_bwd: fresh secret
+   inputs and dO per call, poisoned gradient buffers, a same-stream poison count, guards,
+   inputs unchanged, every gradient finite, dQ rows and dK/dV keys of a secret sample
+   against the float64 oracle). A failed check: `incorrect`. A time below the physical
+   floor of the backward (its FLOPs and ideal bytes, harness.submissions.floor) is
+   `invalid`; below the runner's measured ceilings only, the case is marked `suspicious`.
+3. Score = geometric mean over the perf-bwd cases both support of baseline median /
+   submission median, ranked as the forward's (full coverage first).
+The same bounds as the forward, counted afresh for the backward: `slow_cut_factor` and
+`gpu_budget_s`. compute-sanitizer runs on the forward only; the detail says so.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from harness.core.candidate import Candidate
+from harness.core.results import Status
+from harness.submissions.diagnostics import strip_paths
+from harness.submissions.floor import device_name, floors, judge
+from harness.submissions.scoring import (
+    Progress,
+    ScoreReport,
+    _result_entry,
+    context_usable,
+    score_candidate,
+)
+from harness.submissions.timed import (
+    CASE_LISTS,
+    CallTimer,
+    CheatDetected,
+    ScoringOptions,
+    make_timer,
+)
+from harness.submissions.timed_bwd import timed_backward_calls
+
+
+def score_passes(candidate: Candidate, options: ScoringOptions, *, secret: int,
+                 baseline: Candidate | None = None, progress: Progress | None = None,
+                 timer: CallTimer | None = None, sanitizer: Callable[[], Any] | None = None,
+                 variant_path: str | None = None,
+                 checkpoint: Callable[[ScoreReport], None] | None = None) -> ScoreReport:
+    """The forward's report, with the backward's attached when one is declared (module
+    doc). A CUDA error with an unusable context during the forward propagates as from
+    `score_candidate`; one during the backward becomes the backward's `crashed`."""
+    report = score_candidate(candidate, options, secret=secret, baseline=baseline,
+                             progress=progress, timer=timer, sanitizer=sanitizer,
+                             variant_path=variant_path)
+    if not (options.score_backward and candidate.support.backward):
+        return report
+    if not context_usable(options.device):
+        # The forward left no usable context: nothing more runs in this process.
+        report.backward = ScoreReport("crashed", "not run: the CUDA context was unusable "
+                                      "after the forward")
+        return report
+    if checkpoint is not None:
+        checkpoint(report)
+    stage = ["backward"]
+
+    def track(st: str, case: str) -> None:
+        stage[0] = f"{st} {case}".strip()
+        if progress is not None:
+            progress(st, case)
+
+    try:
+        report.backward = score_backward(candidate, options, secret=secret,
+                                         baseline=baseline, progress=track, timer=timer)
+    except Exception as e:  # noqa: BLE001 - the backward's fault is the backward's verdict
+        text = (str(e).strip().splitlines() or [""])[0][:1000]
+        report.backward = ScoreReport("crashed", f"{type(e).__name__} during {stage[0]}: "
+                                      f"{text}")
+    _public(report.backward)
+    return report
+
+
+def _public(report: ScoreReport) -> None:
+    """The backward's messages as the submitter sees them: no folder of this machine (a
+    raised exception's message and frame name the harness's files)."""
+    report.message = strip_paths(report.message)
+    for f in report.failing_cases:
+        if isinstance(f.get("message"), str):
+            f["message"] = strip_paths(f["message"])
+
+
+def score_backward(candidate: Candidate, options: ScoringOptions, *, secret: int,
+                   baseline: Candidate | None = None, progress: Progress | None = None,
+                   timer: CallTimer | None = None) -> ScoreReport:
+    """The backward's verdict and score (module doc); never raises for the candidate's
+    fault short of an unusable CUDA context."""
+    from harness.core.check_grad import check_backward_case
+    from harness.core.grids import cases_for, get_grid
+
+    progress = progress or (lambda _s, _c: None)
+    device = options.device
+    detail: dict[str, Any] = {
+        "pass": "bwd", "gpu_budget_s": options.gpu_budget_s,
+        "options": {k: v for k, v in options.to_dict().items() if k not in CASE_LISTS},
+        "sanitizer": {"status": "not run",
+                      "reason": "compute-sanitizer runs the forward's launches only"}}
+    started = time.monotonic()
+
+    def over_budget() -> bool:
+        detail["gpu_s"] = round(time.monotonic() - started, 1)
+        return options.gpu_budget_s is not None and detail["gpu_s"] >= options.gpu_budget_s
+
+    cases = options.correctness_cases or cases_for(options.correctness_grid, candidate)
+    failing: list[dict[str, Any]] = []
+    passed = skipped = 0
+    for n_checked, case in enumerate(cases):
+        if over_budget():
+            return ScoreReport("timeout", f"over the job's GPU budget of "
+                               f"{options.gpu_budget_s:g} s during backward correctness "
+                               f"({n_checked} of {len(cases)} cases checked); not scored",
+                               failing_cases=failing, detail=detail)
+        progress("check-bwd", case.id)
+        r = check_backward_case(candidate, case, device=device, secret=secret,
+                                repeats=max(1, options.race_repeats))
+        if r.status is Status.SKIPPED:
+            skipped += 1
+            continue
+        if r.status is Status.PASSED:
+            passed += 1
+            continue
+        failing.append(_result_entry(r))
+        if r.status is Status.ERROR and not context_usable(device):
+            return ScoreReport("crashed", f"{case.id}: {r.message} (the CUDA context is "
+                               f"unusable afterwards)", failing_cases=failing, detail=detail)
+        if options.stop_at_first_failure:
+            break
+    detail["correctness"] = {"grid": options.correctness_grid, "passed": passed,
+                             "skipped": skipped, "failed": len(failing)}
+    if failing:
+        return ScoreReport("incorrect", f"{len(failing)} backward correctness case(s) "
+                           f"failed, first {failing[0]['case']}: {failing[0]['message']}",
+                           failing_cases=failing, detail=detail)
+    if passed == 0:
+        return ScoreReport("incorrect", "the backward ran none of the correctness cases "
+                           "(it supports none of them)", detail=detail)
+
+    if baseline is None:
+        from harness.candidates.registry import get_candidate
+
+        baseline = get_candidate(options.baseline)
+    perf_cases = options.perf_bwd_cases or get_grid(options.perf_bwd_grid)
+    if options.max_perf_cases is not None:
+        perf_cases = perf_cases[:options.max_perf_cases]
+    return _time_backward(candidate, baseline, perf_cases, options, secret=secret,
+                          timer=timer or make_timer(device), progress=progress,
+                          detail=detail, over_budget=over_budget)
+
+
+def _unsupported(cand: Candidate, case: Any) -> str | None:
+    if not cand.support.backward:
+        return f"{cand.name} declares no backward"
+    return cand.supports(case) or cand.supports_backward(case)
+
+
+def _time_backward(candidate: Candidate, baseline: Candidate, perf_cases: list[Any],
+                   options: ScoringOptions, *, secret: int, timer: CallTimer,
+                   progress: Progress, detail: dict[str, Any],
+                   over_budget: Callable[[], bool]) -> ScoreReport:
+    """Stage 2 and 3 of the module doc."""
+    device = options.device
+    detail["timing_method"] = timer.method()
+    gpu = device_name(device)
+    per_case: list[dict[str, Any]] = []
+    unsupported: list[str] = []
+    speedups: list[float] = []
+    suspicious: list[dict[str, Any]] = []
+    cut: str | None = None
+    for case in perf_cases:
+        reason = _unsupported(candidate, case) or _unsupported(baseline, case)
+        if reason:
+            unsupported.append(f"{case.id}: {reason}")
+            continue
+        if over_budget():
+            cut = f"the job's GPU budget of {options.gpu_budget_s:g} s was reached"
+            break
+        fl = floors(case, options, gpu, backward=True)
+        progress("perf-bwd-baseline", case.id)
+        try:
+            base_t = timed_backward_calls(baseline, case, secret=secret, timer=timer,
+                                          options=options, device=device)
+        except CheatDetected as e:  # the runner's fault, not the submission's
+            return ScoreReport("crashed", f"baseline {baseline.name}'s backward failed its "
+                               f"own checks: {e}", detail=detail, status="error")
+        progress("perf-bwd", case.id)
+        limit = (base_t.median_ms * options.slow_cut_factor
+                 if base_t.median_ms and options.slow_cut_factor else None)
+        try:
+            sub_t = timed_backward_calls(candidate, case, secret=secret, timer=timer,
+                                         options=options, device=device, cut_above_ms=limit)
+        except CheatDetected as e:
+            detail["perf"] = per_case
+            return ScoreReport("incorrect", str(e), detail=detail, failing_cases=[
+                {"case": case.id, "status": "failed", "message": str(e)[:2000]}])
+        entry: dict[str, Any] = {
+            "case": case.id, "floors": fl.to_dict(), "baseline_median_ms": base_t.median_ms,
+            "median_ms": sub_t.median_ms, "min_ms": sub_t.min_ms,
+            "rel_noise": sub_t.rel_noise, "samples": len(sub_t.samples_ms),
+            "checked_calls": sub_t.checked_calls}
+        per_case.append(entry)
+        if not sub_t.samples_ms or not base_t.samples_ms or not sub_t.median_ms:
+            detail["perf"] = per_case
+            return ScoreReport("invalid", f"{case.id}: no valid timing sample", detail=detail)
+        fv = judge(sub_t.min_ms, fl, options.floor_slack) if sub_t.min_ms is not None else None
+        if fv is not None and fv.verdict == "invalid":
+            detail["perf"] = per_case
+            return ScoreReport("invalid", f"{case.id}: {fv.message}", detail=detail,
+                               failing_cases=[{"case": case.id, "status": "invalid",
+                                               "message": fv.message}])
+        if fv is not None and fv.verdict == "suspicious":
+            entry["suspicious"] = True
+            suspicious.append({"case": case.id, "message": fv.message})
+        speedup = float(base_t.median_ms or 0.0) / sub_t.median_ms
+        entry["speedup"] = speedup
+        speedups.append(speedup)
+        if limit is not None and sub_t.median_ms > limit:
+            cut = (f"{1 / speedup:.0f}x slower than {baseline.name}'s backward on {case.id}, "
+                   f"over the {options.slow_cut_factor:g}x cut")
+            break
+    over_budget()  # the GPU seconds used, up to date
+    detail.update(perf=per_case, floor_gpu=gpu,
+                  coverage={"timed": len(speedups), "of": len(perf_cases),
+                            "unsupported": unsupported})
+    if suspicious:
+        detail["suspicious"] = suspicious
+    if cut is not None:
+        detail["cut_short"] = cut
+    if not speedups or any(s <= 0 for s in speedups):
+        return ScoreReport("incorrect", "no perf-bwd case could be timed (the backward or "
+                           f"the baseline {baseline.name}'s supports none)", detail=detail)
+    score = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+    marked = (f"; suspicious: {len(suspicious)} case(s) faster than this runner's measured "
+              f"ceilings (first {suspicious[0]['case']})" if suspicious else "")
+    if cut is not None:
+        marked += f"; timing cut short ({cut}): scored from the cases measured"
+    return ScoreReport("scored", f"backward: geometric mean speedup {score:.3f}x over "
+                       f"{baseline.name}'s backward on {len(speedups)}/{len(perf_cases)} "
+                       f"perf-bwd cases{marked}", score=score, detail=detail)
