@@ -28,7 +28,6 @@
 namespace fa3wg {
 
 constexpr int BM = 128;         // query rows per CTA (64 per consumer warpgroup)
-constexpr int BN = 128;         // keys per K/V tile
 constexpr int kThreads = 384;   // producer + 2 consumers
 constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;  // 128 * 24 + 256 * 240 <= 65536
@@ -122,6 +121,32 @@ template <> struct Mma<false> {
               "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
             : "l"(da), "l"(db), "r"(acc));
     }
+    // D (64 x 176, fp32) = A (smem, K-major) * B (smem, K-major) [+ D when acc != 0].
+    __device__ __forceinline__ static void ss_n176(float* d, unsigned long long da,
+                                                 unsigned long long db, int acc) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+            "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+            "%80, %81, %82, %83, %84, %85, %86, %87}, "
+            "%88, %89, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+              "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+              "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+              "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
+            : "l"(da), "l"(db), "r"(acc));
+    }
     // D (64 x 64, fp32) += A (registers) * B (smem, MN-major: imm-trans-b = 1).
     __device__ __forceinline__ static void rs_n64(float* d, const unsigned* a,
                                                  unsigned long long db) {
@@ -156,6 +181,7 @@ template <> struct Mma<false> {
               "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
     }
+
 };
 
 template <> struct Mma<true> {
@@ -178,6 +204,32 @@ template <> struct Mma<true> {
               "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
               "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
               "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "l"(da), "l"(db), "r"(acc));
+    }
+    // D (64 x 176, fp32) = A (smem, K-major) * B (smem, K-major) [+ D when acc != 0].
+    __device__ __forceinline__ static void ss_n176(float* d, unsigned long long da,
+                                                 unsigned long long db, int acc) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+            "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+            "%80, %81, %82, %83, %84, %85, %86, %87}, "
+            "%88, %89, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+              "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+              "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+              "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
             : "l"(da), "l"(db), "r"(acc));
     }
     // D (64 x 64, fp32) += A (registers) * B (smem, MN-major: imm-trans-b = 1).
@@ -214,6 +266,7 @@ template <> struct Mma<true> {
               "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
     }
+
 };
 
 template <bool BF16> __device__ __forceinline__ unsigned pack2(float lo, float hi) {
@@ -234,7 +287,9 @@ __device__ __forceinline__ void load_tile(unsigned sbase, const void* tmap, unsi
         tma_load(sbase + half * ROWS * 128, tmap, bar, half * 64, row0, head, batch);
 }
 
-template <int D, bool BF16, int STAGES>
+// BN keys per K/V tile: 128 at d = 64, 176 at d = 128 (a longer tile amortizes each
+// consumer's softmax and turn-taking over more matmul work; 2 slots of 176 x 128 still fit).
+template <int D, bool BF16, int STAGES, int BN>
 __device__ __forceinline__ void fwd(const FaParams& p) {
     using M = Mma<BF16>;
     constexpr unsigned Q_BYTES = BM * D * 2;
@@ -325,7 +380,8 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         for (int kk = 0; kk < D / 16; ++kk) {
             const unsigned qa = sQ + (kk >> 2) * (BM * 128) + cw * (64 * 128) + (kk & 3) * 32;
             const unsigned ka = sK + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
-            M::ss_n128(sacc, sw128_desc(qa, 16), sw128_desc(ka, 16), kk > 0);
+            if constexpr (BN == 128) M::ss_n128(sacc, sw128_desc(qa, 16), sw128_desc(ka, 16), kk > 0);
+            else M::ss_n176(sacc, sw128_desc(qa, 16), sw128_desc(ka, 16), kk > 0);
         }
         wgmma_commit();
     };
@@ -339,9 +395,10 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         }
         wgmma_commit();
     };
-    // Mask tile j, update the running max and sum, P_j into pn; alpha rescales O (which the
-    // caller applies once the previous PV has retired).
-    auto softmax = [&](float* sacc, int n0, float* alpha, unsigned (*pn)[4]) {
+    // Mask tile j, update the running max and sum, P_j = exp(...) in place of S_j (fp32);
+    // alpha rescales O, which the caller applies once the previous PV has retired, and
+    // then packs P_j into the A-fragments (the previous tile's are free by then).
+    auto softmax = [&](float* sacc, int n0, float* alpha) {
         if (n0 + BN > unmasked_end) {
 #pragma unroll
             for (int t = 0; t < BN / 8; ++t) {
@@ -380,8 +437,17 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             const float p3 = exp2f(fmaf(sacc[4 * t + 3], p.scale_log2, -m_use[1]));
             l_run[0] += p0 + p1;
             l_run[1] += p2 + p3;
-            pn[t >> 1][(t & 1) * 2 + 0] = pack2<BF16>(p0, p1);
-            pn[t >> 1][(t & 1) * 2 + 1] = pack2<BF16>(p2, p3);
+            sacc[4 * t] = p0;
+            sacc[4 * t + 1] = p1;
+            sacc[4 * t + 2] = p2;
+            sacc[4 * t + 3] = p3;
+        }
+    };
+    auto pack_p = [&](const float* sacc) {
+#pragma unroll
+        for (int t = 0; t < BN / 8; ++t) {
+            pf[t >> 1][(t & 1) * 2 + 0] = pack2<BF16>(sacc[4 * t], sacc[4 * t + 1]);
+            pf[t >> 1][(t & 1) * 2 + 1] = pack2<BF16>(sacc[4 * t + 2], sacc[4 * t + 3]);
         }
     };
     // Ping-pong: the two consumers take turns issuing their matmuls (named barriers 1 and
@@ -413,7 +479,8 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
         mbar_arrive(FA3_KEMPTY(0));
-        softmax(sacc, 0, alpha, pf);
+        softmax(sacc, 0, alpha);
+        pack_p(sacc);
 
         // Tile j: S_j = Q K_j and O += P_{j-1} V_{j-1} in flight together; the softmax of
         // S_j runs while the PV still does, and O is rescaled once it has retired.
@@ -432,8 +499,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 #pragma unroll
             for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
             mbar_arrive(FA3_KEMPTY(s));
-            unsigned pn[BN / 16][4];
-            softmax(sacc, j * BN, alpha, pn);
+            softmax(sacc, j * BN, alpha);
             wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
@@ -449,10 +515,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
                 o[4 * t + 2] *= alpha[1];
                 o[4 * t + 3] *= alpha[1];
             }
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) pf[kk][e] = pn[kk][e];
+            pack_p(sacc);
         }
         // The last tile's PV.
         const int ls = (n_tiles - 1) % STAGES;
@@ -492,12 +555,12 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 
 }  // namespace fa3wg
 
-#define FA3WG_ENTRY(NAME, D, BF16, STAGES)                                              \
+#define FA3WG_ENTRY(NAME, D, BF16, STAGES, BN)                                          \
     extern "C" __global__ void __launch_bounds__(fa3wg::kThreads, 1) NAME(FaParams p) { \
-        fa3wg::fwd<D, BF16, STAGES>(p);                                                 \
+        fa3wg::fwd<D, BF16, STAGES, BN>(p);                                             \
     }
 
-FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d64, 64, false, 3)
-FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d128, 128, false, 2)
-FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d64, 64, true, 3)
-FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d128, 128, true, 2)
+FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d64, 64, false, 3, 128)
+FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d128, 128, false, 2, 176)
+FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d64, 64, true, 3, 128)
+FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d128, 128, true, 2, 176)
