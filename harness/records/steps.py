@@ -10,24 +10,37 @@ a ratio whatever the kernel's speed.
 - The cost is least absolute deviation (`l1`), not least squares: the committed H200
   histories hold one +5% run in about 25 (a gate's cold first run), and a squared cost
   cuts such a run off as a segment of its own, which hides the real step next to it.
-  The penalty is `PENALTY_K * sigma * log(n)` (the BIC's, in the units of an absolute
-  deviation), where sigma is the run-to-run spread of the series itself
+  The penalty is `PENALTY_K * sigma * log(n)`: the BIC's (a change point adds two
+  parameters, its place and its level: log(n) of log likelihood) for Laplace noise of
+  scale sigma (a Laplace fit to the committed H200 residuals of series spread 0.5-1.5%
+  gives 0.9 spreads), where sigma is the run-to-run spread of the series itself
   (harness.records.noise.relative_spread: robust to the steps), floored at
   `SIGMA_FLOOR` (a series measured to 0.1% still moves by that much between runs).
+  Twice that penalty left 1.5% of the 2% steps of such series without a cut near them
+  (0.4% now), for a quarter of the false alerts (`bench/detection_steps.py`: 0.01% and
+  0.05% per commit in the bands 0.5-1.5% and > 1.5%, against 0.04% and 0.19%).
 - A change point is kept when its step (the difference of the medians of up to `WINDOW`
   commits on either side, not reaching back past the previous step kept) is at least
   `MIN_STEP` and `STEP_K` sigma, and the Mann-Whitney U test between those two windows
-  gives p <= `ALPHA`. The windows' medians carry the evidence, so the step need not
-  stand out against one run's spread by the gate's 3 sigma: `STEP_K` is 1.5. On
-  `bench/detection_steps.py` (the committed H200 noise) it finds 87% of the 2% steps of
-  series spread 0.5-1.5% where 2 found 76%, with false alerts as rare (at most 0.03% per
-  commit in every band).
-- Its commit range: the first bad commit is the first of two points in a row nearer the
-  level after than the level before (one slow run just before a step is not where it
-  began); the last good one is the last before it still nearer the level before. One
-  commit apart for a sharp step; a step spread over several commits names the commits
-  around its middle.
-- A later step back to within `STEP_K` sigma of the level before marks it recovered.
+  gives p <= `ALPHA`. The windows' medians and the U test carry the evidence, so the
+  step need only reach one spread: 30 commits estimate a series' spread to about 30%,
+  and a bar of 1.5 spreads rejected 2% of those 2% steps where the estimate came out
+  high, while the false alerts per commit hardly move (0.03% and 0.14% with it).
+- Its commit range, from the posterior of where the step began: each point's
+  likelihood under the level before and the level after (Student t, `NOISE_DF` degrees
+  of freedom, scale `NOISE_SCALE` sigma: the fit of the committed residuals, in spreads,
+  whose heavy tail makes one slow run weak evidence either way), a flat prior over the
+  windows. The first bad commit is the one most likely to lie at most `RANGE` commits
+  after where the step began, less `RANGE_COST` per commit it lies after it (so that a
+  sharp step names its own commit): a commit that is bad, and near the culprit. The last
+  good commit is the last one before the step with probability (1 + `CREDIBLE`) / 2. One
+  commit apart for a sharp step; around a slow run just before it, or a step spread over
+  several commits, the range holds the commits the runs cannot tell apart. Naming the
+  posterior's most likely commit, or the first of two points in a row nearer the new
+  level, named 12-15% of the 2% steps of series spread 0.5-1.5% one or more commits
+  early (the point before the step was a slow run); this rule names 3.5% early, about as
+  many as it does knowing both levels exactly, for ranges of 2.7 commits on average.
+- A later step back to within `RECOVER_K` sigma of the level before marks it recovered.
 """
 
 from __future__ import annotations
@@ -41,13 +54,19 @@ from typing import Any
 from harness.records.noise import relative_spread, timed_history
 
 MIN_STEP = 0.01
-STEP_K = 1.5
+STEP_K = 1.0
+RECOVER_K = 1.5  # a later step back to within this many sigma of before: recovered
 SIGMA_FLOOR = 0.001
-PENALTY_K = 2.0
+PENALTY_K = 1.0
 MIN_POINTS = 4
 ALPHA = 0.02  # Mann-Whitney U between the WINDOW points on either side of a change
 WINDOW = 15
 SERIES_RUNS = 30
+NOISE_DF = 2.0  # the run-to-run noise: Student t (scipy.stats.t.fit of the committed H200
+NOISE_SCALE = 0.7  # residuals in spreads: 1.6 degrees of freedom pooled, scale 0.7)
+CREDIBLE = 0.9  # the last good commit: before the step with probability 0.95
+RANGE = 2  # the first bad commit: at most this many commits after where it began ...
+RANGE_COST = 0.01  # ... less this per commit it lies after it (module doc)
 CONFIRM_POINTS = 2  # a step is a regression once two commits hold the new level ...
 CONFIRM_WINDOW = 4  # ... and the gate reports it while its first bad commit is this recent
 
@@ -80,8 +99,10 @@ def _p_value(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def find_steps(commits: Sequence[str], medians: Sequence[float], *,
-               min_step: float = MIN_STEP) -> list[Step]:
-    """The steps of one commit-ordered series of medians (module doc), oldest first."""
+               min_step: float = MIN_STEP,
+               rejected: list[tuple[int, str]] | None = None) -> list[Step]:
+    """The steps of one commit-ordered series of medians (module doc), oldest first.
+    `rejected`, if given, receives (index, rule) for each change point not kept."""
     import numpy as np
     import ruptures
 
@@ -95,7 +116,6 @@ def find_steps(commits: Sequence[str], medians: Sequence[float], *,
     pen = PENALTY_K * sigma * math.log(len(xs))
     algo = ruptures.Pelt(model="l1", min_size=2, jump=1).fit(np.asarray(xs)[:, None])
     bkps = algo.predict(pen=pen)
-    tol = STEP_K * sigma
     steps: list[Step] = []
     levels: list[tuple[int, float, float]] = []  # (index, level before, level after)
     prev = 0
@@ -104,25 +124,25 @@ def find_steps(commits: Sequence[str], medians: Sequence[float], *,
         # previous step kept (PELT may cut a heavy-tailed pair of runs off as a segment
         # of its own; the windows look through such cuts).
         left, right = xs[max(prev, b - WINDOW):b], xs[b:b + WINDOW]
-        if len(left) < 2 or len(right) < 2:
-            continue
-        before, after = statistics.median(left), statistics.median(right)
+        before = statistics.median(left) if len(left) >= 2 else 0.0
+        after = statistics.median(right) if len(right) >= 2 else 0.0
         delta = after - before
-        if abs(delta) < max(math.log1p(min_step), tol) or _p_value(left, right) > ALPHA:
-            continue  # within the noise, or a short excursion of heavy-tailed noise
-        # The range (module doc): two points in a row at the new level start it.
-        hi, end = b, min(len(xs), b + WINDOW) - 1
-        while hi < end and not (_nearer(xs[hi], after, before)
-                                and _nearer(xs[hi + 1], after, before)):
-            hi += 1
-        lo = hi - 1
-        while lo > prev and _nearer(xs[lo], after, before):
-            lo -= 1
+        rule = ("too few points" if len(left) < 2 or len(right) < 2
+                else f"below {min_step:.0%}" if abs(delta) < math.log1p(min_step)
+                else f"below {STEP_K:g} spread" if abs(delta) < STEP_K * sigma
+                else "U test" if _p_value(left, right) > ALPHA else "")
+        if rule:  # within the noise, or a short excursion of heavy-tailed noise
+            if rejected is not None:
+                rejected.append((b, rule))
+            continue
+        lo, hi = _bracket(xs, max(prev, b - WINDOW), min(len(xs), b + WINDOW),
+                          before, after, sigma)
         steps.append(Step(index=b, last_good=names[lo], first_bad=names[hi],
                           ratio=math.exp(delta), sigma=sigma))
         levels.append((b, before, after))
         prev = b
     # A step undone later: a later step that brings the level back to before it.
+    tol = RECOVER_K * sigma
     for st, (b, before, _after) in zip(steps, levels, strict=True):
         for later, (b2, _before2, after2) in zip(steps, levels, strict=True):
             if b2 > b and abs(after2 - before) <= tol:
@@ -131,8 +151,30 @@ def find_steps(commits: Sequence[str], medians: Sequence[float], *,
     return steps
 
 
-def _nearer(x: float, level: float, other: float) -> bool:
-    return abs(x - level) < abs(x - other)
+def _bracket(xs: Sequence[float], start: int, end: int, before: float, after: float,
+             sigma: float) -> tuple[int, int]:
+    """(last good, first bad) indices of a step from `before` to `after` among
+    xs[start:end] (module doc)."""
+    import numpy as np
+    from scipy import stats
+    from scipy.special import logsumexp
+
+    x = np.asarray(xs[start:end])
+    scale = NOISE_SCALE * sigma
+    # log p(x_i | before) - log p(x_i | after): the step beginning at c (its first point,
+    # start < c < end) has log likelihood sum(d[:c - start]) + a constant.
+    d = (stats.t.logpdf(x, NOISE_DF, loc=before, scale=scale)
+         - stats.t.logpdf(x, NOISE_DF, loc=after, scale=scale))
+    ll = np.cumsum(d)[:-1]
+    post = np.exp(ll - logsumexp(ll))  # P(it began at start + 1 + j), a flat prior
+    cdf = np.cumsum(post)
+    # For each candidate f: P(f - RANGE <= began <= f), and E[f - began; began <= f].
+    lag = np.concatenate([np.zeros(RANGE + 1), cdf])[:len(cdf)]
+    j = np.arange(len(cdf))
+    late = j * cdf - np.cumsum(j * post)
+    first_bad = start + 1 + int(np.argmax(cdf - lag - RANGE_COST * late))
+    last_good = start + int(np.searchsorted(cdf, (1.0 - CREDIBLE) / 2.0, side="right"))
+    return min(last_good, first_bad - 1), first_bad
 
 
 # ---------------------------------------------------------------- the gate's use
