@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import realdata
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 from harness.dashboard import queries, source
 from harness.dashboard.schema import Base, Submission
@@ -74,6 +75,18 @@ def texts(elements) -> str:
 sql = realdata.sql
 
 
+def follow(at: AppTest, key: str, row: int, column: str) -> AppTest:
+    """Select one cell of table `key` (what a click on it does) and run the app again."""
+    at.session_state[key] = {"selection": {"cells": [(row, column)]}}
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def table(at: AppTest, key: str):
+    return next(d for d in at.dataframe if d.key == key)
+
+
 def latest_run_ids(url: str) -> list[int]:
     rows = sql(url, "SELECT gpu_model_key, MAX(created_at) FROM runs GROUP BY gpu_model_key")
     ids = []
@@ -114,8 +127,22 @@ def test_overview(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
                    "WHERE v.name = 'fa2_tc' AND r.status = 'passed' AND r.run_id = :run",
                run=max(ids))[0][0]
     gpu = sql(db, "SELECT gpu_model_key FROM runs WHERE id = :i", i=max(ids))[0][0]
-    grid = latest.set_index("run")["grid"][f"./?page=run&run={max(ids)}"]
+    grid = latest.set_index("run")["grid"][f"run {max(ids)}"]
     assert best.loc["fa2_tc", f"{gpu} · {grid}"] == pytest.approx(want, abs=0.06)
+
+
+def test_overview_run_cell_opens_the_run_in_this_tab(db: str, monkeypatch) -> None:
+    at = app(db, monkeypatch)
+    latest = table(at, "latest_runs").value
+    row = list(latest["run"]).index(f"run {max(latest_run_ids(db))}")
+    follow(at, "latest_runs", row, "run")
+    assert at.title[0].value == "Run"
+    assert at.query_params["run"] in (str(max(latest_run_ids(db))),
+                                      [str(max(latest_run_ids(db)))])
+    # A cell outside the link columns selects, and stays on the page.
+    at = app(db, monkeypatch)
+    follow(at, "latest_runs", 0, "grid")
+    assert at.title[0].value == "Overview"
 
 
 def test_history_series_and_links(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,13 +157,27 @@ def test_history_series_and_links(db: str, monkeypatch: pytest.MonkeyPatch) -> N
     # Every point links to its own run.
     run_ids = [r[0] for r in sql(db, "SELECT id FROM runs WHERE gpu_model_key = :g "
                                      "ORDER BY created_at", g=H200)]
-    assert list(points["run"]) == [f"./?page=run&run={i}" for i in run_ids]
+    assert list(points["run"]) == [f"run {i}" for i in run_ids]
     # The planted bf16 step shows as a regression verdict, then an improvement.
     flagged = at.dataframe[0].value
     assert "regression" in set(flagged["verdict"])
     assert {"regression", "improvement"} <= set(points["verdict"].dropna())
     # The URL keeps the selection (deep link).
     assert at.query_params["variant"] == ["fa2_tc"] or at.query_params["variant"] == "fa2_tc"
+    # A flagged run's compare cell opens the Compare of its base and new runs, here.
+    base, new = (int(x) for x in flagged.iloc[0]["compare"].split(" vs "))
+    stored = sql(db, "SELECT base_run_id FROM comparisons WHERE run_id = :n AND variant = "
+                     "'fa2_tc' AND case_id = :c", n=new, c=bf16)
+    assert stored == [(base,)]
+    follow(at, "history_flagged", 0, "compare")
+    assert at.title[0].value == "Compare"
+    assert {k: at.query_params[k] for k in ("base", "new")} in (
+        {"base": str(base), "new": str(new)}, {"base": [str(base)], "new": [str(new)]})
+    # A point's run cell opens that run.
+    at = app(db, monkeypatch, page="history", variant="fa2_tc", case=bf16, gpu=H200)
+    follow(at, "history_points", 3, "run")
+    assert at.title[0].value == "Run"
+    assert at.query_params["run"] in (str(run_ids[3]), [str(run_ids[3])])
 
 
 def test_history_time_metric_and_unknown_variant(db: str, monkeypatch) -> None:
@@ -325,6 +366,53 @@ def test_queries_match_sql(db: str) -> None:
     assert queries.resolve_run(engine, commit[:8], gpu3) == 3
     assert queries.resolve_run(engine, "zzzz") is None
     engine.dispose()
+
+
+def test_rare_lookups_seek_their_index_on_sqlite(db: str, tmp_path: Path) -> None:
+    """Flagged verdicts and backward passes are rare, but ANALYZE tells SQLite's planner
+    only averages: on a million-result history it sees a verdict value as a sixth of the
+    comparisons and the one pass name as every result, and scanned both tables. With
+    those statistics the History's and the alert list's lookups still seek the index."""
+    import sqlite3
+
+    from sqlalchemy import event
+
+    from harness.dashboard import alerts
+
+    path = tmp_path / "stats.sqlite"
+    shutil.copy(make_url(db).database, path)
+    raw = sqlite3.connect(path)
+    raw.execute("ANALYZE")
+    raw.execute("DELETE FROM sqlite_stat1 WHERE tbl IN ('comparisons', 'results')")
+    raw.executemany("INSERT INTO sqlite_stat1 VALUES (?, ?, ?)", [
+        ("comparisons", "ix_comparisons_verdict", "995000 165834"),
+        ("comparisons", "ix_comparisons_run", "995000 1000"),
+        ("results", "ix_results_pass_variant", "1000000 1000000 100000"),
+        ("results", "ix_results_variant_case", "1000000 100000 1000"),
+        ("results", "ix_results_run", "1000000 1000")])
+    raw.commit()
+    raw.close()
+    engine = source.make_engine(f"sqlite:///{path}")
+    seen: list[tuple[str, object]] = []
+    event.listen(engine, "before_cursor_execute",
+                 lambda _c, _cur, stmt, params, _ctx, _many: seen.append((stmt, params)))
+    bf16 = next(c.case_id for c in synth_cases(SPEC.cases) if "-bf16-" in c.case_id)
+    plans = {}
+    for name, call in (("series_flags", lambda: queries.series_flags(engine, "fa2_tc", bf16)),
+                       ("recent_flags", lambda: queries.recent_flags(engine)),
+                       ("flagged_history", lambda: alerts.flagged_history(engine)),
+                       ("variant_names", lambda: queries.variant_names(engine))):
+        seen.clear()
+        assert len(call()) > 0
+        raw = sqlite3.connect(path)
+        plans[name] = " | ".join(r[3] for stmt, params in seen
+                                 for r in raw.execute("EXPLAIN QUERY PLAN " + stmt, params))
+        raw.close()
+    engine.dispose()
+    for name in ("series_flags", "recent_flags", "flagged_history"):
+        assert "USING INDEX ix_comparisons_verdict" in plans[name], plans[name]
+        assert "SCAN comparisons" not in plans[name], plans[name]
+    assert "ix_results_pass_variant (pass_name<?)" in plans["variant_names"], plans
 
 
 def test_dashboard_is_read_only(db: str) -> None:

@@ -123,8 +123,13 @@ def test_history_opens_on_the_open_regression(walk: str, monkeypatch) -> None:
     assert f"{newest['variant']} on " in at.subheader[0].value
     flagged = at.dataframe[0].value
     assert "regression" in set(flagged["verdict"])
-    # Its Compare, as a link that stays in the tab.
-    assert any(label.startswith("Compare ") and q.get("new") for label, _p, q in _links(at))
+    # Its Compare, in this tab: the table's compare cell, selected as a click does.
+    row = max(i for i, c in enumerate(flagged["compare"]) if isinstance(c, str))
+    base, new = flagged.iloc[row]["compare"].split(" vs ")
+    at.session_state[at.dataframe[0].key] = {"selection": {"cells": [(row, "compare")]}}
+    at.run()
+    assert not at.exception and at.title[0].value == "Compare"
+    assert [str(at.query_params[k]).strip("[]'") for k in ("base", "new")] == [base, new]
 
 
 def test_compare_opens_on_the_stored_baseline(walk: str, monkeypatch) -> None:

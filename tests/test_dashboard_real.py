@@ -135,21 +135,38 @@ def test_import_computes_verdicts(dbs: dict[str, str]) -> None:
     assert {v for k, v in rows if k == "sdpa_cudnn"} <= {"same", "inconclusive"}
 
 
+def _select(at: AppTest, key: str, row: int, column: str) -> None:
+    """Select one cell of table `key` (what a click on it does) and run the app again."""
+    at.session_state[key] = {"selection": {"cells": [(row, column)]}}
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+
+
 def test_regression_is_followable(dbs: dict[str, str], monkeypatch) -> None:
     url = dbs["history"]
     child = sql(url, "SELECT id FROM runs WHERE \"commit\" = :c AND grids LIKE '%perf%' "
                      "AND branch = 'main'", c=realdata.CHILD)[0][0]
-    for at in (app(url, monkeypatch, page="run", run=str(child)), app(url, monkeypatch)):
-        table = next(d.value for d in at.dataframe if "base..new" in d.value.columns
-                     or "commits" in d.value.columns)
-        row = table[table["variant"] == realdata.SLOWED].iloc[0]
-        first = sql(url, "SELECT \"commit\" FROM runs WHERE id = 2")[0][0]
+    first = sql(url, "SELECT \"commit\" FROM runs WHERE id = 2")[0][0]
+    for params in ({"page": "run", "run": str(child)}, {}):
+        at = app(url, monkeypatch, **params)
+        found = next(d for d in at.dataframe if "commits" in d.value.columns)
+        table, key = found.value, found.key
+        pos = list(table["variant"]).index(realdata.SLOWED)
+        row = table.iloc[pos]
         assert row["commits"] == f"{first[:10]}..{realdata.CHILD[:10]}"
         assert row["new commit"] == f"{realdata.REPO_URL}/commit/{realdata.CHILD}"
         assert row["base commit"] == f"{realdata.REPO_URL}/commit/{first}"
-        assert row["history"].startswith("./?page=history&variant=fa2_simt&case=")
-        assert "gpu=nvidia-h200" in row["history"]
-        assert row["compare"].startswith("./?page=compare&base=")
+        assert row["compare"] == f"2 vs {child}"
+        # Its History and its Compare open in this tab (the cell selected, as a click).
+        for column, title, want in (
+                ("history", "History", {"variant": "fa2_simt", "gpu": "nvidia-h200",
+                                        "case": row["case_id"]}),
+                ("compare", "Compare", {"base": "2", "new": str(child)})):
+            at = app(url, monkeypatch, **params)
+            _select(at, key, pos, column)
+            assert at.title[0].value == title
+            got = {k: at.query_params[k] for k in want}
+            assert {k: v[0] if isinstance(v, list) else v for k, v in got.items()} == want
 
 
 def _case(url: str, variant: str, grid: str, dtype: str) -> str:
@@ -170,7 +187,12 @@ def test_history_flags_and_variants(dbs: dict[str, str], monkeypatch) -> None:
     flagged = at.dataframe[0].value
     assert set(flagged["verdict"]) == {"regression"}
     assert set(flagged["series"]) == {"fa2_simt | nvidia-h200"}
-    assert flagged.iloc[0]["compare"].startswith("./?page=compare&base=")
+    base, new = flagged.iloc[0]["compare"].split(" vs ")
+    assert sql(url, "SELECT \"commit\" FROM runs WHERE id = :n", n=int(new))[0][0] == \
+        realdata.CHILD
+    _select(at, "history_flagged", 0, "compare")
+    assert at.title[0].value == "Compare"
+    assert [str(at.query_params[k]).strip("[]'") for k in ("base", "new")] == [base, new]
     assert all(w.endswith("UTC") for w in points["when"])
 
 
@@ -188,6 +210,13 @@ def test_history_commit_order(dbs: dict[str, str], monkeypatch) -> None:
     assert list(points["when"]) != sorted(points["when"])
     assert set(points["series"]) == {"splitkv | nvidia-h200"}
     assert set(points["grid"]) == {"decode"}
+    # The chart's ticks in the same order: every layer sorts its commits by position.
+    chart = charts(at)[0]
+    assert {json.dumps(layer["encoding"]["x"]["sort"]) for layer in spec(chart)["layer"]} == {
+        json.dumps({"field": "seq", "op": "min"})}
+    rows = [r for ds in chart.proto.datasets for r in ds_rows(ds)]
+    ticks = [label for _, label in sorted({(r["seq"], r["label"]) for r in rows})]
+    assert ticks == list(dict.fromkeys(points["label"]))
 
 
 def test_correctness_follows_linked_run(dbs: dict[str, str], monkeypatch) -> None:

@@ -43,12 +43,21 @@ FLAGGED = ("regression", "correctness_regression", "precision_drift")
 GOOD = ("improvement", "correctness_fixed")
 
 
-def _x_commits(df: pd.DataFrame) -> alt.X:
+def _x_commits() -> alt.X:
     """The x axis of a history: one tick per commit in commit order (`label`, from
-    commits.in_commit_order: the date of its first run and the short commit)."""
-    order = list(dict.fromkeys(df.sort_values("seq")["label"]))
-    return alt.X("label:N", sort=order, title="commit (first-parent order; date of first run)",
+    commits.in_commit_order: the date of its first run and the short commit), sorted by
+    its position `seq` in the browser: a sort list would repeat every label in each
+    layer's encoding."""
+    return alt.X("label:N", sort=alt.EncodingSortField("seq", op="min"),
+                 title="commit (first-parent order; date of first run)",
                  axis=alt.Axis(labelAngle=-40, labelLimit=160, labelOverlap=True))
+
+
+# The columns a history chart reads (encodings and tooltips): the page's frame carries
+# twenty more, and every column sent is parsed by the browser before the first draw.
+HISTORY_FIELDS = ["label", "seq", "series", "grid", "commit_short", "when", "run_id", "branch",
+                  "status", "value", "band_lo", "band_hi", "best", "median_ms", "iqr_ms",
+                  "min_ms", "verdict", "href"]
 
 
 def history_chart(df: pd.DataFrame, metric: str, title: str) -> alt.LayerChart:
@@ -56,11 +65,14 @@ def history_chart(df: pd.DataFrame, metric: str, title: str) -> alt.LayerChart:
     `series` (one line each: variant and GPU, across grids), `grid`, `href` (where a click goes: the run, or
     the Compare of a flagged point's base and new runs), `when` and `verdict`."""
     y_title = "TFLOP/s (median, IQR band)" if metric == "tflops" else "time ms (median, IQR band)"
-    x = _x_commits(df)
+    x = _x_commits()
     color = alt.Color("series:N", title="variant | GPU",
                       scale=alt.Scale(scheme="category10"),
                       legend=alt.Legend(orient="bottom", labelLimit=400))
-    base = alt.Chart(df).encode(x=x)
+    # One dataset for every layer (the verdict marks filter it), with only the fields read,
+    # given to the layer: six layers each holding it cost Altair six hashes of its text.
+    data = df[[c for c in HISTORY_FIELDS if c in df]]
+    base = alt.Chart().encode(x=x)
     y = alt.Y("band_lo:Q", title=y_title, scale=alt.Scale(zero=False))
     band = base.mark_area(opacity=0.2).encode(y=y, y2="band_hi:Q", color=color,
                                               detail="series:N")
@@ -76,22 +88,22 @@ def history_chart(df: pd.DataFrame, metric: str, title: str) -> alt.LayerChart:
                alt.Tooltip("min_ms:Q", format=".4g"), alt.Tooltip("verdict:N")]
     points = base.mark_circle(size=50, cursor="pointer").encode(
         y="value:Q", color=color, href="href:N", tooltip=tooltip)
-    flagged = df[df["verdict"].isin(FLAGGED)]
-    better = df[df["verdict"].isin(GOOD)]
-    marks = alt.Chart(flagged).mark_point(shape="triangle-down", size=220, color=RED,
-                                          filled=True, cursor="pointer").encode(
-        x=x, y="value:Q", href="href:N", tooltip=tooltip)
-    goods = alt.Chart(better).mark_point(shape="triangle-up", size=160, color=GREEN,
-                                         filled=True, cursor="pointer").encode(
-        x=x, y="value:Q", href="href:N", tooltip=tooltip)
-    chart = alt.layer(band, best, line, points, marks, goods).properties(height=380)
+    marks = base.transform_filter(alt.FieldOneOfPredicate("verdict", list(FLAGGED))).mark_point(
+        shape="triangle-down", size=220, color=RED, filled=True, cursor="pointer").encode(
+        y="value:Q", href="href:N", tooltip=tooltip)
+    goods = base.transform_filter(alt.FieldOneOfPredicate("verdict", list(GOOD))).mark_point(
+        shape="triangle-up", size=160, color=GREEN, filled=True, cursor="pointer").encode(
+        y="value:Q", href="href:N", tooltip=tooltip)
+    chart = alt.layer(band, best, line, points, marks, goods, data=data).properties(height=380)
     return chart.properties(title=title) if title else chart
 
 
 def err_ratio_chart(df: pd.DataFrame, y: str, title: str, bound: float = 2.0) -> alt.LayerChart:
     """`df` in commit order (seq, label), one line per grid (`grid`)."""
     top = float(df[y].max()) if df[y].notna().any() else bound
-    base = alt.Chart(df).encode(x=_x_commits(df))
+    # Only the fields drawn go to the browser.
+    data = df[[c for c in ("label", "seq", y, "grid", "run_id", "commit", "when") if c in df]]
+    base = alt.Chart(data).encode(x=_x_commits())
     line = base.mark_line(point=True).encode(
         y=alt.Y(f"{y}:Q", title="error ratio (out_err / base_err)",
                 scale=alt.Scale(domain=[0, max(bound * 1.25, top * 1.1)])),
@@ -169,8 +181,10 @@ def decode_bandwidth_chart(points: pd.DataFrame, copy_gbps: float | None,
 def correctness_heatmap(df: pd.DataFrame, bound: float = 2.0) -> alt.Chart:
     """One row per variant, one column per case, coloured by error ratio; a result that
     did not pass is a red cell with a thick black outline, whatever its ratio."""
-    data = df.assign(shown=df["err_ratio"].clip(upper=2 * bound),
-                     failed=~df["status"].isin(["passed", "skipped"]))
+    # Only the fields drawn go to the browser (a run's results carry thirty columns).
+    data = df[["variant", "case_id", "status", "err_ratio", "message"]].assign(
+        shown=df["err_ratio"].clip(upper=2 * bound),
+        failed=~df["status"].isin(["passed", "skipped"]))
     # A failure without a ratio (crash, timeout) still needs a colour.
     data.loc[data["failed"] & data["shown"].isna(), "shown"] = 2 * bound
     cases = list(dict.fromkeys(data["case_id"]))

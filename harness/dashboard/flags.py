@@ -7,12 +7,13 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from harness.dashboard import commits, ui
+from harness.dashboard import commits, tables, ui
 from harness.dashboard.data import Ctx
 
-# The links first: visible without scrolling sideways.
+# In view without scrolling sideways: tables.show puts the link columns first.
 COLUMNS = ["verdict", "variant", "case_id", "commits", "history", "compare", "ratio",
            "p_value", "gpu_model_key", "base commit", "new commit", "run"]
+LINKS = ("history", "compare", "run")
 
 
 def table(ctx: Ctx, flags: pd.DataFrame) -> pd.DataFrame:
@@ -36,11 +37,12 @@ def table(ctx: Ctx, flags: pd.DataFrame) -> pd.DataFrame:
     return out[COLUMNS]
 
 
-def show(ctx: Ctx, flags: pd.DataFrame) -> None:
+def show(ctx: Ctx, flags: pd.DataFrame, key: str = "flag_list") -> None:
     shown = table(ctx, flags)
-    st.dataframe(shown, hide_index=True, column_config={
-        "gpu_model_key": "GPU", "run": ui.RUN_LINK, "compare": ui.COMPARE_LINK,
-        "history": ui.HISTORY_LINK, "commits": "base..new",
+    # History, Compare and run open in this tab (tables.show); a commit is a page of the
+    # repository's site, outside the dashboard.
+    tables.show(ctx, shown, key=key, links=LINKS, hide_index=True, column_config={
+        "gpu_model_key": "GPU", "commits": "base..new",
         "base commit": ui.COMMIT_LINK, "new commit": ui.COMMIT_LINK,
         "ratio": st.column_config.NumberColumn("time ratio", format="%.3f"),
         "p_value": st.column_config.NumberColumn("p", format="%.2g")})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from harness.dashboard import case_filter, charts, commits, ui
+from harness.dashboard import case_filter, charts, commits, tables, ui
 from harness.dashboard.data import Ctx
 from harness.dashboard.queries import FLAGGED
 
@@ -61,8 +61,11 @@ def render(ctx: Ctx) -> None:
         if match:
             st.query_params["gpu"] = match
     # Without a link naming them, open on the newest open regression (its worst case),
-    # else on the newest timed (variant, case) of a kernel under test: it draws.
-    pair = _default_view(ctx)
+    # else on the newest timed (variant, case) of a kernel under test: it draws. A link
+    # naming both needs neither (the alert list is the page's costliest read).
+    linked_variants = [w.strip() for w in (ui.param("variant") or "").split(",")]
+    linked = ui.param("case") in cases and any(w in variants for w in linked_variants)
+    pair = None if linked else _default_view(ctx)
     if pair is not None:
         variants = [pair[0], *(v for v in variants if v != pair[0])]
         cases = [pair[1], *(c for c in cases if c != pair[1])]
@@ -136,22 +139,21 @@ def render(ctx: Ctx) -> None:
                    "best sample. Red: regression verdicts (click: Compare of its base and "
                    "new runs), green: improvements; other points open their run.")
     bad = frame[frame["verdict"].isin(FLAGGED)]
-    links = {"run": ui.RUN_LINK, "compare": ui.COMPARE_LINK}
     if len(bad):
         st.subheader(f"Flagged runs ({len(bad)})")
+        # A base run is most often a point of this series (same case and GPU): its commit
+        # is at hand; only others are read.
+        commit_of = dict(zip(frame["run_id"], frame["commit"], strict=True))
         shown = bad.assign(base_commit=bad["base_run_id"].map(
-            lambda b: ui.short((ctx.q("run_detail", int(b)) or {}).get("commit"))
+            lambda b: ui.short(commit_of[b] if b in commit_of else
+                               (ctx.q("run_detail", int(b)) or {}).get("commit"))
             if pd.notna(b) else "?"))
         shown["commits"] = shown["base_commit"] + ".." + shown["commit_short"]
-        st.dataframe(shown[["verdict", "commits", "compare", "run", "series", "grid", "when",
-                            "value", "status"]], hide_index=True, column_config=links)
-        # The newest few again as links that stay in this tab (a table's open a new one).
-        newest = shown[shown["base_run_id"].notna()].tail(4).iloc[::-1]
-        cols = st.columns(4)
-        for col, (_, r) in zip(cols, newest.iterrows(), strict=False):
-            ui.page_link(ctx, "compare", f"Compare {r['commits']}", where=col,
-                         base=int(r["base_run_id"]), new=int(r["run_id"]))
+        tables.show(ctx, shown[["verdict", "commits", "compare", "run", "series", "grid",
+                                "when", "value", "status"]],
+                    key="history_flagged", links=["compare", "run"], hide_index=True)
     with st.expander(f"All {len(frame)} points"):
-        st.dataframe(frame[["label", "run", "compare", "series", "grid", "when", "branch",
-                            "status", "value", "median_ms", "iqr_ms", "min_ms", "err_ratio",
-                            "verdict"]], hide_index=True, column_config=links)
+        tables.show(ctx, frame[["label", "run", "compare", "series", "grid", "when", "branch",
+                                "status", "value", "median_ms", "iqr_ms", "min_ms",
+                                "err_ratio", "verdict"]],
+                    key="history_points", links=["run", "compare"], hide_index=True)

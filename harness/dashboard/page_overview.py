@@ -9,11 +9,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from harness.dashboard import commits, ui
+from harness.dashboard import commits, tables, ui
 from harness.dashboard import flags as flag_list
 from harness.dashboard.data import Ctx
 
-RUN_LINK = ui.RUN_LINK
 VERDICT_WORDS = {"regression": "slower", "correctness_regression": "now failing",
                  "precision_drift": "precision drift"}
 
@@ -94,11 +93,12 @@ def render(ctx: Ctx) -> None:
     table["regressions flagged"] = table["run_id"].map(n_flags).fillna(0).astype(int)
     table["commit"] = table["commit"].map(ui.short)
     table["run"] = table["run_id"].map(ui.run_href)
-    st.dataframe(
-        table[["run", "grid", "gpu_model_key", "branch", "commit", "created_at",
-               "regressions flagged", "passed", "failed", "skipped",
-               "crashed/timeout/error/invalid"]],
-        hide_index=True, column_config={"run": RUN_LINK, "gpu_model_key": "GPU"})
+    tables.show(
+        ctx, table[["run", "grid", "gpu_model_key", "branch", "commit", "created_at",
+                    "regressions flagged", "passed", "failed", "skipped",
+                    "crashed/timeout/error/invalid"]],
+        key="latest_runs", links=["run"], hide_index=True,
+        column_config={"gpu_model_key": "GPU"})
 
     st.subheader("Best TFLOP/s per variant and grid (passing cases of the latest runs)")
     best = ctx.q("best_tflops", ids)
@@ -125,8 +125,8 @@ def render(ctx: Ctx) -> None:
                                  as_index=False)
                    .agg(cases=("case_id", "size"), worst_ratio=("ratio", "max")))
         grouped.insert(0, "run", grouped["run_id"].map(ui.run_href))
-        st.dataframe(grouped.drop(columns="run_id"), hide_index=True,
-                     column_config={"run": RUN_LINK, "gpu_model_key": "GPU"})
+        tables.show(ctx, grouped.drop(columns="run_id"), key="latest_flagged", links=["run"],
+                    hide_index=True, column_config={"gpu_model_key": "GPU"})
         with st.expander("Every flagged case: commit range, commits, history"):
-            flag_list.show(ctx, flags)
+            flag_list.show(ctx, flags, key="latest_flag_list")
 

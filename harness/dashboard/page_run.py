@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from urllib.parse import urlencode
 
 import pandas as pd
 import streamlit as st
@@ -65,13 +64,15 @@ def render(ctx: Ctx) -> None:
         base = comps["base_run_id"].dropna()
         if len(base):
             b = int(base.mode().iloc[0])
-            query = urlencode({"page": "compare", "base": b, "new": run_id,
-                               "gpu": detail.get("gpu_model_key") or ""})
-            st.markdown(f"Baseline: [run #{b}]({ui.run_href(b)}) · [compare](./?{query})")
+            # Page links: they stay in this tab (a Markdown link opens a new one).
+            c1, c2, _ = st.columns([1.2, 1.8, 3])
+            ui.page_link(ctx, "run", f"Baseline: run #{b}", where=c1, run=b)
+            ui.page_link(ctx, "compare", "Compare with the baseline", where=c2, base=b,
+                         new=run_id, gpu=detail.get("gpu_model_key") or None)
         st.dataframe(comps["verdict"].value_counts().rename("count"))
         if comps["verdict"].isin(FLAGGED).any():
             st.markdown("#### Flagged verdicts")
-            flag_list.show(ctx, flt.apply(ctx.q("flagged_in_runs", (run_id,))))
+            flag_list.show(ctx, flt.apply(ctx.q("flagged_in_runs", (run_id,))), key="run_flags")
 
     st.markdown("#### Environment")
     env = pd.DataFrame({"field": list(ENV_FIELDS),

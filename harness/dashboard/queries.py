@@ -34,20 +34,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import aliased
 
-from harness.dashboard.schema import CaseRow, Comparison, Result, Run, Variant
+from harness.dashboard.schema import CaseRow, Comparison, Result, Run, Variant, rarely
 
 # Verdicts that mean "something got worse" (flagged in red everywhere).
 FLAGGED = ("regression", "correctness_regression", "precision_drift")
 GOOD = ("improvement", "correctness_fixed")
 NOT_OK = ("failed", "crashed", "timeout", "error", "invalid")
-
-
-# Flagged verdicts are a few per thousand, but SQLite's planner, given only per-index
-# averages by ANALYZE (not per-value counts), prices `verdict IN (...)` as a sixth of the
-# table and scans. Naming the index keeps these lookups on it; PostgreSQL's per-value
-# statistics choose it by themselves.
-_BY_VERDICT = "INDEXED BY ix_comparisons_verdict"
-
 
 
 # A candidate's backward is an entry of its own: every page names it "<variant> (bwd)"
@@ -124,7 +116,7 @@ def variant_names(engine: Engine) -> list[str]:
             select(RESULT_LABEL).select_from(Variant)
             .join(Result, Result.variant_id == Variant.id)
             # Two index ranges; a `!=` walks the whole index.
-            .where(or_(Result.pass_name < "fwd", Result.pass_name > "fwd"))
+            .where(rarely(engine, or_(Result.pass_name < "fwd", Result.pass_name > "fwd")))
             .distinct()).scalars())
         plain = set(conn.execute(select(Variant.name).distinct()).scalars())
         # A variant named only by its backward results keeps no plain entry.
@@ -264,8 +256,7 @@ def recent_flags(engine: Engine, limit: int = 50) -> pd.DataFrame:
     newest = (select(Comparison.id, Comparison.run_id, Comparison.created_at,
                      COMPARISON_LABEL, Comparison.case_id, Comparison.verdict,
                      Comparison.ratio, Comparison.p_value)
-              .with_hint(Comparison, _BY_VERDICT, "sqlite")
-              .where(Comparison.verdict.in_(FLAGGED))
+              .where(rarely(engine, Comparison.verdict.in_(FLAGGED)))
               .order_by(Comparison.created_at.desc(), Comparison.id.desc())
               .limit(limit).subquery())
     stmt = (select(newest.c.run_id, Run.commit, Run.branch, Run.gpu_model_key, Run.created_at,
@@ -318,10 +309,9 @@ def series_flags(engine: Engine, variant: str, case_id: str) -> pd.DataFrame:
     name, pass_name = split_label(variant)
     stmt = (select(Comparison.run_id, Comparison.base_run_id, Comparison.verdict,
                    Comparison.ratio, Comparison.p_value)
-            .with_hint(Comparison, _BY_VERDICT, "sqlite")
             .where(Comparison.variant == name, Comparison.pass_name == pass_name,
                    Comparison.case_id == case_id,
-                   Comparison.verdict.in_(FLAGGED + GOOD)))
+                   rarely(engine, Comparison.verdict.in_(FLAGGED + GOOD))))
     return _frame(engine, stmt)
 
 
