@@ -9,18 +9,20 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from harness.dashboard import ui
+from harness.dashboard import tables, ui
 from harness.dashboard.data import Ctx
 
 _BOARD_COLUMNS = ["rank", "name", "submitter", "coverage", "score", "gpu", "gpu_s",
                   "finished_at", "run"]
 
 
-def _board(ranked: pd.DataFrame, cases: str) -> None:
+def _board(ctx: Ctx, ranked: pd.DataFrame, cases: str) -> None:
     ranked = ranked.assign(rank=ranked["rank"].astype(int), run=ranked["run_id"].map(
         lambda r: ui.run_href(int(r)) if r == r and r is not None else None))
-    st.dataframe(ranked[_BOARD_COLUMNS], hide_index=True, column_config={
-        "run": ui.RUN_LINK, "gpu": "GPU",
+    # The run link opens its page in this tab (tables.show), as every dashboard table does.
+    tables.show(ctx, ranked[_BOARD_COLUMNS], key=f"board-{cases}", links=["run"],
+                hide_index=True, column_config={
+        "gpu": "GPU",
         "gpu_s": st.column_config.TextColumn(
             "GPU s", help="GPU seconds the job used / its budget"),
         "coverage": st.column_config.TextColumn(
@@ -68,7 +70,7 @@ def render(ctx: Ctx) -> None:
         if ranked.empty:
             st.info("No submission has been scored yet.")
         else:
-            _board(ranked, "perf")
+            _board(ctx, ranked, "perf")
     with right:
         st.subheader("Backward")
         if ranked_bwd.empty:
@@ -76,7 +78,7 @@ def render(ctx: Ctx) -> None:
                     "`[backward]` table gets its dQ, dK and dV checked and timed on their "
                     "own.")
         else:
-            _board(ranked_bwd, "perf-bwd")
+            _board(ctx, ranked_bwd, "perf-bwd")
     others = subs[subs["rank"].isna()]
     if len(others):
         st.subheader(f"Other submissions ({len(others)})")
