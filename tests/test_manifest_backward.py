@@ -141,12 +141,15 @@ def test_backward_fields_of_the_parameter_block():
     assert field_offsets()["dout"] % 8 == 0
 
 
-def test_a_submission_with_a_backward_is_refused_with_one_message():
-    """Submissions are scored on the forward only: a [backward] would never be judged."""
-    from harness.submissions.submit import Rejected, validate
+def test_a_submission_with_a_backward_is_validated_with_it():
+    """Submissions may declare a backward, scored on its own board
+    (tests/test_submit_backward*.py): validation keeps it, with its launches checked."""
+    from harness.submissions.submit import validate
 
-    files = {"manifest.toml": HEAD + BACKWARD, "v.cu": KERNEL}
-    with pytest.raises(Rejected) as info:
-        validate(files, compile_sources=False)
-    assert "[backward]" in str(info.value) and "\n" not in str(info.value)
-    validate({"manifest.toml": HEAD, "v.cu": KERNEL}, compile_sources=False)  # accepted
+    got = validate({"manifest.toml": HEAD + BACKWARD, "v.cu": KERNEL}, compile_sources=False)
+    assert "backward" in got.manifest
+    # The backward's own launch limits were evaluated at the cases it is scored on.
+    assert got.limits["backward"]["threads"] == 128
+    assert got.limits["backward"]["cases_checked"] > 0
+    assert "backward" not in validate({"manifest.toml": HEAD, "v.cu": KERNEL},
+                                      compile_sources=False).limits
