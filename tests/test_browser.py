@@ -6,6 +6,7 @@ traceback, on a chart that was not drawn, or on a chart drawn empty."""
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import time
 from pathlib import Path
@@ -22,7 +23,9 @@ pytestmark = [
 ]
 sync_api = pytest.importorskip("playwright.sync_api")
 
-SHOTS = Path("/tmp/fa-harness-browser")  # kept for a person to look at
+# Kept for a person to look at; one folder per xdist worker, since each worker starts the
+# module's server (and clears its folder) on its own while the other may be writing.
+SHOTS = Path("/tmp/fa-harness-browser") / os.environ.get("PYTEST_XDIST_WORKER", "main")
 
 # page key, its title, the charts it must draw, query parameters
 PAGES = [
@@ -111,7 +114,7 @@ def test_page_in_chromium(name: str, title: str, want: int, query: str, server,
     try:
         page.goto(f"{server.base}/?page={page_key}" + (f"&{query}" if query else ""))
         state = _settle(page, title, want)
-        SHOTS.mkdir(exist_ok=True)
+        SHOTS.mkdir(parents=True, exist_ok=True)
         shot = SHOTS / f"{name}.png"
         page.screenshot(path=str(shot), full_page=True)
         assert state["exceptions"] == 0, f"traceback on {name}: {state}"
