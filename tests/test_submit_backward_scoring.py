@@ -277,3 +277,30 @@ def test_a_baselines_prepared_forward_is_not_timed_and_its_gradients_are_checked
     with pytest.raises(CheatDetected, match="gradients wrong on sampled rows and keys"):
         timed_backward_calls(WrongPrepared(), PERF_BWD[0], secret=5, timer=HostCallTimer(),
                              options=options(), device="cpu")
+
+
+@pytest.mark.parametrize("status, verdict", [("CRASHED", "crashed"), ("TIMEOUT", "timeout"),
+                                             ("FAILED", "incorrect")])
+def test_both_passes_share_one_correctness_stage(status, verdict):
+    """A backward case that crashes or hangs ends scoring as `crashed` / `timeout`, as the
+    forward's does (one stage, harness.submissions.scoring.check_cases), not as a wrong
+    answer; the messages name the pass."""
+    from harness.core.results import CaseResult, Status
+    from harness.submissions.scoring import check_cases
+    from harness.submissions.timed import ScoringOptions
+
+    case = Case(1, 2, 2, 64, 64, 32, "float16", MaskKind.NONE)
+    detail: dict = {}
+    rep = check_cases([case, case], lambda c: CaseResult("v", c, Status[status], "boom"),
+                      options=ScoringOptions(device="cpu"), detail=detail,
+                      progress=lambda *_: None, over_budget=lambda: False,
+                      stage="check-bwd", what="backward ", who="the backward")
+    assert rep is not None and rep.verdict == verdict, rep
+    assert rep.failing_cases and rep.failing_cases[0]["case"] == case.id
+    if verdict == "incorrect":
+        assert rep.message.startswith("2 backward correctness case(s) failed")
+    ok = check_cases([case], lambda c: CaseResult("v", c, Status.PASSED),
+                     options=ScoringOptions(device="cpu"), detail=detail,
+                     progress=lambda *_: None, over_budget=lambda: False,
+                     stage="check", what="", who="the submission")
+    assert ok is None and detail["correctness"]["passed"] == 1

@@ -129,47 +129,16 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
     from harness.core.grids import cases_for
 
     cases = options.correctness_cases or cases_for(options.correctness_grid, candidate)
-    failing: list[dict[str, Any]] = []
-    passed = skipped = 0
-    for n_checked, case in enumerate(cases):
-        if over_budget():
-            return ScoreReport("timeout", f"over the job's GPU budget of "
-                               f"{options.gpu_budget_s:g} s during correctness "
-                               f"({n_checked} of {len(cases)} cases checked); not scored",
-                               failing_cases=failing, detail=detail)
-        progress("check", case.id)
-        r = check_case(candidate, case, device=device, secret=secret,
-                       repeats=max(1, options.race_repeats), oracle_device="cpu")
-        if r.status is Status.SKIPPED:
-            skipped += 1
-            continue
-        if r.status is Status.PASSED:
-            passed += 1
-            continue
-        failing.append(_result_entry(r))
-        if r.status is Status.ERROR and not context_usable(device):
-            return _diagnosed(ScoreReport("crashed", f"{r.case.id}: {r.message} (the CUDA "
-                                          f"context is unusable afterwards)",
-                                          failing_cases=failing, detail=detail), sanitizer,
-                              progress)
-        if r.status is Status.CRASHED:
-            return _diagnosed(ScoreReport("crashed", f"{r.case.id}: {r.message}",
-                                          failing_cases=failing, detail=detail), sanitizer,
-                              progress)
-        if r.status is Status.TIMEOUT:
-            return ScoreReport("timeout", f"{r.case.id}: {r.message}",
-                               failing_cases=failing, detail=detail)
-        if options.stop_at_first_failure:
-            break
-    detail["correctness"] = {"grid": options.correctness_grid, "passed": passed,
-                             "skipped": skipped, "failed": len(failing)}
-    if failing:
-        return ScoreReport("incorrect", f"{len(failing)} correctness case(s) failed, first "
-                           f"{failing[0]['case']}: {failing[0]['message']}",
-                           failing_cases=failing, detail=detail)
-    if passed == 0:
-        return ScoreReport("incorrect", "the submission ran none of the correctness cases "
-                           "(it supports none of them)", detail=detail)
+    report = check_cases(
+        cases, lambda case: check_case(candidate, case, device=device, secret=secret,
+                                       repeats=max(1, options.race_repeats),
+                                       oracle_device="cpu"),
+        options=options, detail=detail, progress=progress, over_budget=over_budget,
+        stage="check", what="", who="the submission")
+    if report is not None:
+        return _diagnosed(report, sanitizer, progress) if report.verdict == "crashed" \
+            else report
+    failing: list[dict[str, Any]] = []  # the timing stage's findings
 
     # 2. compute-sanitizer on a few small cases, before anything is timed.
     if sanitizer is not None:
@@ -288,6 +257,55 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
                        f"on {len(speedups)}/{len(perf_cases)} perf cases{marked}", score=score,
                        detail=detail)
 
+
+
+def check_cases(cases: list[Any], check: Callable[[Any], CaseResult], *,
+                options: ScoringOptions, detail: dict[str, Any], progress: Progress,
+                over_budget: Callable[[], bool], stage: str, what: str,
+                who: str) -> ScoreReport | None:
+    """The correctness stage of a pass (the forward's `check_case`, the backward's
+    `check_backward_case`, each repeated and compared bitwise): None when every case
+    passed or was skipped and at least one passed, else the verdict that ends scoring
+    (over budget, a crash or hang, failed cases, nothing run). `what` prefixes the
+    stage in messages ("backward "), `who` names what ran none of the cases."""
+    failing: list[dict[str, Any]] = []
+    passed = skipped = 0
+    for n_checked, case in enumerate(cases):
+        if over_budget():
+            return ScoreReport("timeout", f"over the job's GPU budget of "
+                               f"{options.gpu_budget_s:g} s during {what}correctness "
+                               f"({n_checked} of {len(cases)} cases checked); not scored",
+                               failing_cases=failing, detail=detail)
+        progress(stage, case.id)
+        r = check(case)
+        if r.status is Status.SKIPPED:
+            skipped += 1
+            continue
+        if r.status is Status.PASSED:
+            passed += 1
+            continue
+        failing.append(_result_entry(r))
+        if r.status is Status.ERROR and not context_usable(options.device):
+            return ScoreReport("crashed", f"{r.case.id}: {r.message} (the CUDA context is "
+                               f"unusable afterwards)", failing_cases=failing, detail=detail)
+        if r.status is Status.CRASHED:
+            return ScoreReport("crashed", f"{r.case.id}: {r.message}",
+                               failing_cases=failing, detail=detail)
+        if r.status is Status.TIMEOUT:
+            return ScoreReport("timeout", f"{r.case.id}: {r.message}",
+                               failing_cases=failing, detail=detail)
+        if options.stop_at_first_failure:
+            break
+    detail["correctness"] = {"grid": options.correctness_grid, "passed": passed,
+                             "skipped": skipped, "failed": len(failing)}
+    if failing:
+        return ScoreReport("incorrect", f"{len(failing)} {what}correctness case(s) failed, "
+                           f"first {failing[0]['case']}: {failing[0]['message']}",
+                           failing_cases=failing, detail=detail)
+    if passed == 0:
+        return ScoreReport("incorrect", f"{who} ran none of the correctness cases (it "
+                           "supports none of them)", detail=detail)
+    return None
 
 def _diagnosed(report: ScoreReport, sanitizer: Callable[[], Any] | None,
                progress: Progress | None = None) -> ScoreReport:

@@ -36,13 +36,12 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.core.candidate import Candidate
-from harness.core.results import Status
 from harness.submissions.diagnostics import strip_paths
 from harness.submissions.floor import device_name, floors, judge
 from harness.submissions.scoring import (
     Progress,
     ScoreReport,
-    _result_entry,
+    check_cases,
     context_usable,
     score_candidate,
 )
@@ -125,38 +124,13 @@ def score_backward(candidate: Candidate, options: ScoringOptions, *, secret: int
         return options.gpu_budget_s is not None and detail["gpu_s"] >= options.gpu_budget_s
 
     cases = options.correctness_cases or cases_for(options.correctness_grid, candidate)
-    failing: list[dict[str, Any]] = []
-    passed = skipped = 0
-    for n_checked, case in enumerate(cases):
-        if over_budget():
-            return ScoreReport("timeout", f"over the job's GPU budget of "
-                               f"{options.gpu_budget_s:g} s during backward correctness "
-                               f"({n_checked} of {len(cases)} cases checked); not scored",
-                               failing_cases=failing, detail=detail)
-        progress("check-bwd", case.id)
-        r = check_backward_case(candidate, case, device=device, secret=secret,
-                                repeats=max(1, options.race_repeats))
-        if r.status is Status.SKIPPED:
-            skipped += 1
-            continue
-        if r.status is Status.PASSED:
-            passed += 1
-            continue
-        failing.append(_result_entry(r))
-        if r.status is Status.ERROR and not context_usable(device):
-            return ScoreReport("crashed", f"{case.id}: {r.message} (the CUDA context is "
-                               f"unusable afterwards)", failing_cases=failing, detail=detail)
-        if options.stop_at_first_failure:
-            break
-    detail["correctness"] = {"grid": options.correctness_grid, "passed": passed,
-                             "skipped": skipped, "failed": len(failing)}
-    if failing:
-        return ScoreReport("incorrect", f"{len(failing)} backward correctness case(s) "
-                           f"failed, first {failing[0]['case']}: {failing[0]['message']}",
-                           failing_cases=failing, detail=detail)
-    if passed == 0:
-        return ScoreReport("incorrect", "the backward ran none of the correctness cases "
-                           "(it supports none of them)", detail=detail)
+    report = check_cases(
+        cases, lambda case: check_backward_case(candidate, case, device=device, secret=secret,
+                                                repeats=max(1, options.race_repeats)),
+        options=options, detail=detail, progress=progress, over_budget=over_budget,
+        stage="check-bwd", what="backward ", who="the backward")
+    if report is not None:
+        return report
 
     if baseline is None:
         from harness.candidates.registry import get_candidate
