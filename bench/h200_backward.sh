@@ -3,7 +3,8 @@
 #     bash bench/h200_backward.sh check sanitize perf     # any of these, in order
 # check:    the backward of every candidate that has one on the smoke grid (2 repeats,
 #           bitwise compared) and on the full grid's backward for the in-repo kernels
-# sanitize: compute-sanitizer memcheck and racecheck on fa2_mma's backward, small cases
+# sanitize: compute-sanitizer (SAN_TOOLS, default memcheck racecheck) on the backward of
+#           SAN_VARIANT (default harness/kernels/fa2_mma), small cases (SAN_CASES)
 # perf:     the perf-bwd grid (PERF_BWD_CASES, default all) with the peers in the same run
 # Set FA_HARNESS_COMMIT / FA_HARNESS_BRANCH to the commit measured (the tree comes without
 # .git). Logs, the JSON results and the run records go to $OUT.
@@ -40,9 +41,9 @@ for stage in "$@"; do
         --secret "${SECRET:-0}" --json "$OUT/check-full.json" --no-store ;;
     sanitize)
       CASES=${SAN_CASES:-b2h4k2-113x203-d64-fp16-causal_br,b1h4-203x113-d128-bf16-key_padding}
-      for tool in memcheck racecheck; do
-        step "sanitize-$tool" 180 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-          python3 -m harness.execution.sanitize_target --variant harness/kernels/fa2_mma \
+      for tool in ${SAN_TOOLS:-memcheck racecheck}; do
+        step "sanitize-$tool" "${SAN_S:-180}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+          python3 -m harness.execution.sanitize_target --variant "${SAN_VARIANT:-harness/kernels/fa2_mma}" \
           --cases "$CASES" --trusted --backward
       done ;;
     perf)

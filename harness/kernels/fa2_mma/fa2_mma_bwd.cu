@@ -287,62 +287,20 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
     }
 }
 
-// One warp per query row: D = sum(dO * O) and the row of the dQ accumulator zeroed.
-template <int D, bool BF16>
-__device__ __forceinline__ void bwd_pre(const FaParams& p) {
-    constexpr int DT_ = BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
-    const long long rows = (long long)p.batch * p.heads * p.seqlen_q;
-    const long long row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    const int i = (int)(row % p.seqlen_q);
-    const int h = (int)((row / p.seqlen_q) % p.heads);
-    const int b = (int)(row / ((long long)p.seqlen_q * p.heads));
-    const unsigned short* o = (const unsigned short*)p.o + b * p.o_batch_stride +
-                              h * p.o_head_stride + (long long)i * p.o_row_stride;
-    const unsigned short* dO = (const unsigned short*)p.dout + b * p.do_batch_stride +
-                               h * p.do_head_stride + (long long)i * p.do_row_stride;
-    float acc = 0.f;
-    float* dq = (float*)p.workspace[1] + row * D;
-#pragma unroll
-    for (int c = lane; c < D; c += 32) {
-        acc += FaElem<DT_>::to_float(o[c]) * FaElem<DT_>::to_float(dO[c]);
-        dq[c] = 0.f;
-    }
-    acc = fa_warp_sum(acc);
-    if (lane == 0) ((float*)p.workspace[0])[row] = acc;
-}
-
-// One warp per query row: dQ = scale * accumulator.
-template <int D, bool BF16>
-__device__ __forceinline__ void bwd_post(const FaParams& p) {
-    constexpr int DT_ = BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
-    const long long rows = (long long)p.batch * p.heads * p.seqlen_q;
-    const long long row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    const int i = (int)(row % p.seqlen_q);
-    const int h = (int)((row / p.seqlen_q) % p.heads);
-    const int b = (int)(row / ((long long)p.seqlen_q * p.heads));
-    unsigned short* dq = (unsigned short*)p.dq + b * p.dq_batch_stride + h * p.dq_head_stride +
-                         (long long)i * p.dq_row_stride;
-    const float* acc = (const float*)p.workspace[1] + row * D;
-#pragma unroll
-    for (int c = lane; c < D; c += 32) dq[c] = FaElem<DT_>::from_float(acc[c] * p.scale);
-}
-
 }  // namespace fa2mma
 
+// fa_bwd_pre / fa_bwd_post (fa_harness.h): D and the zeroed accumulator; dQ converted.
 #define FA2MMA_BWD_ENTRIES(SUF, D, BF16)                                                   \
     extern "C" __global__ void __launch_bounds__(128) fa2_mma_bwd_pre_##SUF(FaParams p) { \
-        fa2mma::bwd_pre<D, BF16>(p);                                                       \
+        fa_bwd_pre<D, BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16>(p, (float*)p.workspace[0],     \
+                                                           (float*)p.workspace[1]);        \
     }                                                                                      \
     extern "C" __global__ void __launch_bounds__(fa2mma::kBwdThreads)                      \
         fa2_mma_bwd_main_##SUF(FaParams p) {                                               \
         fa2mma::bwd_main<D, BF16>(p);                                                      \
     }                                                                                      \
     extern "C" __global__ void __launch_bounds__(128) fa2_mma_bwd_post_##SUF(FaParams p) { \
-        fa2mma::bwd_post<D, BF16>(p);                                                      \
+        fa_bwd_post<D, BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16>(p, (const float*)p.workspace[1]); \
     }
 
 FA2MMA_BWD_ENTRIES(fp16_d64, 64, false)

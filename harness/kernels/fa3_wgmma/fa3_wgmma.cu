@@ -148,6 +148,35 @@ __device__ __forceinline__ static void ss_n176(float* d, unsigned long long da, 
           "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])   \
         : "l"(da), "l"(db), "r"(acc));                                                                             \
 }                                                                                                                  \
+__device__ __forceinline__ static void ss_n64(float* d, unsigned long long da,                                     \
+                                            unsigned long long db, int acc) {                                      \
+    asm volatile(                                                                                                  \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                               \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                                               \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                                    \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                        \
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"                                                                            \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])   \
+        : "l"(da), "l"(db), "r"(acc));                                                                             \
+}                                                                                                                  \
+/* The same with both operands MN-major (imm-trans-a = imm-trans-b = 1): the backward's dQ. */                   \
+__device__ __forceinline__ static void ss_n64_tt(float* d, unsigned long long da,                                  \
+                                               unsigned long long db, int acc) {                                   \
+    asm volatile(                                                                                                  \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                               \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                                               \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                                    \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                        \
+        "%32, %33, p, 1, 1, 1, 1;\n}\n"                                                                            \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])   \
+        : "l"(da), "l"(db), "r"(acc));                                                                             \
+}                                                                                                                  \
 __device__ __forceinline__ static void rs_n64(float* d, const unsigned* a,                                         \
                                             unsigned long long db) {                                               \
     asm volatile(                                                                                                  \

@@ -190,6 +190,53 @@ __device__ __forceinline__ float fa_warp_sum(float x) {
     return x;
 }
 
+// The first and last launches of an FA2-style backward (outer K/V loop, dQ accumulated in
+// fp32 by atomics), one warp per query row, 4 rows per 128-thread block:
+//   fa_bwd_pre:  delta[row] = rowsum(dO * O) (the D term of dS), dq_acc's row zeroed;
+//   fa_bwd_post: dQ = scale * dq_acc, in the input dtype.
+// delta is (B, H, Nq) and dq_acc (B, H, Nq, D), both float32.
+__device__ __forceinline__ bool fa_bwd_row(const FaParams& p, long long& row, int& b, int& h,
+                                           int& i) {
+    row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (row >= (long long)p.batch * p.heads * p.seqlen_q) return false;
+    i = (int)(row % p.seqlen_q);
+    h = (int)((row / p.seqlen_q) % p.heads);
+    b = (int)(row / ((long long)p.seqlen_q * p.heads));
+    return true;
+}
+template <int D, int DT>
+__device__ __forceinline__ void fa_bwd_pre(const FaParams& p, float* delta, float* dq_acc) {
+    long long row;
+    int b, h, i;
+    if (!fa_bwd_row(p, row, b, h, i)) return;
+    const int lane = threadIdx.x & 31;
+    const unsigned short* o = (const unsigned short*)p.o + b * p.o_batch_stride +
+                              h * p.o_head_stride + (long long)i * p.o_row_stride;
+    const unsigned short* dO = (const unsigned short*)p.dout + b * p.do_batch_stride +
+                               h * p.do_head_stride + (long long)i * p.do_row_stride;
+    float acc = 0.f;
+    float* dq = dq_acc + row * D;
+#pragma unroll
+    for (int c = lane; c < D; c += 32) {
+        acc += FaElem<DT>::to_float(o[c]) * FaElem<DT>::to_float(dO[c]);
+        dq[c] = 0.f;
+    }
+    acc = fa_warp_sum(acc);
+    if (lane == 0) delta[row] = acc;
+}
+template <int D, int DT>
+__device__ __forceinline__ void fa_bwd_post(const FaParams& p, const float* dq_acc) {
+    long long row;
+    int b, h, i;
+    if (!fa_bwd_row(p, row, b, h, i)) return;
+    const int lane = threadIdx.x & 31;
+    unsigned short* dq = (unsigned short*)p.dq + b * p.dq_batch_stride + h * p.dq_head_stride +
+                         (long long)i * p.dq_row_stride;
+    const float* acc = dq_acc + row * D;
+#pragma unroll
+    for (int c = lane; c < D; c += 32) dq[c] = FaElem<DT>::from_float(acc[c] * p.scale);
+}
+
 // Row i of batch b, key j: bool-mask test only (fa_key_end covers length and causality).
 __device__ __forceinline__ bool fa_bool_mask_ok(const FaParams& p, int b, int i, int j) {
     return !(p.mask_kind & FA_MASK_BOOL) ||

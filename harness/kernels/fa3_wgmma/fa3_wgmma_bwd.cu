@@ -1,0 +1,320 @@
+// fa3_wgmma backward: the FA2 loop order (outer K/V, inner Q) on Hopper's wgmma.
+//
+// Concatenated after fa3_wgmma.cu (the manifest lists both): it uses that file's wgmma
+// wrappers, matrix descriptors and 128-byte swizzle. Three launches: fa_bwd_pre (D =
+// rowsum(dO * O), the fp32 dQ accumulator zeroed), bwd_main below, fa_bwd_post (dQ =
+// scale * accumulator).
+//
+// bwd_main: one CTA per block of 128 keys of one K/V head, two warpgroups of 64 keys each.
+// K and V stay in shared memory; the CTA walks every query head of its GQA group (dK and
+// dV are summed over the group in registers and written once) and every Q block of BM
+// rows that sees its keys (BM = 64 at d = 128, 128 at d = 64, so a Q or dO tile is 16 KB),
+// Q, dO, LSE and D double-buffered by cp.async. Per Q block, each warpgroup:
+//     S^T  = K_w Q^T,  dP^T = V_w dO^T        wgmma, both operands K-major in shared memory
+//     P^T  = exp2(S^T scale log2 e - LSE log2 e),  dS^T = P^T (dP^T - D)   in registers
+//     dV  += P^T dO,   dK  += dS^T Q           wgmma, P^T / dS^T as register A-fragments
+//                                              (the accumulator layout), dO / Q MN-major
+//     dQ  += dS K      dS^T goes to shared memory (swizzled); after a barrier each
+//                      warpgroup multiplies a 64 x 64 part of dQ over all 128 keys (both
+//                      operands MN-major) and adds it to the fp32 accumulator with
+//                      red.global.add.v2.f32 (other CTAs own the other keys of these rows).
+// cp.async and st.shared write through the generic proxy and wgmma reads through the
+// async proxy: every writer runs fence.proxy.async before the barrier that publishes.
+// Masks: none, causal (both alignments via causal_offset; a CTA starts at the first Q block
+// that sees its keys), key padding. Keys and rows past the end arrive as zeros (cp.async
+// zero-fill: no NaN from stale memory reaches dP), a row past the end or fully masked has
+// LSE = -inf, read as +inf so that P = 0; its dQ stays 0 and it adds nothing to dK / dV.
+// The dQ atomics make the result depend on the order CTAs finish: not bitwise deterministic.
+namespace fa3wg {
+
+constexpr int kBwdThreads = 256;
+constexpr int BNB = 128;  // keys per CTA
+
+template <int D> struct BwdTile { static constexpr int BM = 8192 / D; };
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void red_add_v2(float* dst, float a, float b) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" :: "l"(dst), "f"(a), "f"(b) : "memory");
+}
+
+// ROWS x D tile from global rows r0 .. into the 128-byte swizzle the descriptors read:
+// 64-column halves ROWS * 128 bytes apart, 16-byte chunk c of row r at c ^ (r % 8). Rows at
+// or past rmax are zero-filled.
+template <int D, int ROWS>
+__device__ __forceinline__ void bwd_load(unsigned sbase, const char* gbase, long long row_bytes,
+                                         int r0, int rmax, int tid) {
+    constexpr int CH = D / 8;
+    constexpr int TOTAL = ROWS * CH;
+    static_assert(TOTAL % kBwdThreads == 0, "tile must split evenly over the block");
+#pragma unroll
+    for (int it = 0; it < TOTAL / kBwdThreads; ++it) {
+        const int i = it * kBwdThreads + tid;
+        const int row = i / CH;
+        const int ch = i % CH;
+        const int grow = r0 + row;
+        const bool ok = grow < rmax;
+        const char* src = gbase + (long long)(ok ? grow : 0) * row_bytes + ch * 16;
+        const unsigned dst = sbase + (ch >> 3) * (ROWS * 128) + row * 128 + (((ch & 7) ^ (row & 7)) << 4);
+        cp_async16(dst, src, ok ? 16 : 0);
+    }
+}
+
+template <int D, bool BF16>
+__device__ __forceinline__ void bwd_main(const FaParams& p) {
+    using M = Mma<BF16>;
+    constexpr int BM = BwdTile<D>::BM;
+    constexpr unsigned KV_BYTES = BNB * D * 2;
+    constexpr unsigned QS_BYTES = BM * D * 2;
+    constexpr unsigned DS_BYTES = BNB * BM * 2;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned raw = smem_u32(smem_raw);
+    const unsigned base = (raw + 1023u) & ~1023u;
+    const unsigned sK = base;
+    const unsigned sV = sK + KV_BYTES;
+    const unsigned sQ0 = sV + KV_BYTES;        // 2 stages
+    const unsigned sdO0 = sQ0 + 2 * QS_BYTES;  // 2 stages
+    const unsigned sDS = sdO0 + 2 * QS_BYTES;
+    // Per stage: BM values of LSE * log2(e) (+inf for a row that sees nothing), BM of D.
+    float* stat = (float*)(smem_raw + (sDS + DS_BYTES - raw));
+    constexpr unsigned kSmem = 2 * KV_BYTES + 4 * QS_BYTES + DS_BYTES + 16 * BM + 1024;
+    if (fa_dynamic_smem_bytes() < kSmem) __trap();  // the manifest asked for too little
+
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7;
+    const int warp = (tid >> 5) & 3;
+    const int lane = tid & 31;
+    const int g = lane >> 2;
+    const int q4 = lane & 3;
+
+    const int n0 = blockIdx.x * BNB;
+    const int hk = blockIdx.y;
+    const int b = blockIdx.z;
+    const int group = p.heads / p.kv_heads;
+    const bool causal = (p.mask_kind & FA_MASK_CAUSAL) != 0;
+    int klimit = p.seqlen_k;
+    if ((p.mask_kind & FA_MASK_KEY_PADDING) && p.seqlens_k) klimit = min(klimit, p.seqlens_k[b]);
+
+    // Queries that see any key of this block: i + causal_offset >= n0.
+    int m_begin = causal ? max(0, n0 - p.causal_offset) : 0;
+    m_begin = (m_begin / BM) * BM;
+    const int n_m = (n0 < klimit && m_begin < p.seqlen_q) ? (p.seqlen_q - m_begin + BM - 1) / BM : 0;
+    const int total = n_m * group;
+
+    float dk[D / 2], dv[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+
+    // The operand tiles of this warpgroup's keys, and its part of dQ: a 64 x 64 block of
+    // (rows mw, columns nw) over all 128 keys.
+    const unsigned sKw = sK + wg * (64 * 128);
+    const unsigned sVw = sV + wg * (64 * 128);
+    const int mw = BM == 128 ? wg : 0;
+    const int nw = BM == 128 ? 0 : wg;
+
+    if (total > 0) {
+        const char* kg = (const char*)p.k + 2 * (b * p.k_batch_stride + hk * p.k_head_stride);
+        const char* vg = (const char*)p.v + 2 * (b * p.v_batch_stride + hk * p.v_head_stride);
+        const float* delta = (const float*)p.workspace[0];
+        float* dqacc = (float*)p.workspace[1];
+        bwd_load<D, BNB>(sK, kg, 2 * p.k_row_stride, n0, klimit, tid);
+        bwd_load<D, BNB>(sV, vg, 2 * p.v_row_stride, n0, klimit, tid);
+
+        // Q, dO, LSE and D of step `it` (query head hk * group + it / n_m) into stage st.
+        auto load_step = [&](int it, int st) {
+            const int h = hk * group + it / n_m;
+            const int m0 = m_begin + (it % n_m) * BM;
+            const char* qg = (const char*)p.q + 2 * (b * p.q_batch_stride + h * p.q_head_stride);
+            const char* dog = (const char*)p.dout + 2 * (b * p.do_batch_stride + h * p.do_head_stride);
+            bwd_load<D, BM>(sQ0 + st * QS_BYTES, qg, 2 * p.q_row_stride, m0, p.seqlen_q, tid);
+            bwd_load<D, BM>(sdO0 + st * QS_BYTES, dog, 2 * p.do_row_stride, m0, p.seqlen_q, tid);
+            const long long rb = ((long long)b * p.heads + h) * p.seqlen_q;
+            for (int i = tid; i < BM; i += kBwdThreads) {
+                const int row = m0 + i;
+                float l = neg_inf(), dd = 0.f;
+                if (row < p.seqlen_q) { l = p.lse[rb + row]; dd = delta[rb + row]; }
+                stat[st * 2 * BM + i] = (l == neg_inf()) ? __int_as_float(0x7f800000) : l * 1.4426950408889634f;
+                stat[st * 2 * BM + BM + i] = dd;
+            }
+        };
+        load_step(0, 0);
+        cp_async_commit();
+
+        for (int it = 0; it < total; ++it) {
+            const int st = it & 1;
+            const int h = hk * group + it / n_m;
+            const int m0 = m_begin + (it % n_m) * BM;
+            // Stage st has landed (and K, V before it); every thread is past step it - 1, so
+            // stage st ^ 1 and the dS^T tile are free.
+            cp_async_wait_all();
+            fence_proxy_async();
+            __syncthreads();
+            if (it + 1 < total) load_step(it + 1, st ^ 1);
+            cp_async_commit();
+
+            const unsigned sQ = sQ0 + st * QS_BYTES;
+            const unsigned sdO = sdO0 + st * QS_BYTES;
+            const float* lse2 = stat + st * 2 * BM;
+            const float* del = lse2 + BM;
+
+            float s[BM / 2], dp[BM / 2];
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const unsigned ka = sKw + (kk >> 2) * (BNB * 128) + (kk & 3) * 32;
+                const unsigned qb = sQ + (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+                if constexpr (BM == 64) M::ss_n64(s, sw128_desc(ka, 16), sw128_desc(qb, 16), kk > 0);
+                else M::ss_n128(s, sw128_desc(ka, 16), sw128_desc(qb, 16), kk > 0);
+            }
+            wgmma_commit();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const unsigned va = sVw + (kk >> 2) * (BNB * 128) + (kk & 3) * 32;
+                const unsigned ob = sdO + (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+                if constexpr (BM == 64) M::ss_n64(dp, sw128_desc(va, 16), sw128_desc(ob, 16), kk > 0);
+                else M::ss_n128(dp, sw128_desc(va, 16), sw128_desc(ob, 16), kk > 0);
+            }
+            wgmma_commit();
+
+            // P^T while dP^T still runs. Key j is visible to query i iff j < klimit and
+            // (causal) j <= i + causal_offset.
+            wgmma_wait<1>();
+#pragma unroll
+            for (int i = 0; i < BM / 2; ++i) reg_fence(s[i]);
+            const int key0 = n0 + wg * 64 + warp * 16 + g;
+            const bool need_mask = (n0 + BNB > klimit) || (causal && n0 + BNB - 1 > m0 + p.causal_offset);
+#pragma unroll
+            for (int t = 0; t < BM / 8; ++t) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = key0 + ((e >> 1) << 3);
+                    const int qi = t * 8 + q4 * 2 + (e & 1);
+                    float pv = exp2f(fmaf(s[4 * t + e], p.scale_log2, -lse2[qi]));
+                    if (need_mask && (key >= klimit || (causal && key > m0 + qi + p.causal_offset)))
+                        pv = 0.f;
+                    s[4 * t + e] = pv;
+                }
+            }
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < BM / 2; ++i) reg_fence(dp[i]);
+            unsigned pf[BM / 16][4], dsf[BM / 16][4];
+#pragma unroll
+            for (int t = 0; t < BM / 8; ++t) {
+                const int qi = t * 8 + q4 * 2;
+                const float d0 = s[4 * t] * (dp[4 * t] - del[qi]);
+                const float d1 = s[4 * t + 1] * (dp[4 * t + 1] - del[qi + 1]);
+                const float d2 = s[4 * t + 2] * (dp[4 * t + 2] - del[qi]);
+                const float d3 = s[4 * t + 3] * (dp[4 * t + 3] - del[qi + 1]);
+                pf[t >> 1][(t & 1) * 2] = pack2<BF16>(s[4 * t], s[4 * t + 1]);
+                pf[t >> 1][(t & 1) * 2 + 1] = pack2<BF16>(s[4 * t + 2], s[4 * t + 3]);
+                dsf[t >> 1][(t & 1) * 2] = pack2<BF16>(d0, d1);
+                dsf[t >> 1][(t & 1) * 2 + 1] = pack2<BF16>(d2, d3);
+            }
+            // dS^T[key][query] for the dQ matmul: row = key (128 bytes = 64 queries per
+            // half), the pair of queries 8t + 2q4 in chunk t % 8, swizzled by the row.
+            {
+                const int kr = wg * 64 + warp * 16 + g;
+#pragma unroll
+                for (int t = 0; t < BM / 8; ++t) {
+                    const unsigned a = sDS + (t >> 3) * (BNB * 128) + kr * 128 +
+                                       (((t & 7) ^ (kr & 7)) << 4) + 4 * q4;
+                    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(a), "r"(dsf[t >> 1][(t & 1) * 2]));
+                    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(a + 8 * 128), "r"(dsf[t >> 1][(t & 1) * 2 + 1]));
+                }
+            }
+            // dV += P^T dO, dK += dS^T Q (issued; they run under the barrier and the dQ).
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk) {
+                const unsigned ob = sdO + kk * (16 * 128);
+                if constexpr (D == 128) M::rs_n128(dv, pf[kk], sw128_desc(ob, BM * 128));
+                else M::rs_n64(dv, pf[kk], sw128_desc(ob, BM * 128));
+            }
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk) {
+                const unsigned qb = sQ + kk * (16 * 128);
+                if constexpr (D == 128) M::rs_n128(dk, dsf[kk], sw128_desc(qb, BM * 128));
+                else M::rs_n64(dk, dsf[kk], sw128_desc(qb, BM * 128));
+            }
+            wgmma_commit();
+            fence_proxy_async();
+            asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the whole dS^T tile is written
+
+            float dq[32];
+#pragma unroll
+            for (int kk = 0; kk < BNB / 16; ++kk) {
+                const unsigned da = sDS + mw * (BNB * 128) + kk * (16 * 128);
+                const unsigned kb = sK + nw * (BNB * 128) + kk * (16 * 128);
+                M::ss_n64_tt(dq, sw128_desc(da, BNB * 128), sw128_desc(kb, BNB * 128), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < 32; ++i) reg_fence(dq[i]);
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) { reg_fence(dk[i]); reg_fence(dv[i]); }
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) { reg_fence_u(pf[kk][e]); reg_fence_u(dsf[kk][e]); }
+
+            const long long rb = ((long long)b * p.heads + h) * p.seqlen_q;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = m0 + mw * 64 + warp * 16 + g + r * 8;
+                if (row >= p.seqlen_q) continue;
+                float* dst = dqacc + (rb + row) * D + nw * 64 + q4 * 2;
+#pragma unroll
+                for (int t = 0; t < 8; ++t) red_add_v2(dst + t * 8, dq[4 * t + 2 * r], dq[4 * t + 2 * r + 1]);
+            }
+        }
+    }
+
+    // dK (times the softmax scale) and dV of this warpgroup's keys, summed over the group.
+    char* dkg = (char*)p.dk + 2 * (b * p.dk_batch_stride + hk * p.dk_head_stride);
+    char* dvg = (char*)p.dv + 2 * (b * p.dv_batch_stride + hk * p.dv_head_stride);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int key = n0 + wg * 64 + warp * 16 + g + r * 8;
+        if (key >= p.seqlen_k) continue;
+        unsigned* krow = (unsigned*)(dkg + 2 * (long long)key * p.dk_row_stride);
+        unsigned* vrow = (unsigned*)(dvg + 2 * (long long)key * p.dv_row_stride);
+#pragma unroll
+        for (int t = 0; t < D / 8; ++t) {
+            krow[t * 4 + q4] = pack2<BF16>(dk[4 * t + 2 * r] * p.scale, dk[4 * t + 2 * r + 1] * p.scale);
+            vrow[t * 4 + q4] = pack2<BF16>(dv[4 * t + 2 * r], dv[4 * t + 2 * r + 1]);
+        }
+    }
+}
+
+}  // namespace fa3wg
+
+#define FA3WG_BWD_ENTRIES(SUF, D, BF16)                                                      \
+    extern "C" __global__ void __launch_bounds__(128) fa3_wgmma_bwd_pre_##SUF(FaParams p) { \
+        fa_bwd_pre<D, BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16>(p, (float*)p.workspace[0],       \
+                                                           (float*)p.workspace[1]);          \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(fa3wg::kBwdThreads, 1)                      \
+        fa3_wgmma_bwd_main_##SUF(FaParams p) {                                               \
+        fa3wg::bwd_main<D, BF16>(p);                                                         \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) fa3_wgmma_bwd_post_##SUF(FaParams p) { \
+        fa_bwd_post<D, BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16>(p, (const float*)p.workspace[1]); \
+    }
+
+FA3WG_BWD_ENTRIES(fp16_d64, 64, false)
+FA3WG_BWD_ENTRIES(fp16_d128, 128, false)
+FA3WG_BWD_ENTRIES(bf16_d64, 64, true)
+FA3WG_BWD_ENTRIES(bf16_d128, 128, true)
