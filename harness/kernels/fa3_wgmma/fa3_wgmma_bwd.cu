@@ -2,7 +2,7 @@
 //
 // Concatenated after fa3_wgmma.cu (the manifest lists both): it uses that file's wgmma
 // wrappers, matrix descriptors and 128-byte swizzle. Three launches: fa_bwd_pre (D =
-// rowsum(dO * O), the fp32 dQ accumulator zeroed), bwd_main below, fa_bwd_post (dQ =
+// rowsum(dO * O), the fp32 dQ accumulator zeroed; its order is DqIndex), bwd_main below, fa_bwd_post (dQ =
 // scale * accumulator).
 //
 // bwd_main: one CTA per block of 128 keys of one K/V head, two warpgroups of 64 keys each.
@@ -16,15 +16,17 @@
 //                                              (the accumulator layout), dO / Q MN-major
 //     dQ  += dS K      dS^T goes to shared memory (swizzled); after a barrier each
 //                      warpgroup multiplies a 64 x 64 part of dQ over all 128 keys (both
-//                      operands MN-major) and adds it to the fp32 accumulator with
-//                      red.global.add.v2.f32 (other CTAs own the other keys of these rows).
+//                      operands MN-major), stores it to shared memory and one thread adds
+//                      it to the fp32 accumulator with a bulk reduction (the copy engine
+//                      adds in L2; other CTAs own the other keys of these rows). Per-element
+//                      atomics were slower, and the proxy fences waited for them.
 // cp.async and st.shared write through the generic proxy and wgmma reads through the
 // async proxy: every writer runs fence.proxy.async before the barrier that publishes.
 // Masks: none, causal (both alignments via causal_offset; a CTA starts at the first Q block
 // that sees its keys), key padding. Keys and rows past the end arrive as zeros (cp.async
 // zero-fill: no NaN from stale memory reaches dP), a row past the end or fully masked has
 // LSE = -inf, read as +inf so that P = 0; its dQ stays 0 and it adds nothing to dK / dV.
-// The dQ atomics make the result depend on the order CTAs finish: not bitwise deterministic.
+// The dQ additions land in the order CTAs finish: not bitwise deterministic.
 namespace fa3wg {
 
 constexpr int kBwdThreads = 256;
@@ -45,8 +47,40 @@ __device__ __forceinline__ void cp_async_wait_all() {
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-__device__ __forceinline__ void red_add_v2(float* dst, float a, float b) {
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" :: "l"(dst), "f"(a), "f"(b) : "memory");
+// dst[0 .. bytes) += src[0 .. bytes) (fp32), by the copy engine, reduced in L2.
+__device__ __forceinline__ void bulk_reduce_add(float* dst, unsigned src, unsigned bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Until at most N of this thread's bulk operations still read their shared-memory source.
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
+
+// The fp32 dQ accumulator's order: per (batch, head), 64-row blocks; per block, 64-column
+// parts (d / 64 of them); a part (64 x 64, 16 KB) is laid out as a warpgroup's wgmma
+// accumulators leave it: thread (warp, lane) owns 32 consecutive floats, its register
+// 4t + 2rh + e (row 16 warp + lane / 4 + 8 rh, column 8t + 2 (lane % 4) + e), its 16-byte
+// chunks in the order t ^ (lane % 8) so that the stores into shared memory never conflict.
+// A part is then one contiguous copy: the bulk reduction adds it as it is.
+struct DqIndex {
+    int nq;
+    int nblk;  // ceil(nq / 64)
+    template <int D> __device__ __forceinline__ long long at(long long row, int c) const {
+        const long long bh = row / nq;
+        const int i = (int)(row % nq);
+        const int r = i & 63;
+        const int cc = c & 63;
+        const int lane = (r & 7) * 4 + ((cc >> 1) & 3);
+        const int t = cc >> 3;
+        const long long part = (bh * nblk + (i >> 6)) * (D / 64) + (c >> 6);
+        return part * 4096 + ((r >> 4) * 32 + lane) * 32 + ((t ^ (lane & 7)) << 2) +
+               2 * ((r >> 3) & 1) + (cc & 1);
+    }
+};
+__device__ __forceinline__ DqIndex dq_index(const FaParams& p) {
+    return DqIndex{p.seqlen_q, (p.seqlen_q + 63) / 64};
 }
 
 // ROWS x D tile from global rows r0 .. into the 128-byte swizzle the descriptors read:
@@ -86,9 +120,12 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
     const unsigned sQ0 = sV + KV_BYTES;        // 2 stages
     const unsigned sdO0 = sQ0 + 2 * QS_BYTES;  // 2 stages
     const unsigned sDS = sdO0 + 2 * QS_BYTES;
+    // Two 16 KB dQ parts per warpgroup (double-buffered: one may still be read by the
+    // previous step's bulk reduction).
+    const unsigned sDQ0 = sDS + DS_BYTES;
     // Per stage: BM values of LSE * log2(e) (+inf for a row that sees nothing), BM of D.
-    float* stat = (float*)(smem_raw + (sDS + DS_BYTES - raw));
-    constexpr unsigned kSmem = 2 * KV_BYTES + 4 * QS_BYTES + DS_BYTES + 16 * BM + 1024;
+    float* stat = (float*)(smem_raw + (sDQ0 + 4 * 16384 - raw));
+    constexpr unsigned kSmem = 2 * KV_BYTES + 4 * QS_BYTES + DS_BYTES + 4 * 16384 + 16 * BM + 1024;
     if (fa_dynamic_smem_bytes() < kSmem) __trap();  // the manifest asked for too little
 
     const int tid = threadIdx.x;
@@ -159,6 +196,7 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
             // stage st ^ 1 and the dS^T tile are free.
             cp_async_wait_all();
             fence_proxy_async();
+            if ((tid & 127) == 0) bulk_wait_read<1>();  // step it - 2's dQ part is read
             __syncthreads();
             if (it + 1 < total) load_step(it + 1, st ^ 1);
             cp_async_commit();
@@ -270,16 +308,28 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) { reg_fence_u(pf[kk][e]); reg_fence_u(dsf[kk][e]); }
 
-            const long long rb = ((long long)b * p.heads + h) * p.seqlen_q;
+            // This warpgroup's 64 x 64 part of dQ into shared memory in the accumulator
+            // order (DqIndex), then added to the accumulator by one bulk reduction. Rows
+            // past the end add zeros to the padding of the last block.
+            {
+                const unsigned buf = sDQ0 + (wg * 2 + st) * 16384 + (tid & 127) * 128;
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int row = m0 + mw * 64 + warp * 16 + g + r * 8;
-                if (row >= p.seqlen_q) continue;
-                float* dst = dqacc + (rb + row) * D + nw * 64 + q4 * 2;
-#pragma unroll
-                for (int t = 0; t < 8; ++t) red_add_v2(dst + t * 8, dq[4 * t + 2 * r], dq[4 * t + 2 * r + 1]);
+                for (int t = 0; t < 8; ++t)
+                    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                                 :: "r"(buf + ((t ^ (lane & 7)) << 4)), "f"(dq[4 * t]),
+                                    "f"(dq[4 * t + 1]), "f"(dq[4 * t + 2]), "f"(dq[4 * t + 3]));
+                fence_proxy_async();
+                if (wg == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
+                else asm volatile("bar.sync 3, 128;\n" ::: "memory");
+                if ((tid & 127) == 0) {
+                    const DqIndex ix = dq_index(p);
+                    const long long part = ((((long long)b * p.heads + h) * ix.nblk + (m0 >> 6) + mw) *
+                                            (D / 64) + nw);
+                    bulk_reduce_add(dqacc + part * 4096, sDQ0 + (wg * 2 + st) * 16384, 16384);
+                }
             }
         }
+        if ((tid & 127) == 0) bulk_wait_read<0>();  // shared memory outlives the copies
     }
 
     // dK (times the softmax scale) and dV of this warpgroup's keys, summed over the group.
@@ -304,14 +354,16 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
 #define FA3WG_BWD_ENTRIES(SUF, D, BF16)                                                      \
     extern "C" __global__ void __launch_bounds__(128) fa3_wgmma_bwd_pre_##SUF(FaParams p) { \
         fa_bwd_pre<D, BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16>(p, (float*)p.workspace[0],       \
-                                                           (float*)p.workspace[1]);          \
+                                                           (float*)p.workspace[1],           \
+                                                           fa3wg::dq_index(p));              \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(fa3wg::kBwdThreads, 1)                      \
         fa3_wgmma_bwd_main_##SUF(FaParams p) {                                               \
         fa3wg::bwd_main<D, BF16>(p);                                                         \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(128) fa3_wgmma_bwd_post_##SUF(FaParams p) { \
-        fa_bwd_post<D, BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16>(p, (const float*)p.workspace[1]); \
+        fa_bwd_post<D, BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16>(p, (const float*)p.workspace[1], \
+                                                            fa3wg::dq_index(p));               \
     }
 
 FA3WG_BWD_ENTRIES(fp16_d64, 64, false)

@@ -194,7 +194,13 @@ __device__ __forceinline__ float fa_warp_sum(float x) {
 // fp32 by atomics), one warp per query row, 4 rows per 128-thread block:
 //   fa_bwd_pre:  delta[row] = rowsum(dO * O) (the D term of dS), dq_acc's row zeroed;
 //   fa_bwd_post: dQ = scale * dq_acc, in the input dtype.
-// delta is (B, H, Nq) and dq_acc (B, H, Nq, D), both float32.
+// delta is (B, H, Nq) float32; dq_acc holds element (row, c) at index(row, c), row counting
+// (b * H + h) * Nq + i: FaRowMajor by default, a kernel's own order otherwise.
+struct FaRowMajor {
+    template <int D> __device__ __forceinline__ long long at(long long row, int c) const {
+        return row * D + c;
+    }
+};
 __device__ __forceinline__ bool fa_bwd_row(const FaParams& p, long long& row, int& b, int& h,
                                            int& i) {
     row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
@@ -204,8 +210,9 @@ __device__ __forceinline__ bool fa_bwd_row(const FaParams& p, long long& row, in
     b = (int)(row / ((long long)p.seqlen_q * p.heads));
     return true;
 }
-template <int D, int DT>
-__device__ __forceinline__ void fa_bwd_pre(const FaParams& p, float* delta, float* dq_acc) {
+template <int D, int DT, class Index = FaRowMajor>
+__device__ __forceinline__ void fa_bwd_pre(const FaParams& p, float* delta, float* dq_acc,
+                                           Index index = Index()) {
     long long row;
     int b, h, i;
     if (!fa_bwd_row(p, row, b, h, i)) return;
@@ -215,26 +222,26 @@ __device__ __forceinline__ void fa_bwd_pre(const FaParams& p, float* delta, floa
     const unsigned short* dO = (const unsigned short*)p.dout + b * p.do_batch_stride +
                                h * p.do_head_stride + (long long)i * p.do_row_stride;
     float acc = 0.f;
-    float* dq = dq_acc + row * D;
 #pragma unroll
     for (int c = lane; c < D; c += 32) {
         acc += FaElem<DT>::to_float(o[c]) * FaElem<DT>::to_float(dO[c]);
-        dq[c] = 0.f;
+        dq_acc[index.template at<D>(row, c)] = 0.f;
     }
     acc = fa_warp_sum(acc);
     if (lane == 0) delta[row] = acc;
 }
-template <int D, int DT>
-__device__ __forceinline__ void fa_bwd_post(const FaParams& p, const float* dq_acc) {
+template <int D, int DT, class Index = FaRowMajor>
+__device__ __forceinline__ void fa_bwd_post(const FaParams& p, const float* dq_acc,
+                                            Index index = Index()) {
     long long row;
     int b, h, i;
     if (!fa_bwd_row(p, row, b, h, i)) return;
     const int lane = threadIdx.x & 31;
     unsigned short* dq = (unsigned short*)p.dq + b * p.dq_batch_stride + h * p.dq_head_stride +
                          (long long)i * p.dq_row_stride;
-    const float* acc = dq_acc + row * D;
 #pragma unroll
-    for (int c = lane; c < D; c += 32) dq[c] = FaElem<DT>::from_float(acc[c] * p.scale);
+    for (int c = lane; c < D; c += 32)
+        dq[c] = FaElem<DT>::from_float(dq_acc[index.template at<D>(row, c)] * p.scale);
 }
 
 // Row i of batch b, key j: bool-mask test only (fa_key_end covers length and causality).
