@@ -24,8 +24,9 @@
 // async proxy: every writer runs fence.proxy.async before the barrier that publishes.
 // Masks: none, causal (both alignments via causal_offset; a CTA starts at the first Q block
 // that sees its keys), key padding. Keys and rows past the end arrive as zeros (cp.async
-// zero-fill: no NaN from stale memory reaches dP), a row past the end or fully masked has
-// LSE = -inf, read as +inf so that P = 0; its dQ stays 0 and it adds nothing to dK / dV.
+// zero-fill: no NaN from stale memory reaches dP). A fully masked row has LSE = -inf, read
+// as +inf so that P = 0: its dQ stays 0 and it adds nothing to dK / dV. A row past the end
+// reads LSE = D = 0 with Q = dO = 0: P = 1 there, but dP = dS = 0 and dO = 0 add nothing.
 // The dQ additions land in the order CTAs finish: not bitwise deterministic.
 namespace fa3wg {
 
@@ -36,6 +37,10 @@ template <int D> struct BwdTile { static constexpr int BM = 8192 / D; };
 
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
                  :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {
@@ -123,8 +128,9 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
     // Two 16 KB dQ parts per warpgroup (double-buffered: one may still be read by the
     // previous step's bulk reduction).
     const unsigned sDQ0 = sDS + DS_BYTES;
-    // Per stage: BM values of LSE * log2(e) (+inf for a row that sees nothing), BM of D.
-    float* stat = (float*)(smem_raw + (sDQ0 + 4 * 16384 - raw));
+    // Per stage: BM values of LSE, BM of D.
+    const unsigned sStat = sDQ0 + 4 * 16384;
+    const float* stat = (const float*)(smem_raw + (sStat - raw));
     constexpr unsigned kSmem = 2 * KV_BYTES + 4 * QS_BYTES + DS_BYTES + 4 * 16384 + 16 * BM + 1024;
     if (fa_dynamic_smem_bytes() < kSmem) __trap();  // the manifest asked for too little
 
@@ -176,13 +182,15 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
             const char* dog = (const char*)p.dout + 2 * (b * p.do_batch_stride + h * p.do_head_stride);
             bwd_load<D, BM>(sQ0 + st * QS_BYTES, qg, 2 * p.q_row_stride, m0, p.seqlen_q, tid);
             bwd_load<D, BM>(sdO0 + st * QS_BYTES, dog, 2 * p.do_row_stride, m0, p.seqlen_q, tid);
+            // LSE and D by cp.async too: a plain load would stall the thread until it lands.
+            // Rows past the end read as 0 (their Q and dO are zeros: P = 1, dS = 0).
             const long long rb = ((long long)b * p.heads + h) * p.seqlen_q;
             for (int i = tid; i < BM; i += kBwdThreads) {
                 const int row = m0 + i;
-                float l = neg_inf(), dd = 0.f;
-                if (row < p.seqlen_q) { l = p.lse[rb + row]; dd = delta[rb + row]; }
-                stat[st * 2 * BM + i] = (l == neg_inf()) ? __int_as_float(0x7f800000) : l * 1.4426950408889634f;
-                stat[st * 2 * BM + BM + i] = dd;
+                const bool ok = row < p.seqlen_q;
+                const unsigned dst = sStat + (st * 2 * BM + i) * 4;
+                cp_async4(dst, p.lse + rb + (ok ? row : 0), ok ? 4 : 0);
+                cp_async4(dst + BM * 4, delta + rb + (ok ? row : 0), ok ? 4 : 0);
             }
         };
         load_step(0, 0);
@@ -198,13 +206,11 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
             fence_proxy_async();
             if ((tid & 127) == 0) bulk_wait_read<1>();  // step it - 2's dQ part is read
             __syncthreads();
-            if (it + 1 < total) load_step(it + 1, st ^ 1);
-            cp_async_commit();
 
             const unsigned sQ = sQ0 + st * QS_BYTES;
             const unsigned sdO = sdO0 + st * QS_BYTES;
-            const float* lse2 = stat + st * 2 * BM;
-            const float* del = lse2 + BM;
+            const float* lse = stat + st * 2 * BM;
+            const float* del = lse + BM;
 
             float s[BM / 2], dp[BM / 2];
             wgmma_fence();
@@ -224,6 +230,9 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
                 else M::ss_n128(dp, sw128_desc(va, 16), sw128_desc(ob, 16), kk > 0);
             }
             wgmma_commit();
+            // The next step's tiles, while the tensor cores work.
+            if (it + 1 < total) load_step(it + 1, st ^ 1);
+            cp_async_commit();
 
             // P^T while dP^T still runs. Key j is visible to query i iff j < klimit and
             // (causal) j <= i + causal_offset.
@@ -238,7 +247,10 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
                 for (int e = 0; e < 4; ++e) {
                     const int key = key0 + ((e >> 1) << 3);
                     const int qi = t * 8 + q4 * 2 + (e & 1);
-                    float pv = exp2f(fmaf(s[4 * t + e], p.scale_log2, -lse2[qi]));
+                    // A fully masked row (LSE = -inf) subtracts +inf: P = 0.
+                    const float l = lse[qi];
+                    const float l2 = l == neg_inf() ? __int_as_float(0x7f800000) : l * 1.4426950408889634f;
+                    float pv = exp2f(fmaf(s[4 * t + e], p.scale_log2, -l2));
                     if (need_mask && (key >= klimit || (causal && key > m0 + qi + p.causal_offset)))
                         pv = 0.f;
                     s[4 * t + e] = pv;
