@@ -174,10 +174,8 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
         bwd_load<D, BNB>(sK, kg, 2 * p.k_row_stride, n0, klimit, tid);
         bwd_load<D, BNB>(sV, vg, 2 * p.v_row_stride, n0, klimit, tid);
 
-        // Q, dO, LSE and D of step `it` (query head hk * group + it / n_m) into stage st.
-        auto load_step = [&](int it, int st) {
-            const int h = hk * group + it / n_m;
-            const int m0 = m_begin + (it % n_m) * BM;
+        // Q, dO, LSE and D of query head h, rows m0 .., into stage st.
+        auto load_step = [&](int h, int m0, int st) {
             const char* qg = (const char*)p.q + 2 * (b * p.q_batch_stride + h * p.q_head_stride);
             const char* dog = (const char*)p.dout + 2 * (b * p.do_batch_stride + h * p.do_head_stride);
             bwd_load<D, BM>(sQ0 + st * QS_BYTES, qg, 2 * p.q_row_stride, m0, p.seqlen_q, tid);
@@ -193,19 +191,26 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
                 cp_async4(dst + BM * 4, delta + rb + (ok ? row : 0), ok ? 4 : 0);
             }
         };
-        load_step(0, 0);
+        // Step it is (query head h, rows m0 ..): the Q blocks of one head, then the next head.
+        // Kept as counters (a division per step costs registers the accumulators need).
+        int h = hk * group, m0 = m_begin;
+        load_step(h, m0, 0);
         cp_async_commit();
 
         for (int it = 0; it < total; ++it) {
             const int st = it & 1;
-            const int h = hk * group + it / n_m;
-            const int m0 = m_begin + (it % n_m) * BM;
             // Stage st has landed (and K, V before it); every thread is past step it - 1, so
             // stage st ^ 1 and the dS^T tile are free.
             cp_async_wait_all();
             fence_proxy_async();
             if ((tid & 127) == 0) bulk_wait_read<1>();  // step it - 2's dQ part is read
             __syncthreads();
+            // The next step's tiles (cp.async does not stall the thread; issued here, before
+            // the accumulators are live, it needs no extra registers).
+            int h_next = h, m_next = m0 + BM;
+            if (m_next >= p.seqlen_q) { m_next = m_begin; ++h_next; }
+            if (it + 1 < total) load_step(h_next, m_next, st ^ 1);
+            cp_async_commit();
 
             const unsigned sQ = sQ0 + st * QS_BYTES;
             const unsigned sdO = sdO0 + st * QS_BYTES;
@@ -230,9 +235,6 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
                 else M::ss_n128(dp, sw128_desc(va, 16), sw128_desc(ob, 16), kk > 0);
             }
             wgmma_commit();
-            // The next step's tiles, while the tensor cores work.
-            if (it + 1 < total) load_step(it + 1, st ^ 1);
-            cp_async_commit();
 
             // P^T while dP^T still runs. Key j is visible to query i iff j < klimit and
             // (causal) j <= i + causal_offset.
@@ -340,6 +342,8 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
                     bulk_reduce_add(dqacc + part * 4096, sDQ0 + (wg * 2 + st) * 16384, 16384);
                 }
             }
+            h = h_next;
+            m0 = m_next;
         }
         if ((tid & 127) == 0) bulk_wait_read<0>();  // shared memory outlives the copies
     }
