@@ -164,13 +164,14 @@ class CudaVariant(Candidate):
 
     def tensor_map_boxes(self, case: Case, *, num_splits: int, sm_count: int
                          ) -> list[tuple[str, Box]]:
-        """(tensor, box) of each `[[tensor_map]]` for `case` (the forward's only)."""
+        """(tensor, box) of each tensor map of this pass for `case`."""
         assert self.spec is not None
-        if self.backward_pass or not self.spec.tensor_maps:
+        maps = self.spec.pass_tensor_maps(self.backward_pass)
+        if not maps:
             return []
         env = self.env(case, num_splits=num_splits, sm_count=sm_count)
         return [(m.tensor, Box(m.box_rows.evaluate(env), m.box_cols.evaluate(env), m.swizzle))
-                for m in self.spec.tensor_maps]
+                for m in maps]
 
     def workspace_sizes(self, case: Case, *, num_splits: int, sm_count: int) -> list[int]:
         assert self.spec is not None
@@ -341,6 +342,8 @@ class CudaVariant(Candidate):
         maps = None
         if state.tensor_boxes:
             named = {"q": q, "k": k, "v": v, "o": out}
+            if grads is not None:
+                named["dout"] = grads[0]
             try:
                 maps = device_maps([named[t] for t, _ in state.tensor_boxes],
                                    [b for _, b in state.tensor_boxes])

@@ -34,6 +34,7 @@ from harness.candidates.variant_spec import (
     TENSOR_MAP_OPTIONAL,
     TENSOR_MAP_REQUIRED,
     TENSOR_MAP_TENSORS,
+    TENSOR_MAP_TENSORS_BWD,
     TIMING_MODES,
     TOP_OPTIONAL,
     TOP_REQUIRED,
@@ -279,20 +280,20 @@ def _workspaces(ctx: _Ctx, raw: Any, where0: str, names: frozenset[str]
     return tuple(workspaces)
 
 
-def _tensor_maps(ctx: _Ctx, raw: Any, names: frozenset[str]) -> tuple[TensorMapSpec, ...]:
-    """`[[tensor_map]]`: which tensor, the box (expressions, checked against TMA's rules
-    for each case when the map is encoded) and the swizzle."""
+def _tensor_maps(ctx: _Ctx, raw: Any, names: frozenset[str], key: str = "tensor_map",
+                 tensors: tuple[str, ...] = TENSOR_MAP_TENSORS) -> tuple[TensorMapSpec, ...]:
+    """`[[tensor_map]]` (or `[[backward.tensor_map]]`): which tensor, the box (expressions,
+    checked against TMA's rules for each case when the map is encoded) and the swizzle."""
     maps: list[TensorMapSpec] = []
-    raw_maps = _list(ctx, raw, "tensor_map", nonempty=False)
+    raw_maps = _list(ctx, raw, key, nonempty=False)
     if len(raw_maps) > MAX_TENSOR_MAPS:
-        raise ctx.fail("tensor_map", f"at most {MAX_TENSOR_MAPS} tensor maps, got {len(raw_maps)}")
+        raise ctx.fail(key, f"at most {MAX_TENSOR_MAPS} tensor maps, got {len(raw_maps)}")
     for i, m in enumerate(raw_maps):
-        where = f"tensor_map[{i}]"
+        where = f"{key}[{i}]"
         _keys(ctx, m, where, TENSOR_MAP_REQUIRED, TENSOR_MAP_OPTIONAL)
         tensor = _str(ctx, m["tensor"], f"{where}.tensor")
-        if tensor not in TENSOR_MAP_TENSORS:
-            raise ctx.fail(f"{where}.tensor", f"{tensor!r} is not one of "
-                           f"{', '.join(TENSOR_MAP_TENSORS)}")
+        if tensor not in tensors:
+            raise ctx.fail(f"{where}.tensor", f"{tensor!r} is not one of {', '.join(tensors)}")
         swizzle = _int(ctx, m.get("swizzle", 128), f"{where}.swizzle", 0)
         if swizzle not in (0, 32, 64, 128):
             raise ctx.fail(f"{where}.swizzle", f"{swizzle} must be 0, 32, 64 or 128 (bytes)")
@@ -331,7 +332,9 @@ def _backward(ctx: _Ctx, table: Any, names: frozenset[str], supports: SupportSpe
     return BackwardSpec(
         deterministic=_bool(ctx, table.get("deterministic", False), "backward.deterministic"),
         workspaces=_workspaces(ctx, table.get("workspace", []), "backward.workspace", names),
-        launches=_launches(ctx, table["launch"], "backward.launch", names, supports))
+        launches=_launches(ctx, table["launch"], "backward.launch", names, supports),
+        tensor_maps=_tensor_maps(ctx, table.get("tensor_map", []), names, "backward.tensor_map",
+                                 TENSOR_MAP_TENSORS_BWD))
 
 
 E = TypeVar("E", bound=StrEnum)

@@ -32,7 +32,7 @@ TOP_OPTIONAL = ("arch", "compile_options", "deterministic", "num_splits", "tiles
                 "timing", "timing_max_seqlen", "timing_min", "timing_cases", "backward",
                 "tensor_map")
 BACKWARD_REQUIRED = ("launch",)
-BACKWARD_OPTIONAL = ("deterministic", "workspace")
+BACKWARD_OPTIONAL = ("deterministic", "workspace", "tensor_map")
 # How the CI gate times a variant (harness.records.plan): "full" every timing case it
 # supports (as the budget allows), "smoke" its two cheapest, "none" correctness only.
 TIMING_MODES = ("full", "smoke", "none")
@@ -40,11 +40,13 @@ SUPPORTS_REQUIRED = ("dtypes", "head_dims", "masks", "gqa", "writes_lse")
 SUPPORTS_OPTIONAL = ("masked_lse", "max_seqlen_q", "max_seqlen_k", "decode_only", "max_head_dim",
                      "layouts", "window")
 WORKSPACE_KEYS = ("name", "dtype", "elements")
-# `[[tensor_map]]`: a TMA descriptor of one of the forward's tensors (harness.candidates.
-# tensor_map), FaParams.tensor_maps + 128 * i in declaration order.
+# `[[tensor_map]]` (and `[[backward.tensor_map]]`): a TMA descriptor of one of a pass's
+# tensors (harness.candidates.tensor_map), FaParams.tensor_maps + 128 * i in declaration
+# order. The backward may also map dO.
 TENSOR_MAP_REQUIRED = ("tensor", "box_rows", "box_cols")
 TENSOR_MAP_OPTIONAL = ("swizzle",)
 TENSOR_MAP_TENSORS = ("q", "k", "v", "o")
+TENSOR_MAP_TENSORS_BWD = ("q", "k", "v", "o", "dout")
 MAX_TENSOR_MAPS = 4
 LAUNCH_REQUIRED = ("entry", "grid", "block")
 LAUNCH_OPTIONAL = ("shared_mem",)
@@ -128,6 +130,7 @@ class BackwardSpec:
     deterministic: bool
     workspaces: tuple[WorkspaceSpec, ...]
     launches: tuple[LaunchSpec, ...]
+    tensor_maps: tuple[TensorMapSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,9 @@ class VariantSpec:
 
     def pass_workspaces(self, backward: bool = False) -> tuple[WorkspaceSpec, ...]:
         return self._pass(backward).workspaces
+
+    def pass_tensor_maps(self, backward: bool = False) -> tuple[TensorMapSpec, ...]:
+        return self._pass(backward).tensor_maps
 
     # --- entry points -------------------------------------------------------------------
     def expansions(self) -> list[tuple[str, int | None]]:

@@ -1,15 +1,17 @@
 // fa3_wgmma backward: the FA2 loop order (outer K/V, inner Q) on Hopper's wgmma.
 //
 // Concatenated after fa3_wgmma.cu (the manifest lists both): it uses that file's wgmma
-// wrappers, matrix descriptors and 128-byte swizzle. Three launches: fa_bwd_pre (D =
-// rowsum(dO * O), the fp32 dQ accumulator zeroed; its order is DqIndex), bwd_main below, fa_bwd_post (dQ =
-// scale * accumulator).
+// wrappers, descriptors, TMA and mbarrier helpers. Three launches: fa_bwd_pre (D =
+// rowsum(dO * O), the fp32 dQ accumulator zeroed; its order is DqIndex), bwd_main below,
+// fa_bwd_post (dQ = scale * accumulator).
 //
 // bwd_main: one CTA per block of 128 keys of one K/V head, two warpgroups of 64 keys each.
 // K and V stay in shared memory; the CTA walks every query head of its GQA group (dK and
 // dV are summed over the group in registers and written once) and every Q block of BM
-// rows that sees its keys (BM = 64 at d = 128, 128 at d = 64, so a Q or dO tile is 16 KB),
-// Q, dO, LSE and D double-buffered by cp.async. Per Q block, each warpgroup:
+// rows that sees its keys (BM = 64 at d = 128, 128 at d = 64, so a Q or dO tile is 16 KB).
+// One thread has the Tensor Memory Accelerator bring K and V once and Q and dO per step
+// (the [[backward.tensor_map]] tables; 128-byte swizzle, two stages, mbarriers), LSE and D
+// come by plain loads into shared memory. Per Q block, each warpgroup:
 //     S^T  = K_w Q^T,  dP^T = V_w dO^T        wgmma, both operands K-major in shared memory
 //     P^T  = exp2(S^T scale log2 e - LSE log2 e),  dS^T = P^T (dP^T - D)   in registers
 //     dV  += P^T dO,   dK  += dS^T Q           wgmma, P^T / dS^T as register A-fragments
@@ -18,13 +20,14 @@
 //                      warpgroup multiplies a 64 x 64 part of dQ over all 128 keys (both
 //                      operands MN-major), stores it to shared memory and one thread adds
 //                      it to the fp32 accumulator with a bulk reduction (the copy engine
-//                      adds in L2; other CTAs own the other keys of these rows). Per-element
-//                      atomics were slower, and the proxy fences waited for them.
-// cp.async and st.shared write through the generic proxy and wgmma reads through the
-// async proxy: every writer runs fence.proxy.async before the barrier that publishes.
+//                      adds in L2; other CTAs own the other keys of these rows).
+// st.shared writes through the generic proxy and wgmma and the bulk copies read through
+// the async proxy: the writers run fence.proxy.async before the barrier that publishes.
+// The tiles come by TMA rather than cp.async, so no thread has copies of its own in
+// flight when it runs those fences.
 // Masks: none, causal (both alignments via causal_offset; a CTA starts at the first Q block
-// that sees its keys), key padding. Keys and rows past the end arrive as zeros (cp.async
-// zero-fill: no NaN from stale memory reaches dP). A fully masked row has LSE = -inf, read
+// that sees its keys), key padding. Keys and rows past the end arrive as zeros (the tensor
+// maps' bounds: no NaN from stale memory reaches dP). A fully masked row has LSE = -inf, read
 // as +inf so that P = 0: its dQ stays 0 and it adds nothing to dK / dV. A row past the end
 // reads LSE = D = 0 with Q = dO = 0: P = 1 there, but dP = dS = 0 and dO = 0 add nothing.
 // The dQ additions land in the order CTAs finish: not bitwise deterministic.
@@ -35,20 +38,6 @@ constexpr int BNB = 128;  // keys per CTA
 
 template <int D> struct BwdTile { static constexpr int BM = 8192 / D; };
 
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async4(unsigned dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
-                 :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
@@ -88,28 +77,6 @@ __device__ __forceinline__ DqIndex dq_index(const FaParams& p) {
     return DqIndex{p.seqlen_q, (p.seqlen_q + 63) / 64};
 }
 
-// ROWS x D tile from global rows r0 .. into the 128-byte swizzle the descriptors read:
-// 64-column halves ROWS * 128 bytes apart, 16-byte chunk c of row r at c ^ (r % 8). Rows at
-// or past rmax are zero-filled.
-template <int D, int ROWS>
-__device__ __forceinline__ void bwd_load(unsigned sbase, const char* gbase, long long row_bytes,
-                                         int r0, int rmax, int tid) {
-    constexpr int CH = D / 8;
-    constexpr int TOTAL = ROWS * CH;
-    static_assert(TOTAL % kBwdThreads == 0, "tile must split evenly over the block");
-#pragma unroll
-    for (int it = 0; it < TOTAL / kBwdThreads; ++it) {
-        const int i = it * kBwdThreads + tid;
-        const int row = i / CH;
-        const int ch = i % CH;
-        const int grow = r0 + row;
-        const bool ok = grow < rmax;
-        const char* src = gbase + (long long)(ok ? grow : 0) * row_bytes + ch * 16;
-        const unsigned dst = sbase + (ch >> 3) * (ROWS * 128) + row * 128 + (((ch & 7) ^ (row & 7)) << 4);
-        cp_async16(dst, src, ok ? 16 : 0);
-    }
-}
-
 template <int D, bool BF16>
 __device__ __forceinline__ void bwd_main(const FaParams& p) {
     using M = Mma<BF16>;
@@ -130,8 +97,12 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
     const unsigned sDQ0 = sDS + DS_BYTES;
     // Per stage: BM values of LSE, BM of D.
     const unsigned sStat = sDQ0 + 4 * 16384;
-    const float* stat = (const float*)(smem_raw + (sStat - raw));
-    constexpr unsigned kSmem = 2 * KV_BYTES + 4 * QS_BYTES + DS_BYTES + 4 * 16384 + 16 * BM + 1024;
+    float* stat_w = (float*)(smem_raw + (sStat - raw));
+    const float* stat = stat_w;
+    // mbarriers: K and V landed; stage 0 and stage 1 (Q and dO) landed.
+    const unsigned bar_kv = sStat + 16 * BM;
+    const unsigned bar_st = bar_kv + 8;
+    constexpr unsigned kSmem = 2 * KV_BYTES + 4 * QS_BYTES + DS_BYTES + 4 * 16384 + 16 * BM + 24 + 1024;
     if (fa_dynamic_smem_bytes() < kSmem) __trap();  // the manifest asked for too little
 
     const int tid = threadIdx.x;
@@ -167,50 +138,62 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
     const int nw = BM == 128 ? 0 : wg;
 
     if (total > 0) {
-        const char* kg = (const char*)p.k + 2 * (b * p.k_batch_stride + hk * p.k_head_stride);
-        const char* vg = (const char*)p.v + 2 * (b * p.v_batch_stride + hk * p.v_head_stride);
         const float* delta = (const float*)p.workspace[0];
         float* dqacc = (float*)p.workspace[1];
-        bwd_load<D, BNB>(sK, kg, 2 * p.k_row_stride, n0, klimit, tid);
-        bwd_load<D, BNB>(sV, vg, 2 * p.v_row_stride, n0, klimit, tid);
-
-        // Q, dO, LSE and D of query head h, rows m0 .., into stage st.
+        const char* maps = (const char*)p.tensor_maps;  // Q, K, V, dO (manifest order)
+        if (tid == 0) {
+            mbar_init(bar_kv, 1);
+            mbar_init(bar_st, 1);
+            mbar_init(bar_st + 8, 1);
+        }
+        __syncthreads();
+        // The copies of one (ROWS x D) tile: one TMA box per 64-column half.
+        auto tma_tile = [&](unsigned dst, int map, unsigned bar, int rows, int row0, int head) {
+#pragma unroll
+            for (int half = 0; half < D / 64; ++half)
+                tma_load(dst + half * rows * 128, maps + 128 * map, bar, half * 64, row0, head, b);
+        };
+        // Q and dO of query head h, rows m0 .., into stage st (one thread issues them).
         auto load_step = [&](int h, int m0, int st) {
-            const char* qg = (const char*)p.q + 2 * (b * p.q_batch_stride + h * p.q_head_stride);
-            const char* dog = (const char*)p.dout + 2 * (b * p.do_batch_stride + h * p.do_head_stride);
-            bwd_load<D, BM>(sQ0 + st * QS_BYTES, qg, 2 * p.q_row_stride, m0, p.seqlen_q, tid);
-            bwd_load<D, BM>(sdO0 + st * QS_BYTES, dog, 2 * p.do_row_stride, m0, p.seqlen_q, tid);
-            // LSE and D by cp.async too: a plain load would stall the thread until it lands.
-            // Rows past the end read as 0 (their Q and dO are zeros: P = 1, dS = 0).
-            const long long rb = ((long long)b * p.heads + h) * p.seqlen_q;
-            for (int i = tid; i < BM; i += kBwdThreads) {
+            mbar_expect_tx(bar_st + 8 * st, 2 * QS_BYTES);
+            tma_tile(sQ0 + st * QS_BYTES, 0, bar_st + 8 * st, BM, m0, h);
+            tma_tile(sdO0 + st * QS_BYTES, 3, bar_st + 8 * st, BM, m0, h);
+        };
+        // LSE and D of those rows into stage st by plain loads and stores: the threads that
+        // do it wait for the loads, so it runs while their warpgroup's matmuls do. Rows past
+        // the end read as 0 (their Q and dO are zeros: P = 1, dS = 0, nothing is added).
+        auto load_stats = [&](int h, int m0, int st) {
+            const int i = tid & 127;
+            if (i < BM) {
                 const int row = m0 + i;
-                const bool ok = row < p.seqlen_q;
-                const unsigned dst = sStat + (st * 2 * BM + i) * 4;
-                cp_async4(dst, p.lse + rb + (ok ? row : 0), ok ? 4 : 0);
-                cp_async4(dst + BM * 4, delta + rb + (ok ? row : 0), ok ? 4 : 0);
+                const long long at = ((long long)b * p.heads + h) * p.seqlen_q + row;
+                const float v = row < p.seqlen_q ? (wg == 0 ? p.lse[at] : delta[at]) : 0.f;
+                stat_w[st * 2 * BM + wg * BM + i] = v;
             }
         };
         // Step it is (query head h, rows m0 ..): the Q blocks of one head, then the next head.
         // Kept as counters (a division per step costs registers the accumulators need).
         int h = hk * group, m0 = m_begin;
-        load_step(h, m0, 0);
-        cp_async_commit();
+        if (tid == 0) {
+            mbar_expect_tx(bar_kv, 2 * KV_BYTES);
+            tma_tile(sK, 1, bar_kv, BNB, n0, hk);
+            tma_tile(sV, 2, bar_kv, BNB, n0, hk);
+            load_step(h, m0, 0);
+        }
+        load_stats(h, m0, 0);
+        mbar_wait(bar_kv, 0);
 
         for (int it = 0; it < total; ++it) {
             const int st = it & 1;
-            // Stage st has landed (and K, V before it); every thread is past step it - 1, so
-            // stage st ^ 1 and the dS^T tile are free.
-            cp_async_wait_all();
-            fence_proxy_async();
+            // Stage st has landed; every thread is past step it - 1, so stage st ^ 1, the
+            // dS^T tile and this step's dQ part are free.
+            mbar_wait(bar_st + 8 * st, (unsigned)(it >> 1) & 1u);
             if ((tid & 127) == 0) bulk_wait_read<1>();  // step it - 2's dQ part is read
             __syncthreads();
-            // The next step's tiles (cp.async does not stall the thread; issued here, before
-            // the accumulators are live, it needs no extra registers).
             int h_next = h, m_next = m0 + BM;
             if (m_next >= p.seqlen_q) { m_next = m_begin; ++h_next; }
-            if (it + 1 < total) load_step(h_next, m_next, st ^ 1);
-            cp_async_commit();
+            const bool more = it + 1 < total;
+            if (more && tid == 0) load_step(h_next, m_next, st ^ 1);
 
             const unsigned sQ = sQ0 + st * QS_BYTES;
             const unsigned sdO = sdO0 + st * QS_BYTES;
@@ -235,6 +218,7 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
                 else M::ss_n128(dp, sw128_desc(va, 16), sw128_desc(ob, 16), kk > 0);
             }
             wgmma_commit();
+            if (more) load_stats(h_next, m_next, st ^ 1);
 
             // P^T while dP^T still runs. Key j is visible to query i iff j < klimit and
             // (causal) j <= i + causal_offset.
