@@ -61,7 +61,7 @@ template <int N> __device__ __forceinline__ void bulk_wait_read() {
 // A part is then one contiguous copy: the bulk reduction adds it as it is.
 struct DqIndex {
     int nq;
-    int nblk;  // ceil(nq / 64)
+    int nblk;  // 2 ceil(nq / 128): a d = 64 step covers two blocks, also past the end
     template <int D> __device__ __forceinline__ long long at(long long row, int c) const {
         const long long bh = row / nq;
         const int i = (int)(row % nq);
@@ -75,7 +75,7 @@ struct DqIndex {
     }
 };
 __device__ __forceinline__ DqIndex dq_index(const FaParams& p) {
-    return DqIndex{p.seqlen_q, (p.seqlen_q + 63) / 64};
+    return DqIndex{p.seqlen_q, 2 * ((p.seqlen_q + 127) / 128)};
 }
 
 template <int D, bool BF16>
