@@ -33,16 +33,30 @@ def test_fa3_wgmma_runs_on_warpgroup_mma_without_local_memory():
     spec = load_variant_dir(KERNELS_ROOT / "fa3_wgmma")
     sass = _sass("fa3_wgmma")
     assert set(sass) == set(spec.entry_names())
+    forward = {n: t for n, t in sass.items() if "_fwd_" in n}
+    main = {n: t for n, t in sass.items() if "_bwd_main_" in n}
+    assert len(forward) == 4 and len(main) == 4
     for name, text in sass.items():
+        assert count(text, "LDL") == 0 and count(text, "STL") == 0, (name, "local memory")
+        assert count(text, "HMMA") == 0, name
+    for name, text in forward.items():
         ops = opcode_counts(text)
         d = 128 if name.endswith("d128") else 64
         # S = QK^T takes d/16 k-steps of 16, PV 128/16 (one per 16 keys of a tile): at
         # least one S and one PV must be on warpgroup MMAs.
         assert count(text, "HGMMA") >= d // 16 + 8, (name, ops)
-        assert count(text, "HMMA") == 0, name
-        assert count(text, "LDL") == 0 and count(text, "STL") == 0, (name, "local memory")
         assert count(text, "USETMAXREG") == 2, name   # producer gives, consumers take
         assert any(op.startswith("HGMMA.64x128x16.F32") for op in ops), name
+    for name, text in main.items():
+        ops = opcode_counts(text)
+        d = 128 if name.endswith("d128") else 64
+        bm = 8192 // d
+        # Per step: S^T and dP^T (d/16 k-steps each), dV and dK (BM/16 each) and dQ.
+        assert count(text, "HGMMA") >= 2 * (d // 16) + 2 * (bm // 16), (name, ops)
+        assert "tnspA.tnspB" in text, (name, "dQ from dS^T and K")
+        assert count(text, "UBLKRED") >= 1, (name, "dQ by bulk reduction")
+        assert count(text, "UTMALDG") >= 1, (name, "tiles by TMA")
+        assert count(text, "LDGSTS") == 0, (name, "no cp.async in flight at the fences")
 
 
 @needs_tools

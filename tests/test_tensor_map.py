@@ -133,3 +133,56 @@ def test_fa3_wgmma_declares_q_k_v_maps_in_the_order_its_kernel_reads():
     assert [m.tensor for m in spec.tensor_maps] == ["q", "k", "v"]
     src = spec.full_source()
     assert "maps + 128" in src and "maps + 256" in src   # K at 1, V at 2
+
+
+BACKWARD = """
+[backward]
+[[backward.launch]]
+entry = "v_bwd_{dtype}"
+grid = ["ceil_div(seqlen_k, 128)", "kv_heads", "batch"]
+block = [256, 1, 1]
+
+[[backward.tensor_map]]
+tensor = "dout"
+box_rows = "8192 // head_dim"
+box_cols = 64
+"""
+KERNEL_BWD = KERNEL + 'extern "C" __global__ void v_bwd_fp16(FaParams p) {}\n'
+
+
+def _variant_bwd(root: Path, manifest: str) -> Path:
+    d = _variant(root, manifest)
+    (d / "v.cu").write_text(KERNEL_BWD)
+    return d
+
+
+def test_the_backward_has_its_own_maps_and_may_map_dout(tmp_path):
+    spec = load_variant_dir(_variant_bwd(tmp_path, HEAD + MAPS + BACKWARD))
+    assert [m.tensor for m in spec.pass_tensor_maps()] == ["k"]
+    assert [m.tensor for m in spec.pass_tensor_maps(backward=True)] == ["dout"]
+    case = Case(2, 4, 4, 256, 256, 128, "float16", MaskKind.NONE)
+    fwd = CudaVariant.from_spec(spec)
+    bwd = CudaVariant.from_spec(spec)
+    bwd.backward_pass = True   # as run_backward makes it
+    assert fwd.tensor_map_boxes(case, num_splits=1, sm_count=132) == [("k", Box(128, 64, 128))]
+    assert bwd.tensor_map_boxes(case, num_splits=1, sm_count=132) == [("dout", Box(64, 64, 128))]
+
+
+def test_dout_is_the_backwards_alone(tmp_path):
+    with pytest.raises(VariantError) as info:
+        load_variant_dir(_variant(tmp_path, HEAD + MAPS.replace('tensor = "k"', 'tensor = "dout"')))
+    assert "tensor_map[0].tensor" in str(info.value) and "'dout'" in str(info.value)
+    bad = BACKWARD.replace('tensor = "dout"', 'tensor = "dq"')
+    with pytest.raises(VariantError) as info:
+        load_variant_dir(_variant_bwd(tmp_path, HEAD + bad))
+    assert "backward.tensor_map[0].tensor" in str(info.value), str(info.value)
+
+
+def test_fa3_wgmma_backward_maps_q_k_v_dout_in_the_order_its_kernel_reads():
+    spec = load_variant_dir(KERNELS_ROOT / "fa3_wgmma")
+    assert [m.tensor for m in spec.pass_tensor_maps(backward=True)] == ["q", "k", "v", "dout"]
+    src = spec.full_source()
+    # tma_tile(dst, map, ...): Q is map 0, K 1, V 2, dO 3.
+    for call in ("tma_tile(sQ0 + st * QS_BYTES, 0,", "tma_tile(sK, 1,", "tma_tile(sV, 2,",
+                 "tma_tile(sdO0 + st * QS_BYTES, 3,"):
+        assert call in src, call
