@@ -96,7 +96,7 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
     // Two 16 KB dQ parts per warpgroup (double-buffered: one may still be read by the
     // previous step's bulk reduction).
     const unsigned sDQ0 = sDS + DS_BYTES;
-    // Per stage: BM values of LSE, BM of D.
+    // Per stage: BM values of LSE log2(e), BM of D.
     const unsigned sStat = sDQ0 + 4 * 16384;
     float* stat_w = (float*)(smem_raw + (sStat - raw));
     const float* stat = stat_w;
@@ -168,7 +168,9 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
             if (i < BM) {
                 const int row = m0 + i;
                 const long long at = ((long long)b * p.heads + h) * p.seqlen_q + row;
-                const float v = row < p.seqlen_q ? (wg == 0 ? p.lse[at] : delta[at]) : 0.f;
+                float v = row < p.seqlen_q ? (wg == 0 ? p.lse[at] : delta[at]) : 0.f;
+                // LSE in the exp2 domain; a fully masked row (-inf) subtracts +inf: P = 0.
+                if (wg == 0) v = v == neg_inf() ? __int_as_float(0x7f800000) : v * 1.4426950408889634f;
                 stat_w[st * 2 * BM + wg * BM + i] = v;
             }
         };
@@ -198,8 +200,8 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
 
             const unsigned sQ = sQ0 + st * QS_BYTES;
             const unsigned sdO = sdO0 + st * QS_BYTES;
-            const float* lse = stat + st * 2 * BM;
-            const float* del = lse + BM;
+            const float* lse2 = stat + st * 2 * BM;
+            const float* del = lse2 + BM;
 
             float s[BM / 2], dp[BM / 2];
             wgmma_fence();
@@ -234,10 +236,7 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
                 for (int e = 0; e < 4; ++e) {
                     const int key = key0 + ((e >> 1) << 3);
                     const int qi = t * 8 + q4 * 2 + (e & 1);
-                    // A fully masked row (LSE = -inf) subtracts +inf: P = 0.
-                    const float l = lse[qi];
-                    const float l2 = l == neg_inf() ? __int_as_float(0x7f800000) : l * 1.4426950408889634f;
-                    float pv = exp2f(fmaf(s[4 * t + e], p.scale_log2, -l2));
+                    float pv = exp2f(fmaf(s[4 * t + e], p.scale_log2, -lse2[qi]));
                     if (need_mask && (key >= klimit || (causal && key > m0 + qi + p.causal_offset)))
                         pv = 0.f;
                     s[4 * t + e] = pv;
