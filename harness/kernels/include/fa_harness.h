@@ -191,7 +191,7 @@ __device__ __forceinline__ float fa_warp_sum(float x) {
 }
 
 // The first and last launches of an FA2-style backward (outer K/V loop, dQ accumulated in
-// fp32 by atomics), one warp per query row, 4 rows per 128-thread block:
+// fp32 by atomics or bulk reductions), one warp per query row, 4 rows per 128-thread block:
 //   fa_bwd_pre:  delta[row] = rowsum(dO * O) (the D term of dS), dq_acc's row zeroed;
 //   fa_bwd_post: dQ = scale * dq_acc, in the input dtype.
 // delta is (B, H, Nq) float32; dq_acc holds element (row, c) at index(row, c), row counting
