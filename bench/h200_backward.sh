@@ -6,6 +6,12 @@
 # sanitize: compute-sanitizer (SAN_TOOLS, default memcheck racecheck) on the backward of
 #           SAN_VARIANT (default harness/kernels/fa2_mma), small cases (SAN_CASES)
 # perf:     the perf-bwd grid (PERF_BWD_CASES, default all) with the peers in the same run
+# ab:       AB_KERNELS (two versions, one a renamed copy under FA_HARNESS_KERNELS) timed
+#           on AB_CASES in one run, not recorded (a before/after of a kernel change)
+# full:     the full grid's backward of FULL_KERNELS under each of SECRETS secrets
+#           (SECRET0 + 1, ...), 2 repeats, one log
+# The device returns at most 8 files: JSON=0 leaves out the --json copies (the logs and the
+# record hold the results).
 # Set FA_HARNESS_COMMIT / FA_HARNESS_BRANCH to the commit measured (the tree comes without
 # .git). Logs, the JSON results and the run records go to $OUT.
 set -uo pipefail
@@ -20,6 +26,7 @@ mkdir -p "$FA_HARNESS_HOME"
 FA="python3 -m harness"
 KERNELS=${KERNELS:-fa2_mma,triton_fa2,sdpa_flash,sdpa_cudnn,sdpa_efficient,flex_attention}
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
+json() { [ "${JSON:-1}" = 0 ] || echo "--json $OUT/$1"; }
 
 step() {  # step NAME TIMEOUT_S CMD...: run, log to $OUT/NAME.log, print its tail
   local name=$1 limit=$2; shift 2
@@ -34,11 +41,23 @@ for stage in "$@"; do
   case $stage in
     check)
       step check-smoke "${CHECK_S:-240}" $FA run --grid smoke --backward --kernels "$KERNELS" \
-        --repeats 2 --no-progress --json "$OUT/check-smoke.json" --no-store ;;
+        --repeats 2 --no-progress $(json check-smoke.json) --no-store ;;
     full)
-      step check-full "${FULL_S:-300}" $FA run --grid full --backward \
-        --kernels "${FULL_KERNELS:-fa2_mma,triton_fa2}" --repeats 2 --no-progress \
-        --secret "${SECRET:-0}" --json "$OUT/check-full.json" --no-store ;;
+      : >"$OUT/check-full.log"
+      for i in $(seq 1 "${SECRETS:-1}"); do
+        secret=$((${SECRET0:-90100} + i))
+        t0=$SECONDS
+        echo "### secret $secret" >>"$OUT/check-full.log"
+        timeout --kill-after=10 "${FULL_S:-300}" $FA run --grid full --backward \
+          --kernels "${FULL_KERNELS:-fa2_mma,triton_fa2}" --repeats 2 --no-progress \
+          --secret "$secret" --no-store >>"$OUT/check-full.log" 2>&1
+        echo "== full secret $secret: rc=$?, $((SECONDS - t0)) s" | tee -a "$OUT/times.txt"
+      done
+      tail -n "${TAIL:-25}" "$OUT/check-full.log" ;;
+    ab)
+      step ab "${AB_S:-120}" $FA run --grid perf-bwd --kernels "$AB_KERNELS" \
+        ${AB_CASES:+--cases "$AB_CASES"} --no-progress ${MIN_TIME:+--min-time "$MIN_TIME"} \
+        $(json ab.json) --no-store ;;
     sanitize)
       CASES=${SAN_CASES:-b2h4k2-113x203-d64-fp16-causal_br,b1h4-203x113-d128-bf16-key_padding}
       for tool in ${SAN_TOOLS:-memcheck racecheck}; do
@@ -49,7 +68,7 @@ for stage in "$@"; do
     perf)
       step perf-bwd "${PERF_S:-420}" $FA run --grid perf-bwd --kernels "$KERNELS" \
         ${PERF_BWD_CASES:+--cases "$PERF_BWD_CASES"} --no-progress ${MIN_TIME:+--min-time "$MIN_TIME"} \
-        --json "$OUT/perf-bwd.json" --record "$OUT/h200-$stamp-perf-bwd.json" ;;
+        $(json perf-bwd.json) --record "$OUT/h200-$stamp-perf-bwd.json" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

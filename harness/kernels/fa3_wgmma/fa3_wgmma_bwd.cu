@@ -1,9 +1,9 @@
 // fa3_wgmma backward: the FA2 loop order (outer K/V, inner Q) on Hopper's wgmma.
 //
 // Concatenated after fa3_wgmma.cu (the manifest lists both): it uses that file's wgmma
-// wrappers, descriptors, TMA and mbarrier helpers. Three launches: fa_bwd_pre (D =
-// rowsum(dO * O), the fp32 dQ accumulator zeroed; its order is DqIndex), bwd_main below,
-// fa_bwd_post (dQ = scale * accumulator).
+// wrappers, descriptors, TMA and mbarrier helpers. Three launches: bwd_pre (D =
+// rowsum(dO * O), the fp32 dQ accumulator zeroed), bwd_main below, bwd_post (dQ = scale *
+// accumulator, read in the accumulator's own order DqIndex).
 //
 // bwd_main: one CTA per block of 128 keys of one K/V head, two warpgroups of 64 keys each.
 // K and V stay in shared memory; the CTA walks every query head of its GQA group (dK and
@@ -76,6 +76,109 @@ struct DqIndex {
 };
 __device__ __forceinline__ DqIndex dq_index(const FaParams& p) {
     return DqIndex{p.seqlen_q, 2 * ((p.seqlen_q + 127) / 128)};
+}
+
+// The first and last launches move every element of O, dO, dQ and the fp32 accumulator
+// once: at N = 1k they are a tenth of the backward's time, so they use 16-byte accesses
+// in the order memory holds them. (The shared fa_bwd_pre / fa_bwd_post walk rows, which
+// touches DqIndex's order 4 bytes at a time, a quarter of each 32-byte sector.)
+//
+// bwd_pre: D / 8 threads per row, each one 16-byte load of O and of dO (1024 / D rows per
+// 128-thread block); the block then zeroes its contiguous share of the whole accumulator
+// (padding blocks too) by float4 stores. Rows not 16-byte aligned take the scalar path.
+template <int D, bool BF16>
+__device__ __forceinline__ void bwd_pre(const FaParams& p) {
+    constexpr int DT = BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
+    constexpr int TPR = D / 8;
+    constexpr int RPB = 128 / TPR;
+    const int tid = threadIdx.x;
+    const long long rows = (long long)p.batch * p.heads * p.seqlen_q;
+    const long long row = (long long)blockIdx.x * RPB + tid / TPR;
+    const int c = (tid % TPR) * 8;
+    float acc = 0.f;
+    if (row < rows) {
+        const int i = (int)(row % p.seqlen_q);
+        const int h = (int)((row / p.seqlen_q) % p.heads);
+        const int b = (int)(row / ((long long)p.seqlen_q * p.heads));
+        const unsigned short* o = (const unsigned short*)p.o + b * p.o_batch_stride +
+                                  h * p.o_head_stride + (long long)i * p.o_row_stride + c;
+        const unsigned short* dO = (const unsigned short*)p.dout + b * p.do_batch_stride +
+                                   h * p.do_head_stride + (long long)i * p.do_row_stride + c;
+        if ((((unsigned long long)o | (unsigned long long)dO) & 15ull) == 0) {
+            float fo[8], fd[8];
+            fa_unpack8<DT>(*(const uint4*)o, fo);
+            fa_unpack8<DT>(*(const uint4*)dO, fd);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc += fo[e] * fd[e];
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc += FaElem<DT>::to_float(o[e]) * FaElem<DT>::to_float(dO[e]);
+        }
+    }
+#pragma unroll
+    for (int off = TPR / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (row < rows && tid % TPR == 0) ((float*)p.workspace[0])[row] = acc;
+
+    const DqIndex ix = dq_index(p);
+    const long long n4 = (long long)p.batch * p.heads * ix.nblk * 64 * D / 4;
+    const long long per = (n4 + gridDim.x - 1) / gridDim.x;
+    const long long z1 = min(((long long)blockIdx.x + 1) * per, n4);
+    float4* acc4 = (float4*)p.workspace[1];
+    for (long long k = (long long)blockIdx.x * per + tid; k < z1; k += 128)
+        acc4[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// bwd_post: one block per 64 x 64 part of the accumulator (16 KB, contiguous), read as
+// float4 in memory order, put back in (row, column) order in shared memory, then written
+// as dQ rows by 16-byte stores. The part's float4 k belongs to the wgmma thread T = k / 8
+// (warp T / 32, lane T % 32), chunk t = (k % 8) ^ (lane % 8): rows 16 warp + lane / 4 (+ 8
+// for .z .w), columns 8t + 2 (lane % 4) (+ 1 for .y .w), as DqIndex lays them.
+template <int D, bool BF16>
+__device__ __forceinline__ void bwd_post(const FaParams& p) {
+    constexpr int DT = BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
+    __shared__ __align__(16) float tile[64][68];  // 68: rows 16-byte aligned, banks spread
+    const int tid = threadIdx.x;
+    const int blk = blockIdx.x / (D / 64);
+    const int cpart = blockIdx.x % (D / 64);
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    const DqIndex ix = dq_index(p);
+    const long long part = (((long long)b * p.heads + h) * ix.nblk + blk) * (D / 64) + cpart;
+    const float4* src = (const float4*)((const float*)p.workspace[1] + part * 4096);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int k = tid + 128 * j;
+        const float4 v = src[k];
+        const int ln = (k >> 3) & 31;
+        const int r0 = 16 * (k >> 8) + (ln >> 2);
+        const int c0 = 8 * ((k & 7) ^ (ln & 7)) + 2 * (ln & 3);
+        *(float2*)&tile[r0][c0] = make_float2(v.x, v.y);
+        *(float2*)&tile[r0 + 8][c0] = make_float2(v.z, v.w);
+    }
+    __syncthreads();
+    unsigned short* dq = (unsigned short*)p.dq + b * p.dq_batch_stride + h * p.dq_head_stride +
+                         cpart * 64;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int q = tid + 128 * j;
+        const int r = q >> 3;
+        const int c8 = (q & 7) * 8;
+        const int row = blk * 64 + r;
+        if (row >= p.seqlen_q) continue;
+        const float4 a = *(const float4*)&tile[r][c8];
+        const float4 e = *(const float4*)&tile[r][c8 + 4];
+        unsigned short* dst = dq + (long long)row * p.dq_row_stride + c8;
+        if (((unsigned long long)dst & 15ull) == 0) {
+            *(uint4*)dst = make_uint4(pack2<BF16>(a.x * p.scale, a.y * p.scale),
+                                      pack2<BF16>(a.z * p.scale, a.w * p.scale),
+                                      pack2<BF16>(e.x * p.scale, e.y * p.scale),
+                                      pack2<BF16>(e.z * p.scale, e.w * p.scale));
+        } else {
+            const float f[8] = {a.x, a.y, a.z, a.w, e.x, e.y, e.z, e.w};
+#pragma unroll
+            for (int u = 0; u < 8; ++u) dst[u] = FaElem<DT>::from_float(f[u] * p.scale);
+        }
+    }
 }
 
 template <int D, bool BF16>
@@ -353,17 +456,14 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
 
 #define FA3WG_BWD_ENTRIES(SUF, D, BF16)                                                      \
     extern "C" __global__ void __launch_bounds__(128) fa3_wgmma_bwd_pre_##SUF(FaParams p) { \
-        fa_bwd_pre<D, BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16>(p, (float*)p.workspace[0],       \
-                                                           (float*)p.workspace[1],           \
-                                                           fa3wg::dq_index(p));              \
+        fa3wg::bwd_pre<D, BF16>(p);                                                          \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(fa3wg::kBwdThreads, 1)                      \
         fa3_wgmma_bwd_main_##SUF(FaParams p) {                                               \
         fa3wg::bwd_main<D, BF16>(p);                                                         \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(128) fa3_wgmma_bwd_post_##SUF(FaParams p) { \
-        fa_bwd_post<D, BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16>(p, (const float*)p.workspace[1], \
-                                                            fa3wg::dq_index(p));               \
+        fa3wg::bwd_post<D, BF16>(p);                                                         \
     }
 
 FA3WG_BWD_ENTRIES(fp16_d64, 64, false)
