@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The backward on the H200 test machine, in stages, each bounded in time:
 #     bash bench/h200_backward.sh check sanitize perf     # any of these, in order
-# check:    the backward of every candidate that has one on the smoke grid (2 repeats,
+# check:    the backward of CHECK_KERNELS (default KERNELS) on the smoke grid (2 repeats,
 #           bitwise compared) and on the full grid's backward for the in-repo kernels
 # sanitize: compute-sanitizer (SAN_TOOLS, default memcheck racecheck) on the backward of
 #           SAN_VARIANT (default harness/kernels/fa2_mma), small cases (SAN_CASES)
@@ -40,7 +40,7 @@ step() {  # step NAME TIMEOUT_S CMD...: run, log to $OUT/NAME.log, print its tai
 for stage in "$@"; do
   case $stage in
     check)
-      step check-smoke "${CHECK_S:-240}" $FA run --grid smoke --backward --kernels "$KERNELS" \
+      step check-smoke "${CHECK_S:-240}" $FA run --grid smoke --backward --kernels "${CHECK_KERNELS:-$KERNELS}" \
         --repeats 2 --no-progress $(json check-smoke.json) --no-store ;;
     full)
       : >"$OUT/check-full.log"
