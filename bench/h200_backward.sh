@@ -7,7 +7,8 @@
 #           SAN_VARIANT (default harness/kernels/fa2_mma), small cases (SAN_CASES)
 # perf:     the perf-bwd grid (PERF_BWD_CASES, default all) with the peers in the same run
 # ab:       AB_KERNELS (two versions, one a renamed copy under FA_HARNESS_KERNELS) timed
-#           on AB_CASES in one run, not recorded (a before/after of a kernel change)
+#           on AB_CASES of AB_GRID (default perf-bwd) in one run, not recorded (a
+#           before/after of a kernel change), logged as AB_NAME (default ab)
 # full:     the full grid's backward of FULL_KERNELS under each of SECRETS secrets
 #           (SECRET0 + 1, ...), 2 repeats, one log
 # The device returns at most 8 files: JSON=0 leaves out the --json copies (the logs and the
@@ -55,9 +56,9 @@ for stage in "$@"; do
       done
       tail -n "${TAIL:-25}" "$OUT/check-full.log" ;;
     ab)
-      step ab "${AB_S:-120}" $FA run --grid perf-bwd --kernels "$AB_KERNELS" \
+      step "${AB_NAME:-ab}" "${AB_S:-120}" $FA run --grid "${AB_GRID:-perf-bwd}" --kernels "$AB_KERNELS" \
         ${AB_CASES:+--cases "$AB_CASES"} --no-progress ${MIN_TIME:+--min-time "$MIN_TIME"} \
-        $(json ab.json) --no-store ;;
+        $(json "${AB_NAME:-ab}.json") --no-store ;;
     sanitize)
       CASES=${SAN_CASES:-b2h4k2-113x203-d64-fp16-causal_br,b1h4-203x113-d128-bf16-key_padding}
       for tool in ${SAN_TOOLS:-memcheck racecheck}; do

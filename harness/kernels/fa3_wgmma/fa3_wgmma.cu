@@ -1,6 +1,7 @@
 // fa3_wgmma: a Hopper (sm_90a) forward: warp specialization, mbarrier pipeline, wgmma.
 //
-// One CTA = 3 warpgroups over a 128-row Q block (the FA3 design, in its plainest form):
+// Persistent CTAs (one per SM), each taking 128-row Q blocks of one head from a counter;
+// a CTA is 3 warpgroups (the FA3 design, in its plainest form):
 //   - warpgroup 0 is the producer: one of its threads has the Tensor Memory Accelerator
 //     bring Q once, then K_j and V_j into a STAGES-deep ring of shared-memory slots
 //     (cp.async.bulk.tensor through the tensor maps the harness encodes on the host for
@@ -21,16 +22,16 @@
 // arrive as zeros (the tensor map's bounds), and are masked or never written.
 // Softmax: exp2 domain, the -inf guard of fa2_mma (a row that has seen no key subtracts 0),
 // O / l at the end, LSE = ln(sum exp(scale * s)); a row that sees no key: O = 0, LSE = -inf.
-// Masks: none, causal (both alignments through causal_offset), key padding; causal CTAs
-// stop at their last visible tile and run longest first.
+// Masks: none, causal (both alignments through causal_offset), key padding; a causal Q
+// block stops at its last visible tile, and the longest blocks are taken first.
 #include "fa_harness.h"
 
 namespace fa3wg {
 
 constexpr int BM = 128;         // query rows per CTA (64 per consumer warpgroup)
 constexpr int kThreads = 384;   // producer + 2 consumers
-constexpr int kProducerRegs = 24;
-constexpr int kConsumerRegs = 240;  // 128 * 24 + 256 * 240 <= 65536
+constexpr int kProducerRegs = 40;     // the tile loop spills at 24
+constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
@@ -257,25 +258,52 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 #define FA3_KEMPTY(s) (bars + 8u * (1u + 2u * STAGES + (unsigned)(s)))
 #define FA3_VEMPTY(s) (bars + 8u * (1u + 3u * STAGES + (unsigned)(s)))
 
+    // Persistent: a CTA per SM (the manifest's grid) takes work tiles (a 128-row Q block
+    // of one head) from a counter until none is left, so the next tile's Q and first K/V
+    // copies run under the current tile's last PV and epilogue, and no CTA is launched per
+    // tile. Tiles are ordered head by head (the CTAs at work share a head's K/V in L2), Q
+    // blocks last to first under a causal mask (longest first); taking them from a counter
+    // keeps the CTAs even where the blocks' lengths differ. The producer takes each tile and
+    // hands it to the consumers through a 2-slot ring in shared memory (its own full/empty
+    // mbarriers); Q has an "empty" barrier, released once both consumers' last S of a tile
+    // has landed. sched[0] is the counter, sched[1] counts the CTAs done; the last CTA
+    // puts both back to 0 for the next launch (the workspace is zeroed when allocated).
+    const unsigned bar_qe = bars + 8u * (1u + 4u * STAGES);
+    const unsigned bar_tf = bar_qe + 8u;    // tile slot 0 / 1 written
+    const unsigned bar_te = bar_tf + 16u;   // tile slot 0 / 1 read by both consumers
+    volatile int* tile_slot = (volatile int*)(smem_raw + (bar_te + 16u - smem_u32(smem_raw)));
+    int* sched = (int*)p.workspace[0];
+
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
     const bool causal = (p.mask_kind & FA_MASK_CAUSAL) != 0;
-    const int qblock = causal ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
-    const int h = blockIdx.y;
-    const int b = blockIdx.z;
-    const int hk = h / (p.heads / p.kv_heads);
-    const int q0 = qblock * BM;
-    if (q0 >= p.seqlen_q) return;
-    const int q_last = min(q0 + BM, p.seqlen_q) - 1;
-
-    int klimit = p.seqlen_k;
-    if ((p.mask_kind & FA_MASK_KEY_PADDING) && p.seqlens_k) klimit = min(klimit, p.seqlens_k[b]);
-    int kend = klimit;
-    if (causal) kend = min(kend, q_last + p.causal_offset + 1);
-    const int n_tiles = kend > 0 ? (kend + BN - 1) / BN : 0;
+    const int nqb = (p.seqlen_q + BM - 1) / BM;
+    const int n_work = nqb * p.heads * p.batch;
+    const int group = p.heads / p.kv_heads;
+    // Work tile w: Q block q0 of head h of batch b; its K/V tiles, n_tiles, end at kend.
+    struct Work { int q0, h, b, klimit, n_tiles; };
+    auto work = [&](int w) {
+        Work t;
+        const int hb = w / nqb;
+        const int qi = w - hb * nqb;
+        t.q0 = (causal ? nqb - 1 - qi : qi) * BM;
+        t.h = hb % p.heads;
+        t.b = hb / p.heads;
+        t.klimit = p.seqlen_k;
+        if ((p.mask_kind & FA_MASK_KEY_PADDING) && p.seqlens_k) t.klimit = min(t.klimit, p.seqlens_k[t.b]);
+        int kend = t.klimit;
+        if (causal) kend = min(kend, min(t.q0 + BM, p.seqlen_q) - 1 + p.causal_offset + 1);
+        t.n_tiles = kend > 0 ? (kend + BN - 1) / BN : 0;
+        return t;
+    };
 
     if (tid == 0) {
         mbar_init(bar_q, 1);
+        mbar_init(bar_qe, 256);
+        for (int s = 0; s < 2; ++s) {
+            mbar_init(bar_tf + 8u * s, 1);
+            mbar_init(bar_te + 8u * s, 256);
+        }
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(FA3_KFULL(s), 1);
             mbar_init(FA3_VFULL(s), 1);
@@ -287,16 +315,41 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(kProducerRegs));
-        if (n_tiles == 0 || tid != 0) return;   // one thread issues every copy
+        if (tid != 0) return;   // one thread issues every copy
         const char* maps = (const char*)p.tensor_maps;   // Q, K, V (manifest order)
-        load_tile<D, BM>(sQ, maps, bar_q, q0, h, b);
-        for (int j = 0; j < n_tiles; ++j) {
-            const int s = j % STAGES;
-            const unsigned ph = (unsigned)(j / STAGES) & 1u;
-            mbar_wait(FA3_KEMPTY(s), ph ^ 1u);  // the first round passes at once
-            load_tile<D, BN>(sK0 + s * KV_BYTES, maps + 128, FA3_KFULL(s), j * BN, hk, b);
-            mbar_wait(FA3_VEMPTY(s), ph ^ 1u);
-            load_tile<D, BN>(sV0 + s * KV_BYTES, maps + 256, FA3_VFULL(s), j * BN, hk, b);
+        unsigned kv = 0;        // K/V tiles issued so far: the ring's slot and phase
+        unsigned nq = 0;        // Q tiles issued so far
+        for (unsigned t = 0;; ++t) {
+            const int w = atomicAdd(sched, 1);
+            const unsigned slot = t & 1u;
+            mbar_wait(bar_te + 8u * slot, ((t >> 1) & 1u) ^ 1u);  // the first round passes
+            const Work wk = work(w < n_work ? w : 0);
+            volatile int* ts = tile_slot + 8 * slot;
+            ts[0] = w < n_work ? wk.n_tiles : -1;   // -1: no tile left
+            ts[1] = wk.q0;
+            ts[2] = wk.h;
+            ts[3] = wk.b;
+            ts[4] = wk.klimit;
+            mbar_arrive(bar_tf + 8u * slot);
+            if (w >= n_work) break;
+            if (wk.n_tiles == 0) continue;
+            mbar_wait(bar_qe, (nq & 1u) ^ 1u);
+            ++nq;
+            load_tile<D, BM>(sQ, maps, bar_q, wk.q0, wk.h, wk.b);
+            const int hk = wk.h / group;
+            for (int j = 0; j < wk.n_tiles; ++j, ++kv) {
+                const unsigned s = kv % STAGES;
+                const unsigned ph = (kv / STAGES) & 1u;
+                mbar_wait(FA3_KEMPTY(s), ph ^ 1u);
+                load_tile<D, BN>(sK0 + s * KV_BYTES, maps + 128, FA3_KFULL(s), j * BN, hk, wk.b);
+                mbar_wait(FA3_VEMPTY(s), ph ^ 1u);
+                load_tile<D, BN>(sV0 + s * KV_BYTES, maps + 256, FA3_VFULL(s), j * BN, hk, wk.b);
+            }
+        }
+        __threadfence();   // this CTA's last take precedes its count as done
+        if (atomicAdd(sched + 1, 1) == (int)gridDim.x - 1) {
+            sched[0] = 0;
+            sched[1] = 0;
         }
         return;
     }
@@ -308,16 +361,6 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     const int lane = tid & 31;
     const int g = lane >> 2;
     const int q4 = lane & 3;
-    const int row0 = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
-    int unmasked_end = klimit;        // tiles ending at or before it need no element mask
-    if (causal) unmasked_end = min(unmasked_end, q0 + cw * 64 + p.causal_offset + 1);
-
-    float o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-    float m_run[2] = {neg_inf(), neg_inf()};
-    float l_run[2] = {0.f, 0.f};
-    unsigned pf[BN / 16][4];          // P of the previous tile, A-fragments of its PV
 
     // S = Q K_j, issued (not waited for).
     auto issue_s = [&](float* sacc, unsigned sK) {
@@ -330,74 +373,11 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         }
         wgmma_commit();
     };
-    // O += P V_j, issued.
-    auto issue_pv = [&](unsigned sV) {
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            const unsigned va = sV + kk * (16 * 128);
-            if (D == 128) M::rs_n128(o, pf[kk], sw128_desc(va, BN * 128));
-            else M::rs_n64(o, pf[kk], sw128_desc(va, BN * 128));
-        }
-        wgmma_commit();
-    };
-    // Mask tile j, update the running max and sum, P_j = exp(...) in place of S_j (fp32);
-    // alpha rescales O, which the caller applies once the previous PV has retired, and
-    // then packs P_j into the A-fragments (the previous tile's are free by then).
-    auto softmax = [&](float* sacc, int n0, float* alpha) {
-        if (n0 + BN > unmasked_end) {
-#pragma unroll
-            for (int t = 0; t < BN / 8; ++t) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int row = row0 + ((e >> 1) << 3);
-                    const int key = n0 + t * 8 + q4 * 2 + (e & 1);
-                    int row_end = klimit;
-                    if (causal) row_end = min(row_end, row + p.causal_offset + 1);
-                    if (key >= row_end) sacc[4 * t + e] = neg_inf();
-                }
-            }
-        }
-        float mx[2] = {neg_inf(), neg_inf()};
-#pragma unroll
-        for (int t = 0; t < BN / 8; ++t) {
-            mx[0] = fmaxf(mx[0], fmaxf(sacc[4 * t], sacc[4 * t + 1]));
-            mx[1] = fmaxf(mx[1], fmaxf(sacc[4 * t + 2], sacc[4 * t + 3]));
-        }
-        float m_use[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            const float m_new = fmaxf(m_run[r], mx[r] * p.scale_log2);
-            m_use[r] = (m_new == neg_inf()) ? 0.f : m_new;   // the -inf guard
-            alpha[r] = exp2f(m_run[r] - m_use[r]);
-            m_run[r] = m_new;
-            l_run[r] *= alpha[r];
-        }
-#pragma unroll
-        for (int t = 0; t < BN / 8; ++t) {
-            const float p0 = exp2f(fmaf(sacc[4 * t], p.scale_log2, -m_use[0]));
-            const float p1 = exp2f(fmaf(sacc[4 * t + 1], p.scale_log2, -m_use[0]));
-            const float p2 = exp2f(fmaf(sacc[4 * t + 2], p.scale_log2, -m_use[1]));
-            const float p3 = exp2f(fmaf(sacc[4 * t + 3], p.scale_log2, -m_use[1]));
-            l_run[0] += p0 + p1;
-            l_run[1] += p2 + p3;
-            sacc[4 * t] = p0;
-            sacc[4 * t + 1] = p1;
-            sacc[4 * t + 2] = p2;
-            sacc[4 * t + 3] = p3;
-        }
-    };
-    auto pack_p = [&](const float* sacc) {
-#pragma unroll
-        for (int t = 0; t < BN / 8; ++t) {
-            pf[t >> 1][(t & 1) * 2 + 0] = pack2<BF16>(sacc[4 * t], sacc[4 * t + 1]);
-            pf[t >> 1][(t & 1) * 2 + 1] = pack2<BF16>(sacc[4 * t + 2], sacc[4 * t + 3]);
-        }
-    };
     // Ping-pong: the two consumers take turns issuing their matmuls (named barriers 1 and
     // 2), so that one warpgroup's softmax runs while the other's wgmma keep the tensor
-    // cores busy. Consumer 1 opens the first turn for consumer 0.
+    // cores busy. Consumer 1 opens each tile's first turn for consumer 0; every turn
+    // taken is passed on except consumer 1's last of a tile, so each tile leaves both
+    // barriers as it found them.
     // Barrier ids are immediates: a register id makes ptxas reserve all 16 of them.
     auto wait_turn = [&]() {
         if (cw == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
@@ -407,90 +387,191 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         if (cw == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
         else asm volatile("bar.arrive 1, 256;\n" ::: "memory");
     };
-    if (n_tiles > 0 && cw == 1) pass_turn();
 
-    if (n_tiles > 0) {
-        mbar_wait(bar_q, 0);
-        float sacc[BN / 2];
-        float alpha[2];
-        // Tile 0: S_0 alone.
-        mbar_wait(FA3_KFULL(0), 0);
-        wait_turn();
-        wgmma_fence();
-        issue_s(sacc, sK0);
-        if (!(cw == 1 && n_tiles == 1))
-            pass_turn();
-        wgmma_wait<0>();
+    unsigned kv = 0;   // K/V tiles consumed so far (the producer's count)
+    unsigned nq = 0;   // Q tiles consumed so far
+    for (unsigned tw = 0;; ++tw) {
+        const unsigned slot = tw & 1u;
+        mbar_wait(bar_tf + 8u * slot, (tw >> 1) & 1u);
+        // The tile's fields stay in its slot (read where needed: registers are what the
+        // accumulators need); the slot is released at the end of the tile.
+        const volatile int* ts = tile_slot + 8 * slot;
+        const int n_tiles = ts[0];
+        if (n_tiles < 0) break;
+
+        float o[D / 2];
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
-        mbar_arrive(FA3_KEMPTY(0));
-        softmax(sacc, 0, alpha);
-        pack_p(sacc);
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+        float m_run[2] = {neg_inf(), neg_inf()};
+        float l_run[2] = {0.f, 0.f};
+        unsigned pf[BN / 16][4];      // P of the previous tile, A-fragments of its PV
 
-        // Tile j: S_j = Q K_j and O += P_{j-1} V_{j-1} in flight together; the softmax of
-        // S_j runs while the PV still does, and O is rescaled once it has retired.
-        for (int j = 1; j < n_tiles; ++j) {
-            const int s = j % STAGES;
-            const int ps = (j - 1) % STAGES;
-            mbar_wait(FA3_KFULL(s), (unsigned)(j / STAGES) & 1u);
-            mbar_wait(FA3_VFULL(ps), (unsigned)((j - 1) / STAGES) & 1u);
+        // O += P V_j, issued.
+        auto issue_pv = [&](unsigned sV) {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                const unsigned va = sV + kk * (16 * 128);
+                if (D == 128) M::rs_n128(o, pf[kk], sw128_desc(va, BN * 128));
+                else M::rs_n64(o, pf[kk], sw128_desc(va, BN * 128));
+            }
+            wgmma_commit();
+        };
+        // Mask tile j, update the running max and sum, P_j = exp(...) in place of S_j (fp32);
+        // alpha rescales O, which the caller applies once the previous PV has retired, and
+        // then packs P_j into the A-fragments (the previous tile's are free by then).
+        auto softmax = [&](float* sacc, int n0, float* alpha) {
+            const int q0 = ts[1];
+            const int klimit = ts[4];
+            int unmasked_end = klimit;    // tiles ending at or before it need no element mask
+            if (causal) unmasked_end = min(unmasked_end, q0 + cw * 64 + p.causal_offset + 1);
+            if (n0 + BN > unmasked_end) {
+                const int row0 = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0, + 8
+#pragma unroll
+                for (int t = 0; t < BN / 8; ++t) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int row = row0 + ((e >> 1) << 3);
+                        const int key = n0 + t * 8 + q4 * 2 + (e & 1);
+                        int row_end = klimit;
+                        if (causal) row_end = min(row_end, row + p.causal_offset + 1);
+                        if (key >= row_end) sacc[4 * t + e] = neg_inf();
+                    }
+                }
+            }
+            float mx[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+            for (int t = 0; t < BN / 8; ++t) {
+                mx[0] = fmaxf(mx[0], fmaxf(sacc[4 * t], sacc[4 * t + 1]));
+                mx[1] = fmaxf(mx[1], fmaxf(sacc[4 * t + 2], sacc[4 * t + 3]));
+            }
+            float m_use[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                const float m_new = fmaxf(m_run[r], mx[r] * p.scale_log2);
+                m_use[r] = (m_new == neg_inf()) ? 0.f : m_new;   // the -inf guard
+                alpha[r] = exp2f(m_run[r] - m_use[r]);
+                m_run[r] = m_new;
+                l_run[r] *= alpha[r];
+            }
+#pragma unroll
+            for (int t = 0; t < BN / 8; ++t) {
+                const float p0 = exp2f(fmaf(sacc[4 * t], p.scale_log2, -m_use[0]));
+                const float p1 = exp2f(fmaf(sacc[4 * t + 1], p.scale_log2, -m_use[0]));
+                const float p2 = exp2f(fmaf(sacc[4 * t + 2], p.scale_log2, -m_use[1]));
+                const float p3 = exp2f(fmaf(sacc[4 * t + 3], p.scale_log2, -m_use[1]));
+                l_run[0] += p0 + p1;
+                l_run[1] += p2 + p3;
+                sacc[4 * t] = p0;
+                sacc[4 * t + 1] = p1;
+                sacc[4 * t + 2] = p2;
+                sacc[4 * t + 3] = p3;
+            }
+        };
+        auto pack_p = [&](const float* sacc) {
+#pragma unroll
+            for (int t = 0; t < BN / 8; ++t) {
+                pf[t >> 1][(t & 1) * 2 + 0] = pack2<BF16>(sacc[4 * t], sacc[4 * t + 1]);
+                pf[t >> 1][(t & 1) * 2 + 1] = pack2<BF16>(sacc[4 * t + 2], sacc[4 * t + 3]);
+            }
+        };
+
+        if (n_tiles > 0) {
+            if (cw == 1) pass_turn();
+            mbar_wait(bar_q, nq & 1u);
+            float sacc[BN / 2];
+            float alpha[2];
+            // Tile 0: S_0 alone.
+            {
+                const unsigned s = kv % STAGES;
+                mbar_wait(FA3_KFULL(s), (kv / STAGES) & 1u);
                 wait_turn();
-            wgmma_fence();
-            issue_s(sacc, sK0 + s * KV_BYTES);
-            issue_pv(sV0 + ps * KV_BYTES);
-            if (!(cw == 1 && j == n_tiles - 1))
-                pass_turn();
-            wgmma_wait<1>();          // S_j has landed; the PV may still run
+                wgmma_fence();
+                issue_s(sacc, sK0 + s * KV_BYTES);
+                if (!(cw == 1 && n_tiles == 1))
+                    pass_turn();
+                wgmma_wait<0>();
 #pragma unroll
-            for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
-            mbar_arrive(FA3_KEMPTY(s));
-            softmax(sacc, j * BN, alpha);
+                for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
+                mbar_arrive(FA3_KEMPTY(s));
+                if (n_tiles == 1) mbar_arrive(bar_qe);   // the tile's last S: Q is free
+                softmax(sacc, 0, alpha);
+                pack_p(sacc);
+            }
+
+            // Tile j: S_j = Q K_j and O += P_{j-1} V_{j-1} in flight together; the softmax
+            // of S_j runs while the PV still does, and O is rescaled once it has retired.
+            for (int j = 1; j < n_tiles; ++j) {
+                const unsigned s = (kv + j) % STAGES;
+                const unsigned ps = (kv + j - 1) % STAGES;
+                mbar_wait(FA3_KFULL(s), ((kv + j) / STAGES) & 1u);
+                mbar_wait(FA3_VFULL(ps), ((kv + j - 1) / STAGES) & 1u);
+                wait_turn();
+                wgmma_fence();
+                issue_s(sacc, sK0 + s * KV_BYTES);
+                issue_pv(sV0 + ps * KV_BYTES);
+                if (!(cw == 1 && j == n_tiles - 1))
+                    pass_turn();
+                wgmma_wait<1>();          // S_j has landed; the PV may still run
+#pragma unroll
+                for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
+                mbar_arrive(FA3_KEMPTY(s));
+                if (j == n_tiles - 1) mbar_arrive(bar_qe);
+                softmax(sacc, j * BN, alpha);
+                wgmma_wait<0>();
+#pragma unroll
+                for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) reg_fence_u(pf[kk][e]);
+                mbar_arrive(FA3_VEMPTY(ps));
+#pragma unroll
+                for (int t = 0; t < D / 8; ++t) {
+                    o[4 * t] *= alpha[0];
+                    o[4 * t + 1] *= alpha[0];
+                    o[4 * t + 2] *= alpha[1];
+                    o[4 * t + 3] *= alpha[1];
+                }
+                pack_p(sacc);
+            }
+            // The last tile's PV.
+            const unsigned ls = (kv + n_tiles - 1) % STAGES;
+            mbar_wait(FA3_VFULL(ls), ((kv + n_tiles - 1) / STAGES) & 1u);
+            wgmma_fence();
+            issue_pv(sV0 + ls * KV_BYTES);
             wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) reg_fence_u(pf[kk][e]);
-            mbar_arrive(FA3_VEMPTY(ps));
-#pragma unroll
-            for (int t = 0; t < D / 8; ++t) {
-                o[4 * t] *= alpha[0];
-                o[4 * t + 1] *= alpha[0];
-                o[4 * t + 2] *= alpha[1];
-                o[4 * t + 3] *= alpha[1];
-            }
-            pack_p(sacc);
+            mbar_arrive(FA3_VEMPTY(ls));
+            kv += n_tiles;
+            ++nq;
         }
-        // The last tile's PV.
-        const int ls = (n_tiles - 1) % STAGES;
-        mbar_wait(FA3_VFULL(ls), (unsigned)((n_tiles - 1) / STAGES) & 1u);
-        wgmma_fence();
-        issue_pv(sV0 + ls * KV_BYTES);
-        wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
-        mbar_arrive(FA3_VEMPTY(ls));
-    }
 
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-        l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-    }
-    char* og = (char*)p.o + 2 * (b * p.o_batch_stride + h * p.o_head_stride);
-    float* lseg = p.lse ? p.lse + ((long long)b * p.heads + h) * p.seqlen_q : nullptr;
+        for (int r = 0; r < 2; ++r) {
+            l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+            l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+        }
+        const int row0 = ts[1] + cw * 64 + warp * 16 + g;
+        const int h = ts[2];
+        const int b = ts[3];
+        mbar_arrive(bar_te + 8u * slot);
+        char* og = (char*)p.o + 2 * (b * p.o_batch_stride + h * p.o_head_stride);
+        float* lseg = p.lse ? p.lse + ((long long)b * p.heads + h) * p.seqlen_q : nullptr;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int row = row0 + r * 8;
-        if (row >= p.seqlen_q) continue;
-        const float inv = l_run[r] > 0.f ? 1.f / l_run[r] : 0.f;
-        unsigned* orow = (unsigned*)(og + 2 * (long long)row * p.o_row_stride);
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + r * 8;
+            if (row >= p.seqlen_q) continue;
+            const float inv = l_run[r] > 0.f ? 1.f / l_run[r] : 0.f;
+            unsigned* orow = (unsigned*)(og + 2 * (long long)row * p.o_row_stride);
 #pragma unroll
-        for (int t = 0; t < D / 8; ++t)
-            orow[t * 4 + q4] = pack2<BF16>(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv);
-        if (lseg && q4 == 0)
-            lseg[row] = l_run[r] > 0.f ? m_run[r] * FA_LN2 + logf(l_run[r]) : neg_inf();
+            for (int t = 0; t < D / 8; ++t)
+                orow[t * 4 + q4] = pack2<BF16>(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv);
+            if (lseg && q4 == 0)
+                lseg[row] = l_run[r] > 0.f ? m_run[r] * FA_LN2 + logf(l_run[r]) : neg_inf();
+        }
     }
 #undef FA3_KFULL
 #undef FA3_VFULL
