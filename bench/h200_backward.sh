@@ -10,7 +10,7 @@
 #           on AB_CASES of AB_GRID (default perf-bwd) in one run, not recorded (a
 #           before/after of a kernel change), logged as AB_NAME (default ab)
 # full:     the full grid's backward of FULL_KERNELS under each of SECRETS secrets
-#           (SECRET0 + 1, ...), 2 repeats, one log
+#           (SECRET0 + 1, ...), 2 repeats, one log; none started after FULL_UNTIL (epoch s)
 # The device returns at most 8 files: JSON=0 leaves out the --json copies (the logs and the
 # record hold the results).
 # Set FA_HARNESS_COMMIT / FA_HARNESS_BRANCH to the commit measured (the tree comes without
@@ -46,10 +46,14 @@ for stage in "$@"; do
     full)
       : >"$OUT/check-full.log"
       for i in $(seq 1 "${SECRETS:-1}"); do
+        # FULL_UNTIL (epoch seconds): start no secret after it, cut the last one there.
+        left=$(( ${FULL_UNTIL:-9999999999} - $(date +%s) ))
+        [ "$left" -gt 20 ] || { echo "== full: stopped before secret $i (FULL_UNTIL)" | tee -a "$OUT/times.txt"; break; }
+        limit=${FULL_S:-300}; [ "$left" -lt "$limit" ] && limit=$left
         secret=$((${SECRET0:-90100} + i))
         t0=$SECONDS
         echo "### secret $secret" >>"$OUT/check-full.log"
-        timeout --kill-after=10 "${FULL_S:-300}" $FA run --grid full --backward \
+        timeout --kill-after=10 "$limit" $FA run --grid full --backward \
           --kernels "${FULL_KERNELS:-fa2_mma,triton_fa2}" --repeats 2 --no-progress \
           --secret "$secret" --no-store >>"$OUT/check-full.log" 2>&1
         echo "== full secret $secret: rc=$?, $((SECONDS - t0)) s" | tee -a "$OUT/times.txt"
