@@ -134,14 +134,42 @@ def residual_pools(results: Path, *, exclude_median_points: bool = False,
     return pools
 
 
-def spreads(results: Path, yardstick: str) -> dict[str, list[tuple[float, float]]]:
-    """Per band (of the raw spread): (raw, normalised) run-to-run spread of each series
-    that has the yardstick in every run (harness.records.noise.relative_spread)."""
-    out: dict[str, list[tuple[float, float]]] = {name: [] for *_, name in BANDS}
+def spreads(results: Path, yardstick: str
+            ) -> dict[str, list[tuple[float, float, float, list[tuple[float, float]]]]]:
+    """Per band (of the raw spread), each series that has the yardstick: its run-to-run
+    spread raw, normalised and the yardstick's own (harness.records.noise.relative_spread),
+    and the (candidate, yardstick) log residuals of its runs. A ratio is quieter than the
+    candidate only where the two residuals are correlated: the variance of the ratio's is
+    var(c) + var(y) - 2 cov(c, y)."""
+    out: dict[str, list] = {name: [] for *_, name in BANDS}
     for pts in timed_series(results, yardstick).values():
         raw = relative_spread([m for _, m, _ in pts]) or 0.0
-        out[band_of(raw)].append((raw, relative_spread([m / y for _, m, y in pts]) or 0.0))
+        c = [math.log(m) for _, m, _ in pts]
+        y = [math.log(v) for _, _, v in pts]
+        mc, my = statistics.median(c), statistics.median(y)
+        out[band_of(raw)].append((raw, relative_spread([m / v for _, m, v in pts]) or 0.0,
+                                  relative_spread([v for _, _, v in pts]) or 0.0,
+                                  [(a - mc, b - my) for a, b in zip(c, y, strict=True)]))
     return out
+
+
+def _spread_table(results: Path, yardstick: str) -> None:
+    import numpy as np
+
+    print(f"| noise band (raw spread) | series | run-to-run spread, median: raw "
+          f"| / {yardstick} | the yardstick's own | lower normalised "
+          f"| correlation of residuals |")
+    print("|---|---|---|---|---|---|---|")
+    for band, rows in spreads(results, yardstick).items():
+        if not rows:
+            continue
+        res = np.array([r for *_, rs in rows for r in rs])
+        corr = float(np.corrcoef(res[:, 0], res[:, 1])[0, 1])
+        print(f"| {band} | {len(rows)} | {statistics.median(r[0] for r in rows):.3%} "
+              f"| {statistics.median(r[1] for r in rows):.3%} "
+              f"| {statistics.median(r[2] for r in rows):.3%} "
+              f"| {sum(r[1] < r[0] for r in rows)} | {corr:.2f} ({len(res)} runs) |")
+    print()
 
 
 def trial(pool: list[float], step: float, length: int, rng: random.Random
@@ -214,16 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     results = ROOT / "results"
     if args.yardstick:
-        print(f"| noise band (raw spread) | series | run-to-run spread, median: raw "
-              f"| / {args.yardstick} | lower normalised |")
-        print("|---|---|---|---|---|")
-        for band, pairs in spreads(results, args.yardstick).items():
-            if pairs:
-                print(f"| {band} | {len(pairs)} "
-                      f"| {statistics.median(r for r, _ in pairs):.3%} "
-                      f"| {statistics.median(n for _, n in pairs):.3%} "
-                      f"| {sum(n < r for r, n in pairs)} |")
-        print()
+        _spread_table(results, args.yardstick)
     variants = [("", False)] if not args.yardstick else \
         [(", raw", False), (f", / {args.yardstick}", True)]
     print("| noise band | residuals | step | detected within 2 commits "

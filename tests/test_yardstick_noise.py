@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 import realdata
 
@@ -123,9 +124,12 @@ def test_the_committed_noise_is_not_common_mode(bench, yardstick):
     by_band = bench.spreads(RESULTS, yardstick)
     quiet = by_band["spread < 0.5%"]
     assert len(quiet) >= 20
-    assert statistics.median(n for _, n in quiet) > 2 * statistics.median(r for r, _ in quiet)
-    pairs = [p for v in by_band.values() for p in v]
-    assert sum(n < r for r, n in pairs) <= len(pairs) / 3, pairs
+    assert statistics.median(r[1] for r in quiet) > 2 * statistics.median(r[0] for r in quiet)
+    rows = [r for v in by_band.values() for r in v]
+    assert sum(r[1] < r[0] for r in rows) <= len(rows) / 3, rows
+    # Why: the yardstick is as noisy as the candidate, and the two move independently.
+    res = np.array([x for *_, rs in rows for x in rs])
+    assert abs(np.corrcoef(res[:, 0], res[:, 1])[0, 1]) < 0.3
 
 
 def test_the_detection_benchmark_reports_raw_and_normalised(bench):
@@ -133,8 +137,8 @@ def test_the_detection_benchmark_reports_raw_and_normalised(bench):
                            "--trials", "30", "--yardstick", "peers"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [line.split("|") for line in proc.stdout.splitlines()
-            if line.startswith("| ") and len(line.split("|")) == 9]
+    table = proc.stdout[proc.stdout.index("| noise band | residuals |"):]  # after spreads
+    rows = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
     labels = {r[1].strip().rsplit(", ", 1)[-1] for r in rows[1:]}
     assert labels == {"raw", "/ peers"}, labels
     aa = [r for r in rows if r[3].strip() == "0%"]
