@@ -33,7 +33,7 @@ residuals about the series' median), and a planted step scales the candidate onl
 normalised series moves by the whole step, its yardstick not at all.
 
     python bench/detection_steps.py [--trials 1000] [--length 30] [--seed N]
-        [--exclude-median-points] [--yardstick NAME] [--json FILE]
+        [--exclude-median-points] [--yardstick NAME] [--common-mode] [--json FILE]
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ import statistics
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -172,6 +173,63 @@ def _spread_table(results: Path, yardstick: str) -> None:
     print()
 
 
+def common_mode(results: Path) -> dict[str, Any]:
+    """Is the run-to-run noise common to the kernels of a run? From the log residuals of
+    the raw series (about each series' median): the correlation of two kernels' residuals
+    on the same case in the same run (every pair, and pairs whose medians both exceed
+    0.1 ms), the run effect (each run's median residual over its series), and per band the
+    spread of consecutive runs of a series on one chip (both GPU uuids equal) and across
+    chips (the A/A pairs of harness.records.noise)."""
+    import numpy as np
+
+    recs = [json.loads(p.read_text()) for p in sorted(results.glob("h200-*.json"))]
+    gpu = {r["created_at"]: (r.get("gpu") or {}).get("uuid") for r in recs}
+    cells: dict[tuple, list[tuple[str, float, float]]] = {}
+    per_run: dict[str, list[float]] = {}
+    chips: dict[str, dict[bool, list[float]]] = {name: {False: [], True: []}
+                                                for *_, name in BANDS}
+    for key, pts in timed_series(results).items():
+        logs = [math.log(m) for _, m, _ in pts]
+        mid = statistics.median(logs)
+        for (when, m, _), x in zip(pts, logs, strict=True):
+            cells.setdefault((key[2:7], when), []).append((key[0], x - mid, m))
+            per_run.setdefault(when, []).append(x - mid)
+        band = chips[band_of(relative_spread([m for _, m, _ in pts]) or 0.0)]
+        for (ta, _, _), (tb, _, _), a, b in zip(pts, pts[1:], logs, logs[1:], strict=False):
+            if gpu.get(ta) and gpu.get(tb):
+                band[gpu[ta] != gpu[tb]].append(abs(b - a))
+    pairs = [(a[1], b[1], min(a[2], b[2])) for v in cells.values()
+             for i, a in enumerate(v) for b in v[i + 1:] if a[0] != b[0]]
+    arr = np.array(pairs)
+    long = arr[arr[:, 2] > 0.1]
+
+    def scale(d: list[float]) -> float | None:  # harness.records.noise's spread of pairs
+        return 1.4826 * statistics.median(d) / math.sqrt(2.0) if len(d) >= 2 else None
+
+    return {"pairs": len(arr), "correlation": float(np.corrcoef(arr[:, 0], arr[:, 1])[0, 1]),
+            "pairs_over_0.1ms": len(long),
+            "correlation_over_0.1ms": float(np.corrcoef(long[:, 0], long[:, 1])[0, 1]),
+            "run_effect": {w: statistics.median(v) for w, v in sorted(per_run.items())},
+            "chips": {b: {"one chip": (len(d[False]), scale(d[False])),
+                          "across chips": (len(d[True]), scale(d[True]))}
+                      for b, d in chips.items()}}
+
+
+def _print_common_mode(results: Path) -> None:
+    cm = common_mode(results)
+    effects = list(cm["run_effect"].values())
+    print(f"correlation of two kernels' residuals, same case, same run: "
+          f"{cm['correlation']:.3f} ({cm['pairs']} pairs); both over 0.1 ms: "
+          f"{cm['correlation_over_0.1ms']:.3f} ({cm['pairs_over_0.1ms']} pairs)")
+    print(f"run effect (a run's median residual), {len(effects)} runs: "
+          f"{min(effects):+.3%} to {max(effects):+.3%}")
+    for band, kinds in cm["chips"].items():
+        print(f"{band}: consecutive runs " + ", ".join(
+            f"{kind} {s:.3%} ({n} pairs)" if s is not None else f"{kind} - ({n} pairs)"
+            for kind, (n, s) in kinds.items()))
+    print()
+
+
 def trial(pool: list[float], step: float, length: int, rng: random.Random
           ) -> tuple[bool, int, str, int]:
     """(detected, false steps, why a planted step was missed ("" if it was not), the
@@ -237,10 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--yardstick", default=None,
                     help="a peer (sdpa_flash, sdpa_cudnn, ...), 'peers' or 'others': the "
                          "table of the series that have it, raw and normalised by it")
+    ap.add_argument("--common-mode", action="store_true",
+                    help="first, how much of the noise the kernels of a run share")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     results = ROOT / "results"
+    if args.common_mode:
+        _print_common_mode(results)
     if args.yardstick:
         _spread_table(results, args.yardstick)
     variants = [("", False)] if not args.yardstick else \

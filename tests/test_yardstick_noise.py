@@ -145,3 +145,19 @@ def test_the_detection_benchmark_reports_raw_and_normalised(bench):
     assert len(aa) == 6 and all(float(r[5].strip().rstrip("%")) <= 1.0 for r in aa)
     assert all(math.isfinite(float(r[4].strip().rstrip("%"))) for r in rows[1:]
                if r[3].strip() == "2%")
+
+
+def test_the_committed_noise_is_the_case_s_not_the_run_s_and_partly_the_chip_s(bench):
+    """--common-mode on the committed records: two kernels' residuals on one case in one
+    run hardly move together, no run shifts all its kernels by more than 1%, and
+    consecutive runs on one chip agree better than runs across chips (why re-timing a
+    suspect commit on its own runner would not take out the chip's part)."""
+    cm = bench.common_mode(RESULTS)
+    assert cm["pairs"] >= 500 and abs(cm["correlation"]) < 0.2
+    assert cm["pairs_over_0.1ms"] >= 300 and abs(cm["correlation_over_0.1ms"]) < 0.3
+    effects = list(cm["run_effect"].values())
+    assert len(effects) >= 20 and max(map(abs, effects)) < 0.01
+    assert sum(abs(e) < 0.003 for e in effects) >= len(effects) - 1
+    for band in ("spread < 0.5%", "0.5-1.5%"):
+        (n1, one), (n2, across) = cm["chips"][band].values()
+        assert n1 >= 20 and n2 >= 20 and one < across, cm["chips"]
