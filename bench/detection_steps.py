@@ -21,8 +21,19 @@ A series of an odd number of runs has one residual of exactly 0 (its own median)
 pools hold more points exactly at the level than noise does (19% of the 0.5-1.5% band's);
 `--exclude-median-points` leaves those out, a check of how much the table owes to them.
 
+`--yardstick NAME`: does a ratio to a yardstick timed in the same run take out the
+chip-to-chip and run-to-run noise? NAME is a peer (`sdpa_flash`, `sdpa_cudnn`, ...),
+`peers` (the geometric mean of the SDPA peers the run timed) or `others` (of every other
+kernel it timed: a common-mode run effect), on the same pass, case and timing mode, at
+one source hash across the series (a yardstick whose code changed would show as a step).
+Only the runs that timed it count. First the run-to-run spreads of those series, raw and
+normalised; then the table twice over the same series, banded by their raw spread: the
+raw medians, and the medians over the yardstick's. Both pools are built the same way (log
+residuals about the series' median), and a planted step scales the candidate only: the
+normalised series moves by the whole step, its yardstick not at all.
+
     python bench/detection_steps.py [--trials 1000] [--length 30] [--seed N]
-        [--exclude-median-points] [--json FILE]
+        [--exclude-median-points] [--yardstick NAME] [--common-mode] [--json FILE]
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ import statistics
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -47,37 +59,175 @@ STEPS = (0.0, 0.01, 0.02, 0.03, 0.05)
 NEAR = 3  # a change point this close to the planted commit is the detector's try at it
 
 
-def residual_pools(results: Path, *, exclude_median_points: bool = False
-                   ) -> dict[str, list[float]]:
-    series: dict[tuple, list[tuple[str, float]]] = {}
+def _entries(rec: dict) -> dict[tuple, tuple[float, str]]:
+    """(kernel, pass, case, timing mode) -> (median, source hash) of a record's passed,
+    timed results."""
+    kernels = rec.get("kernels") or {}
+    out = {}
+    for e in rec["results"]:
+        m = e.get("median_ms")
+        if e.get("status") == "passed" and m and m > 0:
+            src = (kernels.get(e["kernel"]) or {}).get("source_hash") or ""
+            out[(e["kernel"], e.get("pass") or "fwd", e["case_id"], e.get("timing_mode"))] = \
+                (float(m), src)
+    return out
+
+
+def _yardstick_names(rec: dict, yardstick: str, kernel: str) -> list[str]:
+    """The kernels a `yardstick` stands for in `rec`: one peer by name, "peers" (every
+    SDPA peer) or "others" (every other kernel of the run: a common-mode run effect)."""
+    if yardstick not in ("peers", "others"):
+        return [yardstick] if yardstick != kernel else []
+    kinds = {k: (v or {}).get("kind") for k, v in (rec.get("kernels") or {}).items()}
+    return [k for k in sorted(kinds) if k != kernel and (
+        yardstick == "others" or kinds[k] == "peer" or k.startswith("sdpa_"))]
+
+
+def timed_series(results: Path, yardstick: str | None = None
+                 ) -> dict[tuple, list[tuple[str, float, float]]]:
+    """Like with like: (candidate, source, pass, case, timing mode, grids, kind of run) ->
+    [(created_at, median, yardstick median)], oldest first. With `yardstick` (a peer's
+    name, or "peers": the geometric mean of the SDPA peers timed in the run), only the
+    runs that timed it on the same pass, case and timing mode count, and the key also
+    holds which yardsticks at which source hashes (an unchanged yardstick: a series
+    normalised by a yardstick whose code changed would show that change as a step);
+    without one the yardstick median is 1."""
+    series: dict[tuple, list[tuple[str, float, float]]] = {}
     for p in sorted(results.glob("h200-*.json")):
         rec = json.loads(p.read_text())
-        kernels = rec.get("kernels") or {}
-        for e in rec["results"]:
-            m = e.get("median_ms")
-            if e.get("status") != "passed" or not m or m <= 0:
-                continue
-            src = (kernels.get(e["kernel"]) or {}).get("source_hash") or ""
-            # Like with like: the same code, pass, case, timing mode and kind of run (a
-            # gate's run and a perf run sample differently).
-            key = (e["kernel"], src, e.get("pass") or "fwd", e["case_id"],
-                   e.get("timing_mode"), tuple(rec.get("grids") or ()), rec.get("source"))
-            series.setdefault(key, []).append((rec["created_at"], float(m)))
+        entries = _entries(rec)
+        for (kernel, pass_name, case, mode), (m, src) in entries.items():
+            yard, ident = 1.0, ()
+            if yardstick:
+                names = [n for n in _yardstick_names(rec, yardstick, kernel)
+                         if (n, pass_name, case, mode) in entries]
+                if not names or kernel.startswith("sdpa_"):  # the peers are yardsticks
+                    continue
+                ys = [entries[(n, pass_name, case, mode)] for n in names]
+                yard = math.exp(statistics.fmean(math.log(y) for y, _ in ys))
+                ident = tuple((n, h) for n, (_, h) in zip(names, ys, strict=True))
+            key = (kernel, src, pass_name, case, mode, tuple(rec.get("grids") or ()),
+                   rec.get("source"), ident)
+            series.setdefault(key, []).append((rec["created_at"], m, yard))
+    return {k: sorted(v) for k, v in series.items() if len(v) >= 3}
+
+
+def band_of(spread: float) -> str:
+    return next(name for lo, hi, name in BANDS if lo <= spread < hi)
+
+
+def residual_pools(results: Path, *, exclude_median_points: bool = False,
+                   yardstick: str | None = None, normalised: bool = False
+                   ) -> dict[str, list[float]]:
+    """Each band's pooled log residuals (module doc). `normalised`: of the candidate's
+    median over its yardstick's in the same run; the band is the raw series' spread
+    either way, so the raw and normalised pools of one yardstick hold the same series."""
     pools: dict[str, list[float]] = {name: [] for *_, name in BANDS}
-    for pts in series.values():
-        if len(pts) < 3:
-            continue
-        meds = [m for _, m in sorted(pts)]
-        s = relative_spread(meds) or 0.0
+    for pts in timed_series(results, yardstick).values():
+        raw = [m for _, m, _ in pts]
+        meds = [m / y for _, m, y in pts] if normalised else raw
         logs = [math.log(m) for m in meds]
         mean = statistics.median(logs)
         res = [x - mean for x in logs]
         if exclude_median_points and len(logs) % 2:
             res.remove(0.0)
-        for lo, hi, name in BANDS:
-            if lo <= s < hi:
-                pools[name] += res
+        pools[band_of(relative_spread(raw) or 0.0)] += res
     return pools
+
+
+def spreads(results: Path, yardstick: str
+            ) -> dict[str, list[tuple[float, float, float, list[tuple[float, float]]]]]:
+    """Per band (of the raw spread), each series that has the yardstick: its run-to-run
+    spread raw, normalised and the yardstick's own (harness.records.noise.relative_spread),
+    and the (candidate, yardstick) log residuals of its runs. A ratio is quieter than the
+    candidate only where the two residuals are correlated: the variance of the ratio's is
+    var(c) + var(y) - 2 cov(c, y)."""
+    out: dict[str, list] = {name: [] for *_, name in BANDS}
+    for pts in timed_series(results, yardstick).values():
+        raw = relative_spread([m for _, m, _ in pts]) or 0.0
+        c = [math.log(m) for _, m, _ in pts]
+        y = [math.log(v) for _, _, v in pts]
+        mc, my = statistics.median(c), statistics.median(y)
+        out[band_of(raw)].append((raw, relative_spread([m / v for _, m, v in pts]) or 0.0,
+                                  relative_spread([v for _, _, v in pts]) or 0.0,
+                                  [(a - mc, b - my) for a, b in zip(c, y, strict=True)]))
+    return out
+
+
+def _spread_table(results: Path, yardstick: str) -> None:
+    import numpy as np
+
+    print(f"| noise band (raw spread) | series | run-to-run spread, median: raw "
+          f"| / {yardstick} | the yardstick's own | lower normalised "
+          f"| correlation of residuals |")
+    print("|---|---|---|---|---|---|---|")
+    for band, rows in spreads(results, yardstick).items():
+        if not rows:
+            continue
+        res = np.array([r for *_, rs in rows for r in rs])
+        corr = float(np.corrcoef(res[:, 0], res[:, 1])[0, 1])
+        print(f"| {band} | {len(rows)} | {statistics.median(r[0] for r in rows):.3%} "
+              f"| {statistics.median(r[1] for r in rows):.3%} "
+              f"| {statistics.median(r[2] for r in rows):.3%} "
+              f"| {sum(r[1] < r[0] for r in rows)} | {corr:.2f} ({len(res)} runs) |")
+    print()
+
+
+def common_mode(results: Path) -> dict[str, Any]:
+    """Is the run-to-run noise common to the kernels of a run? From the log residuals of
+    the raw series (about each series' median): the correlation of two kernels' residuals
+    on the same case in the same run (every pair, and pairs whose medians both exceed
+    0.1 ms), the run effect (each run's median residual over its series), and per band the
+    spread of consecutive runs of a series on one chip (both GPU uuids equal) and across
+    chips (the A/A pairs of harness.records.noise)."""
+    import numpy as np
+
+    recs = [json.loads(p.read_text()) for p in sorted(results.glob("h200-*.json"))]
+    gpu = {r["created_at"]: (r.get("gpu") or {}).get("uuid") for r in recs}
+    cells: dict[tuple, list[tuple[str, float, float]]] = {}
+    per_run: dict[str, list[float]] = {}
+    chips: dict[str, dict[bool, list[float]]] = {name: {False: [], True: []}
+                                                for *_, name in BANDS}
+    for key, pts in timed_series(results).items():
+        logs = [math.log(m) for _, m, _ in pts]
+        mid = statistics.median(logs)
+        for (when, m, _), x in zip(pts, logs, strict=True):
+            cells.setdefault((key[2:7], when), []).append((key[0], x - mid, m))
+            per_run.setdefault(when, []).append(x - mid)
+        band = chips[band_of(relative_spread([m for _, m, _ in pts]) or 0.0)]
+        for (ta, _, _), (tb, _, _), a, b in zip(pts, pts[1:], logs, logs[1:], strict=False):
+            if gpu.get(ta) and gpu.get(tb):
+                band[gpu[ta] != gpu[tb]].append(abs(b - a))
+    pairs = [(a[1], b[1], min(a[2], b[2])) for v in cells.values()
+             for i, a in enumerate(v) for b in v[i + 1:] if a[0] != b[0]]
+    arr = np.array(pairs)
+    long = arr[arr[:, 2] > 0.1]
+
+    def scale(d: list[float]) -> float | None:  # harness.records.noise's spread of pairs
+        return 1.4826 * statistics.median(d) / math.sqrt(2.0) if len(d) >= 2 else None
+
+    return {"pairs": len(arr), "correlation": float(np.corrcoef(arr[:, 0], arr[:, 1])[0, 1]),
+            "pairs_over_0.1ms": len(long),
+            "correlation_over_0.1ms": float(np.corrcoef(long[:, 0], long[:, 1])[0, 1]),
+            "run_effect": {w: statistics.median(v) for w, v in sorted(per_run.items())},
+            "chips": {b: {"one chip": (len(d[False]), scale(d[False])),
+                          "across chips": (len(d[True]), scale(d[True]))}
+                      for b, d in chips.items()}}
+
+
+def _print_common_mode(results: Path) -> None:
+    cm = common_mode(results)
+    effects = list(cm["run_effect"].values())
+    print(f"correlation of two kernels' residuals, same case, same run: "
+          f"{cm['correlation']:.3f} ({cm['pairs']} pairs); both over 0.1 ms: "
+          f"{cm['correlation_over_0.1ms']:.3f} ({cm['pairs_over_0.1ms']} pairs)")
+    print(f"run effect (a run's median residual), {len(effects)} runs: "
+          f"{min(effects):+.3%} to {max(effects):+.3%}")
+    for band, kinds in cm["chips"].items():
+        print(f"{band}: consecutive runs " + ", ".join(
+            f"{kind} {s:.3%} ({n} pairs)" if s is not None else f"{kind} - ({n} pairs)"
+            for kind, (n, s) in kinds.items()))
+    print()
 
 
 def trial(pool: list[float], step: float, length: int, rng: random.Random
@@ -104,24 +254,13 @@ def trial(pool: list[float], step: float, length: int, rng: random.Random
     return False, 0, min(why)[1] if why else "no cut", 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=1000)
-    ap.add_argument("--length", type=int, default=30)
-    ap.add_argument("--seed", type=int, default=20261201)
-    ap.add_argument("--exclude-median-points", action="store_true")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
-    rng = random.Random(args.seed)
-    pools = residual_pools(ROOT / "results", exclude_median_points=args.exclude_median_points)
+def _table(pools: dict[str, list[float]], label: str, args: argparse.Namespace,
+           rng: random.Random) -> list[dict]:
     rows = []
-    print("| noise band | residuals | step | detected within 2 commits "
-          "| false alerts per commit | misses (trials) | range (commits) |")
-    print("|---|---|---|---|---|---|---|")
     for *_, band in BANDS:
-        pool = pools[band]
+        pool, name = pools[band], f"{band}{label}"
         if len(pool) < 10:
-            print(f"| {band} | {len(pool)} | - | too few residuals | - | - | - |")
+            print(f"| {name} | {len(pool)} | - | too few residuals | - | - | - |")
             continue
         for step in STEPS:
             hits = falses = width = 0
@@ -137,17 +276,49 @@ def main(argv: list[str] | None = None) -> int:
             fa = f"{falses / (args.trials * args.length):.2%}" if not step else "-"
             why = ", ".join(f"{n} {c}" for c, n in misses.most_common()) if step else "-"
             rng_w = f"{width / hits:.2f}" if hits else "-"
-            rows.append({"band": band, "residuals": len(pool), "step": step,
+            rows.append({"band": name, "residuals": len(pool), "step": step,
                          "detected": None if not step else hits / args.trials,
                          "false_per_commit": falses / (args.trials * args.length)
                          if not step else None,
                          "misses": dict(misses), "range": width / hits if hits else None})
-            print(f"| {band} | {len(pool)} | {step:.0%} | {det} | {fa} | {why or '-'} "
+            print(f"| {name} | {len(pool)} | {step:.0%} | {det} | {fa} | {why or '-'} "
                   f"| {rng_w} |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=1000)
+    ap.add_argument("--length", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=20261201)
+    ap.add_argument("--exclude-median-points", action="store_true")
+    ap.add_argument("--yardstick", default=None,
+                    help="a peer (sdpa_flash, sdpa_cudnn, ...), 'peers' or 'others': the "
+                         "table of the series that have it, raw and normalised by it")
+    ap.add_argument("--common-mode", action="store_true",
+                    help="first, how much of the noise the kernels of a run share")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    rng = random.Random(args.seed)
+    results = ROOT / "results"
+    if args.common_mode:
+        _print_common_mode(results)
+    if args.yardstick:
+        _spread_table(results, args.yardstick)
+    variants = [("", False)] if not args.yardstick else \
+        [(", raw", False), (f", / {args.yardstick}", True)]
+    print("| noise band | residuals | step | detected within 2 commits "
+          "| false alerts per commit | misses (trials) | range (commits) |")
+    print("|---|---|---|---|---|---|---|")
+    rows = []
+    for label, normalised in variants:
+        pools = residual_pools(results, exclude_median_points=args.exclude_median_points,
+                               yardstick=args.yardstick, normalised=normalised)
+        rows += _table(pools, label, args, rng)
     if args.json:
         Path(args.json).write_text(json.dumps({"trials": args.trials, "length": args.length,
-                                               "seed": args.seed, "rows": rows},
-                                              indent=1) + "\n")
+                                               "seed": args.seed, "yardstick": args.yardstick,
+                                               "rows": rows}, indent=1) + "\n")
     return 0
 
 
