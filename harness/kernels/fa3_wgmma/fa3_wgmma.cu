@@ -30,7 +30,7 @@ namespace fa3wg {
 
 constexpr int BM = 128;         // query rows per CTA (64 per consumer warpgroup)
 constexpr int kThreads = 384;   // producer + 2 consumers
-constexpr int kProducerRegs = 40;     // the tile loop spills at 24
+constexpr int kProducerRegs = 40;   // the tile loop spills at 24
 constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
