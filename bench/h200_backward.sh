@@ -4,7 +4,8 @@
 # check:    the backward of CHECK_KERNELS (default KERNELS) on the smoke grid (2 repeats,
 #           bitwise compared) and on the full grid's backward for the in-repo kernels
 # sanitize: compute-sanitizer (SAN_TOOLS, default memcheck racecheck) on the backward of
-#           SAN_VARIANT (default harness/kernels/fa2_mma), small cases (SAN_CASES)
+#           SAN_VARIANT (default harness/kernels/fa2_mma; SAN_NAME: one of its flavors),
+#           small cases (SAN_CASES)
 # perf:     the perf-bwd grid (PERF_BWD_CASES, default all) with the peers in the same run
 # ab:       AB_KERNELS (two versions, one a renamed copy under FA_HARNESS_KERNELS) timed
 #           on AB_CASES of AB_GRID (default perf-bwd) in one run, not recorded (a
@@ -66,9 +67,9 @@ for stage in "$@"; do
     sanitize)
       CASES=${SAN_CASES:-b2h4k2-113x203-d64-fp16-causal_br,b1h4-203x113-d128-bf16-key_padding}
       for tool in ${SAN_TOOLS:-memcheck racecheck}; do
-        step "sanitize-$tool" "${SAN_S:-180}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        step "sanitize-$tool${SAN_NAME:+-$SAN_NAME}" "${SAN_S:-180}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
           python3 -m harness.execution.sanitize_target --variant "${SAN_VARIANT:-harness/kernels/fa2_mma}" \
-          --cases "$CASES" --trusted --backward
+          ${SAN_NAME:+--name "$SAN_NAME"} --cases "$CASES" --trusted --backward
       done ;;
     perf)
       step perf-bwd "${PERF_S:-420}" $FA run --grid perf-bwd --kernels "$KERNELS" \

@@ -202,17 +202,18 @@ def find_variants(cwd: Path | None = None) -> Found:
         seen.append(src)
         for entry in entries:
             try:
-                spec = load_variant(entry)
+                loaded = load_variant(entry).with_flavors()  # and its [[flavor]]s
             except VariantError as e:
                 errors.append(e.error)
                 src.errors += 1
                 continue
-            if spec.name in where:
-                raise DiscoveryError(f"variant {spec.name!r} is defined twice: "
-                                     f"{where[spec.name]} and {entry}")
-            where[spec.name] = entry
-            specs.append((spec, kdir.origin))
-            src.names.append(spec.name)
+            for spec in loaded:
+                if spec.name in where:
+                    raise DiscoveryError(f"variant {spec.name!r} is defined twice: "
+                                         f"{where[spec.name]} and {entry}")
+                where[spec.name] = entry
+                specs.append((spec, kdir.origin))
+                src.names.append(spec.name)
     _sources["cuda"] = seen
     return Found(specs, errors)
 
@@ -344,6 +345,9 @@ def variant_path(name: str, cwd: Path | None = None) -> Path | None:
     for spec, _ in find_variants(cwd).specs:
         if spec.name == name:
             man = spec.manifest_path
+            if man.name == MANIFEST_NAME and man.parent.name != name:
+                raise DiscoveryError(f"{name} is a [[flavor]] of {man.parent.name}: a "
+                                     f"submission is one variant (submit {man.parent.name})")
             return man.parent if man.name == MANIFEST_NAME else man
     if any(c.name == name for c in find_python().candidates):
         raise DiscoveryError(f"{name} is a Python candidate: submissions are CUDA source "

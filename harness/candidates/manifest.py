@@ -13,6 +13,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from harness.candidates.expr import FUNCTIONS, SIZE_NAMES, Expr, ExprError, parse_expr
+from harness.candidates.manifest_fields import (
+    _bool,
+    _Ctx,
+    _int,
+    _keys,
+    _list,
+    _str,
+    _tname,
+)
 from harness.candidates.variant_spec import (
     ALGORITHMS,
     ALLOWED_OPTIONS,
@@ -21,6 +30,8 @@ from harness.candidates.variant_spec import (
     BACKWARD_REQUIRED,
     CC_RE,
     ENTRY_RE,
+    FLAVOR_OPTIONAL,
+    FLAVOR_REQUIRED,
     HEADER_NAME,
     IDENT_RE,
     INCLUDE_RE,
@@ -41,6 +52,7 @@ from harness.candidates.variant_spec import (
     WORKSPACE_DTYPES,
     WORKSPACE_KEYS,
     BackwardSpec,
+    FlavorSpec,
     LaunchSpec,
     LoadError,
     SupportSpec,
@@ -54,64 +66,6 @@ from harness.core.cases import DTYPES, Layout, MaskKind
 # ------------------------------------------------------------------------------------
 # Validation
 # ------------------------------------------------------------------------------------
-
-
-class _Ctx:
-    def __init__(self, path: Path, variant: str):
-        self.path = path
-        self.variant = variant
-
-    def fail(self, where: str, message: str) -> VariantError:
-        return VariantError(LoadError(str(self.path), where, message, self.variant))
-
-
-def _keys(ctx: _Ctx, table: Any, where: str, required: tuple[str, ...],
-          optional: tuple[str, ...]) -> dict[str, Any]:
-    if not isinstance(table, dict):
-        raise ctx.fail(where, f"must be a table, got {_tname(table)}")
-    for k in table:
-        if k not in required and k not in optional:
-            prefix = f"{where}." if where else ""
-            raise ctx.fail(f"{prefix}{k}", f"unknown field (allowed here: "
-                           f"{', '.join(required + optional)})")
-    for k in required:
-        if k not in table:
-            prefix = f"{where}." if where else ""
-            raise ctx.fail(f"{prefix}{k}", "missing required field")
-    return table
-
-
-def _tname(v: Any) -> str:
-    return {str: "a string", int: "an integer", bool: "a boolean", float: "a float",
-            list: "a list", dict: "a table"}.get(type(v), type(v).__name__)
-
-
-def _str(ctx: _Ctx, v: Any, where: str) -> str:
-    if not isinstance(v, str):
-        raise ctx.fail(where, f"must be a string, got {_tname(v)}")
-    return v
-
-
-def _bool(ctx: _Ctx, v: Any, where: str) -> bool:
-    if not isinstance(v, bool):
-        raise ctx.fail(where, f"must be true or false, got {_tname(v)}")
-    return v
-
-
-def _int(ctx: _Ctx, v: Any, where: str, minimum: int = 0) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ctx.fail(where, f"must be an integer, got {_tname(v)}")
-    if v < minimum:
-        raise ctx.fail(where, f"must be >= {minimum}, got {v}")
-    return v
-
-
-def _list(ctx: _Ctx, v: Any, where: str, nonempty: bool = True) -> list[Any]:
-    if not isinstance(v, list):
-        raise ctx.fail(where, f"must be a list, got {_tname(v)}")
-    if nonempty and not v:
-        raise ctx.fail(where, "must not be empty")
-    return v
 
 
 def _expr(ctx: _Ctx, v: Any, where: str, names: frozenset[str]) -> Expr:
@@ -129,6 +83,42 @@ def _dims(ctx: _Ctx, v: Any, where: str, names: frozenset[str]) -> tuple[Expr, E
     while len(exprs) < 3:
         exprs.append(parse_expr(1))
     return exprs[0], exprs[1], exprs[2]
+
+
+def _check_options(ctx: _Ctx, options: tuple[str, ...], where: str) -> None:
+    for i, o in enumerate(options):
+        if not ALLOWED_OPTIONS.match(o):
+            raise ctx.fail(f"{where}[{i}]", f"option {o!r} is not allowed (allowed: "
+                           "--use_fast_math, -lineinfo, --maxrregcount=N, --ftz/--prec-div/"
+                           "--prec-sqrt/--fmad=true|false, --extra-device-vectorization, -DNAME)")
+
+
+def _flavors(ctx: _Ctx, raw: Any, name: str, has_backward: bool) -> tuple[FlavorSpec, ...]:
+    out: list[FlavorSpec] = []
+    for i, t in enumerate(_list(ctx, raw, "flavor")):
+        w = f"flavor[{i}]"
+        _keys(ctx, t, w, FLAVOR_REQUIRED, FLAVOR_OPTIONAL)
+        fname = _str(ctx, t["name"], f"{w}.name")
+        if not (IDENT_RE.match(fname) and fname.startswith(name + "_")):
+            raise ctx.fail(f"{w}.name", f"{fname!r} must be {name!r} + '_' + letters, digits "
+                           "or underscores")
+        if fname in (f.name for f in out):
+            raise ctx.fail(f"{w}.name", f"{fname!r} is declared twice")
+        opts = tuple(_str(ctx, o, f"{w}.compile_options[{j}]")
+                     for j, o in enumerate(_list(ctx, t["compile_options"],
+                                                 f"{w}.compile_options")))
+        _check_options(ctx, opts, f"{w}.compile_options")
+        det = _bool(ctx, t["deterministic"], f"{w}.deterministic") \
+            if "deterministic" in t else None
+        bdet = None
+        if "backward_deterministic" in t:
+            if not has_backward:
+                raise ctx.fail(f"{w}.backward_deterministic", "the variant declares no "
+                               "[backward]")
+            bdet = _bool(ctx, t["backward_deterministic"], f"{w}.backward_deterministic")
+        out.append(FlavorSpec(fname, _str(ctx, t["description"], f"{w}.description"), opts,
+                              det, bdet))
+    return tuple(out)
 
 
 def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: str | None,
@@ -164,11 +154,7 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
     options = tuple(_str(ctx, o, f"compile_options[{i}]") for i, o in
                     enumerate(_list(ctx, data.get("compile_options", []),
                                     "compile_options", nonempty=False)))
-    for i, o in enumerate(options):
-        if not ALLOWED_OPTIONS.match(o):
-            raise ctx.fail(f"compile_options[{i}]", f"option {o!r} is not allowed (allowed: "
-                           "--use_fast_math, -lineinfo, --maxrregcount=N, --ftz/--prec-div/"
-                           "--prec-sqrt/--fmad=true|false, --extra-device-vectorization, -DNAME)")
+    _check_options(ctx, options, "compile_options")
     deterministic = _bool(ctx, data.get("deterministic", True), "deterministic")
 
     num_splits = None
@@ -211,6 +197,11 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
     backward = None
     if "backward" in data:
         backward = _backward(ctx, data["backward"], names, supports)
+    flavors: tuple[FlavorSpec, ...] = ()
+    if "flavor" in data:
+        if single_file is not None:
+            raise ctx.fail("flavor", "a single-file variant is one variant: no [[flavor]]")
+        flavors = _flavors(ctx, data["flavor"], name, backward is not None)
 
     # Sources: read them and check their includes.
     texts: list[tuple[str, str]] = []
@@ -255,6 +246,7 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
         source_texts=tuple(texts), raw=data, timing=timing,
         timing_max_seqlen=timing_max_seqlen, timing_min=timing_min,
         timing_cases=timing_cases, backward=backward, tensor_maps=tensor_maps,
+        flavors=flavors,
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +30,16 @@ TOP_REQUIRED = ("name", "description", "algorithm", "sources", "min_compute_capa
                 "supports", "launch")
 TOP_OPTIONAL = ("arch", "compile_options", "deterministic", "num_splits", "tiles", "workspace",
                 "timing", "timing_max_seqlen", "timing_min", "timing_cases", "backward",
-                "tensor_map")
+                "tensor_map", "flavor")
 BACKWARD_REQUIRED = ("launch",)
 BACKWARD_OPTIONAL = ("deterministic", "workspace", "tensor_map")
 # How the CI gate times a variant (harness.records.plan): "full" every timing case it
 # supports (as the budget allows), "smoke" its two cheapest, "none" correctness only.
 TIMING_MODES = ("full", "smoke", "none")
+# `[[flavor]]`: the same sources built again with more `-D` options under another name
+# (a deterministic backward, another tile size), enrolled as a variant of its own.
+FLAVOR_REQUIRED = ("name", "description", "compile_options")
+FLAVOR_OPTIONAL = ("deterministic", "backward_deterministic")
 SUPPORTS_REQUIRED = ("dtypes", "head_dims", "masks", "gqa", "writes_lse")
 SUPPORTS_OPTIONAL = ("masked_lse", "max_seqlen_q", "max_seqlen_k", "decode_only", "max_head_dim",
                      "layouts", "window")
@@ -134,6 +138,18 @@ class BackwardSpec:
 
 
 @dataclass(frozen=True)
+class FlavorSpec:
+    """A manifest's `[[flavor]]`: its name (the folder's name + "_" + a suffix), the
+    options added to the variant's, and what it changes in the declared determinism."""
+
+    name: str
+    description: str
+    compile_options: tuple[str, ...]
+    deterministic: bool | None = None           # None: the variant's
+    backward_deterministic: bool | None = None  # None: the variant's
+
+
+@dataclass(frozen=True)
 class SupportSpec:
     dtypes: tuple[str, ...]
     head_dims: tuple[int, ...] | None  # None: any head dim up to max_head_dim
@@ -175,6 +191,26 @@ class VariantSpec:
     timing_cases: int | None = None  # the gate's target of timed cases (owned variants)
     backward: BackwardSpec | None = None
     tensor_maps: tuple[TensorMapSpec, ...] = ()
+    flavors: tuple[FlavorSpec, ...] = ()
+
+    def with_flavors(self) -> list[VariantSpec]:
+        """This variant, then one spec per `[[flavor]]`: same sources and launches, the
+        flavor's name, description and added options (so its own compiled module)."""
+        out = [self]
+        for f in self.flavors:
+            bwd = self.backward
+            if bwd is not None and f.backward_deterministic is not None:
+                bwd = replace(bwd, deterministic=f.backward_deterministic)
+            out.append(replace(
+                self, name=f.name, description=f.description,
+                compile_options=self.compile_options + f.compile_options,
+                deterministic=self.deterministic if f.deterministic is None
+                else f.deterministic, backward=bwd, flavors=()))
+        return out
+
+    def flavor(self, name: str) -> VariantSpec | None:
+        """This variant or its flavor called `name`, else None."""
+        return next((s for s in self.with_flavors() if s.name == name), None)
 
     def _pass(self, backward: bool) -> Any:
         """The launches' and workspaces' holder of a pass: this spec, or its backward."""

@@ -48,7 +48,7 @@ def load_specs(root: Path | str | None = None) -> tuple[list[VariantSpec], list[
         if folder.name in NOT_VARIANTS or folder.name.startswith((".", "_")):
             continue
         try:
-            specs.append(load_variant_dir(folder))
+            specs.extend(load_variant_dir(folder).with_flavors())
         except VariantError as e:
             errors.append(e.error)
     return specs, errors
@@ -92,9 +92,17 @@ def load_variant_file(path: Path | str) -> VariantSpec:
     return _build_spec(data, path, path.parent, expect_name=None, single_file=(path, text))
 
 
-def load_variant(path: Path | str) -> VariantSpec:
-    """A variant folder or a single annotated `.cu` file."""
+def load_variant(path: Path | str, name: str | None = None) -> VariantSpec:
+    """A variant folder or a single annotated `.cu` file; with `name`, that variant or
+    the folder's `[[flavor]]` of that name (a VariantError when it has none)."""
     p = Path(path)
-    return load_variant_dir(p) if p.is_dir() else load_variant_file(p)
+    spec = load_variant_dir(p) if p.is_dir() else load_variant_file(p)
+    if name is None or name == spec.name:
+        return spec
+    flavored = spec.flavor(name)
+    if flavored is None:
+        raise VariantError(LoadError(str(spec.manifest_path), "name",
+                                     f"{spec.name!r} has no flavor {name!r}", spec.name))
+    return flavored
 
 

@@ -84,7 +84,7 @@ def build_candidate(name: str, options: dict[str, Any]):
         from harness.candidates.cuda_candidate import CudaVariant
         from harness.candidates.variants import load_variant
 
-        cand = CudaVariant.from_spec(load_variant(path))
+        cand = CudaVariant.from_spec(load_variant(path, name))  # name: a [[flavor]]
         cand.sandboxed_build = bool(options.get("sandboxed_build"))
         return cand
     from harness.candidates.registry import get_candidate

@@ -123,7 +123,7 @@ def _supports_padding(sanitizer: str) -> bool:
 
 
 def command(sanitizer: str, tool: str, variant_path: str, cases: list[Case], *,
-            trusted: bool = False) -> list[str]:
+            trusted: bool = False, name: str | None = None) -> list[str]:
     cmd = [sanitizer, "--tool", tool, "--error-exitcode", "99", "--print-limit", "20",
            "--show-backtrace", "device", "--target-processes", "all"]
     if tool == "racecheck":
@@ -137,19 +137,22 @@ def command(sanitizer: str, tool: str, variant_path: str, cases: list[Case], *,
         cmd += ["--padding", str(PADDING_BYTES)]
     target = [sys.executable, "-m", "harness.execution.sanitize_target",
               "--variant", variant_path, "--cases", ",".join(c.id for c in cases)]
+    if name:  # one of the folder's [[flavor]]s
+        target += ["--name", name]
     return cmd + target + (["--trusted"] if trusted else [])
 
 
 def run_tool(tool: str, variant_path: str, cases: list[Case], names: set[str],
              timeout_s: float = DEFAULT_TIMEOUT_S, sanitizer: str | None = None, *,
-             trusted: bool = False) -> ToolReport:
+             trusted: bool = False, name: str | None = None) -> ToolReport:
     exe = sanitizer or sanitizer_path()
     if exe is None:
         return ToolReport(tool, "unavailable", 0, "compute-sanitizer not found")
     t0 = time.monotonic()
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     try:
-        proc = subprocess.run(command(exe, tool, variant_path, cases, trusted=trusted),
+        proc = subprocess.run(command(exe, tool, variant_path, cases, trusted=trusted,
+                                      name=name),
                               capture_output=True, text=True, timeout=timeout_s,
                               stdin=subprocess.DEVNULL, env=env)
     except subprocess.TimeoutExpired:
@@ -181,10 +184,11 @@ TIERS = {"full": Tier(TOOLS, 6, 3), "fast": Tier(("memcheck", "initcheck", "race
 def sanitize(variant_path: str, support: Support, names: set[str], *,
              tools: tuple[str, ...] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
              sanitizer: str | None = None, tier: str = "full",
-             trusted: bool = False) -> SanitizeReport:
+             trusted: bool = False, name: str | None = None) -> SanitizeReport:
     """The tier's tools on `sanitizer_cases(support)` (racecheck on `racecheck_cases`),
     in parallel. `trusted`: the team's own source, built with NVRTC in the target as the
-    gate builds it (not in the submission sandbox)."""
+    gate builds it (not in the submission sandbox). `name`: the folder's `[[flavor]]` of
+    that name instead of the variant itself."""
     spec_t = TIERS[tier]
     tools = tools or spec_t.tools
     exe = sanitizer or sanitizer_path()
@@ -195,12 +199,12 @@ def sanitize(variant_path: str, support: Support, names: set[str], *,
                                               for t in tools], [c.id for c in cases])
     t0 = time.monotonic()
     if not trusted:
-        _prebuild(variant_path)
+        _prebuild(variant_path, name)
     race = racecheck_cases(support)[:spec_t.race_cases]
 
     def one(t: str) -> ToolReport:
         return run_tool(t, variant_path, race if t == "racecheck" else cases, names,
-                        timeout_s, exe, trusted=trusted)
+                        timeout_s, exe, trusted=trusted, name=name)
 
     with ThreadPoolExecutor(max_workers=len(tools)) as pool:
         reports = list(pool.map(one, tools))
@@ -210,7 +214,7 @@ def sanitize(variant_path: str, support: Support, names: set[str], *,
     return SanitizeReport(status, reports, ids, time.monotonic() - t0)
 
 
-def _prebuild(variant_path: str) -> None:
+def _prebuild(variant_path: str, name: str | None = None) -> None:
     """Build the -lineinfo cubin the tools' targets load, once, before they start in
     parallel (a failure is left for the targets to report)."""
     import dataclasses
@@ -223,7 +227,7 @@ def _prebuild(variant_path: str) -> None:
 
         if not torch.cuda.is_available():
             return
-        spec = load_variant(variant_path)
+        spec = load_variant(variant_path, name)
         if "-lineinfo" not in spec.compile_options:
             spec = dataclasses.replace(spec, compile_options=(*spec.compile_options,
                                                               "-lineinfo"))
@@ -274,7 +278,7 @@ def sanitize_variants(candidates: list[Any], *, tier: str = "full", trusted: boo
             return SanitizeOutcome(cand.name, f"sanitize {cand.name}: compute-sanitizer not "
                                    "found, not run", False)
         rep = sanitize(path, cand.support, source_names(cand), sanitizer=exe, tier=tier,
-                       trusted=trusted, timeout_s=timeout_s)
+                       trusted=trusted, timeout_s=timeout_s, name=cand.name)
         if rep.status == "clean":
             tools = ", ".join(t.tool for t in rep.tools)
             return SanitizeOutcome(cand.name, f"sanitize {cand.name}: clean ({tools}; "

@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", required=True, help="comma-separated case ids")
     ap.add_argument("--trusted", action="store_true",
                     help="the team's own source: NVRTC in this process, no sandbox")
+    ap.add_argument("--name", help="the folder's [[flavor]] of this name")
     ap.add_argument("--backward", action="store_true",
                     help="also run the manifest's [backward] launches on each case")
     args = ap.parse_args(argv)
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cases = [Case.from_id(c) for c in args.cases.split(",") if c]
-        spec = load_variant(args.variant)
+        spec = load_variant(args.variant, args.name)
     except (ValueError, VariantError) as e:
         print(f"sanitize_target: {e}", file=sys.stderr)
         return 2

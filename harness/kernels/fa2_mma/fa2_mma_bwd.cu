@@ -17,7 +17,12 @@
 //   3. bwd_post: dQ = scale * accumulator, in the input dtype.
 // A fully masked row (LSE = -inf) has P = 0: its dQ row is 0 and it adds nothing to dK/dV.
 // The dQ atomics make the result depend on the order CTAs finish: not bitwise
-// deterministic (the manifest says so).
+// deterministic (the manifest says so). Built with -DFA2MMA_DETERMINISTIC (the manifest's
+// flavor fa2_mma_det) the adds into each Q block's rows are ordered by key block: one
+// int32 count per (batch, head, 16 query rows), zeroed by bwd_pre; key block n waits
+// until the count is n, adds, then moves it to n + 1. The key blocks that see a Q block
+// are always 0..last (the causal start only grows with n), and block n - 1 is dispatched
+// before block n (x varies fastest), so a waiting CTA only ever waits on one that runs.
 // Block of bwd_main: 4 warps; BN = 64 keys; BM = 64 query rows per step at d = 64, 16 at
 // d = 128 (the dK and dV accumulators hold 16 x d fp32 per warp each).
 #include "fa_harness.h"
@@ -97,6 +102,26 @@ __device__ __forceinline__ void frag_x_rows(float (*acc)[4], const unsigned (*pf
             O::mma(acc[2 * dp + 1], pf[kk], b2, b3);
         }
     }
+}
+
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// The deterministic build's counts: one per (batch, head, 16 query rows), zeroed here
+// (bwd_pre runs before bwd_main on the same stream).
+__device__ __forceinline__ void zero_counts(const FaParams& p) {
+#ifdef FA2MMA_DETERMINISTIC
+    const long long row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int i = (int)(row % p.seqlen_q);
+    if ((threadIdx.x & 31) == 0 && row < (long long)p.batch * p.heads * p.seqlen_q &&
+        i % 16 == 0)
+        ((int*)p.workspace[2])[row / p.seqlen_q * ((p.seqlen_q + 15) / 16) + i / 16] = 0;
+#else
+    (void)p;
+#endif
 }
 
 template <int D, bool BF16>
@@ -254,6 +279,15 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
                             O::mma(acc[2 * dp2 + 1], a, b2, b3);
                         }
                     }
+#ifdef FA2MMA_DETERMINISTIC
+                    int* count = (int*)p.workspace[2] + row_base / p.seqlen_q *
+                                 ((p.seqlen_q + 15) / 16) + m0 / 16;
+                    if (tid == 0) {
+                        while (ld_acquire_gpu(count) != (int)blockIdx.x) {
+                        }
+                    }
+                    __syncthreads();
+#endif
 #pragma unroll
                     for (int r = 0; r < 2; ++r) {
                         const int row = m0 + wm * 16 + g + r * 8;
@@ -265,6 +299,11 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
                             atomicAdd(dst + t * 8 + 1, acc[t][2 * r + 1]);
                         }
                     }
+#ifdef FA2MMA_DETERMINISTIC
+                    __threadfence();  // this thread's adds are done before the count moves
+                    __syncthreads();
+                    if (tid == 0) atomicAdd(count, 1);
+#endif
                 }
             }
         }
@@ -294,6 +333,7 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
     extern "C" __global__ void __launch_bounds__(128) fa2_mma_bwd_pre_##SUF(FaParams p) { \
         fa_bwd_pre<D, BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16>(p, (float*)p.workspace[0],     \
                                                            (float*)p.workspace[1]);        \
+        fa2mma::zero_counts(p);                                                            \
     }                                                                                      \
     extern "C" __global__ void __launch_bounds__(fa2mma::kBwdThreads)                      \
         fa2_mma_bwd_main_##SUF(FaParams p) {                                               \
