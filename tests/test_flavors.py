@@ -146,6 +146,8 @@ def test_isolated_children_rebuild_the_flavor(tmp_path):
     cand = build_candidate("fa2_mma_det", {"variant_path": path})
     assert cand.name == "fa2_mma_det" and cand.support.backward_deterministic
     assert build_candidate("fa2_mma", {"variant_path": path}).name == "fa2_mma"
+    # A name that is no flavor (a submission's id) builds the folder's variant.
+    assert build_candidate("sub-17", {"variant_path": path}).name == "fa2_mma"
     cmd = command("compute-sanitizer", "memcheck", path, [], name="fa2_mma_det")
     assert cmd[cmd.index("--name") + 1] == "fa2_mma_det"
     assert "--name" not in command("compute-sanitizer", "memcheck", path, [])

@@ -297,7 +297,10 @@ class Sleepy(Honest):
 
 def test_a_far_slower_submission_is_cut_short_and_scored_from_what_was_measured():
     perf = PERF * 3  # six perf cases
+    # 0.25 s a call: far over the 5x cut even when a loaded runner slows the baseline's
+    # CPU compute (at 0.05 s, a 2-core CI machine once timed a second case).
     cand = Sleepy()
+    cand.sleep_s = 0.25
     rep = score_candidate(cand, _options(perf_cases=perf, min_samples=20, min_time_s=1.0,
                                          slow_cut_factor=5.0),
                           secret=7, baseline=Honest(name="base"))

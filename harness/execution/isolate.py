@@ -84,7 +84,10 @@ def build_candidate(name: str, options: dict[str, Any]):
         from harness.candidates.cuda_candidate import CudaVariant
         from harness.candidates.variants import load_variant
 
-        cand = CudaVariant.from_spec(load_variant(path, name))  # name: a [[flavor]]
+        spec = load_variant(path)
+        # `name` may be one of the folder's [[flavor]]s; any other name (a submission's
+        # id) is the folder's variant itself.
+        cand = CudaVariant.from_spec(spec.flavor(name) or spec)
         cand.sandboxed_build = bool(options.get("sandboxed_build"))
         return cand
     from harness.candidates.registry import get_candidate
