@@ -43,6 +43,23 @@ constexpr int kBwdThreads = 256;
 constexpr int BNB = 128;  // keys per CTA
 
 template <int D> struct BwdTile { static constexpr int BM = 8192 / D; };
+// Steps between issuing a dQ part's bulk addition and counting it (see bwd_main); at most 3
+// (the slots after the loop).
+#ifndef FA3WG_DQ_LAG
+#define FA3WG_DQ_LAG 2
+#endif
+constexpr int kDqLag = FA3WG_DQ_LAG;
+static_assert(kDqLag >= 1 && kDqLag <= 3, "FA3WG_DQ_LAG: 1 to 3");
+
+// Count one arrival and release what this thread has observed (bulk additions whose
+// completion the issuing thread saw before a barrier with it) to whoever reads the count
+// after it; returns the count before.
+__device__ __forceinline__ int count_add(int* count) {
+    int old;
+    asm volatile("atom.release.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(count) : "memory");
+    return old;
+}
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -189,11 +206,11 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
     const unsigned bar_kv = sStat + 16 * BM;
     const unsigned bar_st = bar_kv + 8;
     // Per warpgroup, the dQ parts it converts next (query head, step row; head -1: none):
-    // slot 0 in the loop, slots 1 and 2 after it (a slot is written again only after a
-    // barrier that every reader of its last value has passed).
-    int* conv_w = (int*)(smem_raw + (bar_st + 16 - raw)) + 8 * (threadIdx.x >> 7);
+    // slot 0 in the loop, slots 1 .. kDqLag + 1 after it (a slot is written again only
+    // after a barrier that every reader of its last value has passed). 64 bytes each.
+    int* conv_w = (int*)(smem_raw + (bar_st + 16 - raw)) + 16 * (threadIdx.x >> 7);
     constexpr unsigned kSmem =
-        2 * KV_BYTES + 4 * QS_BYTES + DS_BYTES + 4 * 16384 + 16 * BM + 24 + 64 + 1024;
+        2 * KV_BYTES + 4 * QS_BYTES + DS_BYTES + 4 * 16384 + 16 * BM + 24 + 128 + 1024;
     if (fa_dynamic_smem_bytes() < kSmem) __trap();  // the manifest asked for too little
 
     const int tid = threadIdx.x;
@@ -264,30 +281,37 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
                 }
             }
         };
-        // The arrival the warpgroup's first thread counted last step (its part's head, step
-        // row, the count before it and the count that completes it), and this step's part.
-        int pend_h = -1, pend_m0 = 0, pend_seen = 0, pend_need = 0;
-        int prev_h = -1, prev_m0 = 0;
-        // The first thread of the warpgroup, once a bulk addition has completed (which makes
-        // it visible to ordinary loads): publish it, count it.
-        auto arrive = [&](int h, int m0) {
-            __threadfence();
-            pend_seen = atomicAdd(dq_count + part_at(h, m0), 1);
-            pend_h = h;
-            pend_m0 = m0;
-            pend_need = dq_contributors<BM>(p, klimit, m0);
+        // Step j's query head and first row (the Q blocks of one head, then the next head).
+        auto step_pos = [&](int j, int& sh, int& sm0) {
+            sh = hk * group + j / n_m;
+            sm0 = m_begin + (j % n_m) * BM;
         };
-        // Whether the counted arrival completed its part: that part goes to slot i for the
-        // warpgroup to convert after its next barrier.
-        auto publish = [&](int i) {
-            const bool last = pend_h >= 0 && pend_seen + 1 == pend_need;
-            if (last) {
-                __threadfence();  // the other CTAs' additions, before the reads that follow
-                dq_count[part_at(pend_h, pend_m0)] = 0;
+        // Step j's bulk addition into its part is counted once it has completed (which
+        // makes it visible to ordinary loads), kDqLag steps after it was issued: a
+        // completion waited for sooner stalls the step. The count is read one step later
+        // (the atomic's round trip off the critical path) by publish, which puts the part
+        // in a slot for the warpgroup to convert after its next barrier if that addition
+        // completed it. Thread 32 of the warpgroup does both.
+        int pend_j = -1, pend_seen = 0;
+        auto count_arrival = [&](int j) -> int {
+            int sh, sm0;
+            step_pos(j, sh, sm0);
+            return count_add(dq_count + part_at(sh, sm0));
+        };
+        auto publish = [&](int slot) {
+            int sh = -1, sm0 = 0;
+            if (pend_j >= 0) {
+                step_pos(pend_j, sh, sm0);
+                if (pend_seen + 1 == dq_contributors<BM>(p, klimit, sm0)) {
+                    fence_acq_rel_gpu();  // the other CTAs' additions, before reading them
+                    dq_count[part_at(sh, sm0)] = 0;
+                } else {
+                    sh = -1;
+                }
             }
-            conv_w[2 * i] = last ? pend_h : -1;
-            conv_w[2 * i + 1] = pend_m0;
-            pend_h = -1;
+            conv_w[2 * slot] = sh;
+            conv_w[2 * slot + 1] = sm0;
+            pend_j = -1;
         };
         const char* maps = (const char*)p.tensor_maps;  // Q, K, V, dO (manifest order)
         if (tid == 0) {
@@ -465,38 +489,47 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
                                  :: "r"(buf + ((t ^ (lane & 7)) << 4)), "f"(dq[4 * t]),
                                     "f"(dq[4 * t + 1]), "f"(dq[4 * t + 2]), "f"(dq[4 * t + 3]));
                 fence_proxy_async();
-                // The arrival counted last step (step it - 2's part) is settled by now.
-                if ((tid & 127) == 0) publish(0);
+                // Thread 0 of the warpgroup issues the additions and sees them complete
+                // (step it - kDqLag's, here); thread 32 counts them after the barrier: a
+                // release by the issuing thread waits for its additions still in flight.
+                if ((tid & 127) == 0 && it >= kDqLag) bulk_wait<kDqLag - 1>();
+                if ((tid & 127) == 32) publish(0);  // the arrival counted last step
                 if (wg == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
                 else asm volatile("bar.sync 3, 128;\n" ::: "memory");
                 const int conv_h = conv_w[0], conv_m0 = conv_w[1];
-                if ((tid & 127) == 0) {
+                if ((tid & 127) == 0)
                     bulk_reduce_add(dqacc + part_at(h, m0) * 4096, sDQ0 + (wg * 2 + st) * 16384, 16384);
-                    // Step it - 1's addition has had a step to complete: count it now, read
-                    // the count next step (the atomic's round trip off the critical path).
-                    if (prev_h >= 0) {
-                        bulk_wait<1>();
-                        arrive(prev_h, prev_m0);
-                    }
-                    prev_h = h;
-                    prev_m0 = m0;
+                if ((tid & 127) == 32 && it >= kDqLag) {
+                    pend_seen = count_arrival(it - kDqLag);
+                    pend_j = it - kDqLag;
                 }
                 if (conv_h >= 0) convert(conv_h, conv_m0);
             }
             h = h_next;
             m0 = m_next;
         }
-        // The last two arrivals: step total - 2's (counted) and step total - 1's.
-        if ((tid & 127) == 0) {
+        // The arrival counted at the last step, then the last kDqLag steps' (slots 1 ..).
+        if ((tid & 127) == 0) bulk_wait<0>();  // also: shared memory outlives the copies
+        if (wg == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
+        else asm volatile("bar.sync 3, 128;\n" ::: "memory");
+        if ((tid & 127) == 32) {
             publish(1);
-            bulk_wait<0>();  // also: shared memory outlives the copies
-            arrive(prev_h, prev_m0);
-            publish(2);
+            int seen[kDqLag];
+#pragma unroll
+            for (int k = 0; k < kDqLag; ++k)
+                if (total - kDqLag + k >= 0) seen[k] = count_arrival(total - kDqLag + k);
+#pragma unroll
+            for (int k = 0; k < kDqLag; ++k) {
+                pend_j = total - kDqLag + k;
+                pend_seen = seen[k];
+                publish(2 + k);
+            }
         }
         if (wg == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
         else asm volatile("bar.sync 3, 128;\n" ::: "memory");
-        if (conv_w[2] >= 0) convert(conv_w[2], conv_w[3]);
-        if (conv_w[4] >= 0) convert(conv_w[4], conv_w[5]);
+#pragma unroll
+        for (int k = 1; k < 2 + kDqLag; ++k)
+            if (conv_w[2 * k] >= 0) convert(conv_w[2 * k], conv_w[2 * k + 1]);
     }
 
     // dK (times the softmax scale) and dV of this warpgroup's keys, summed over the group.
