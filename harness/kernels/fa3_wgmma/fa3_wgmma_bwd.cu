@@ -1,9 +1,9 @@
 // fa3_wgmma backward: the FA2 loop order (outer K/V, inner Q) on Hopper's wgmma.
 //
 // Concatenated after fa3_wgmma.cu (the manifest lists both): it uses that file's wgmma
-// wrappers, descriptors, TMA and mbarrier helpers. Two launches: bwd_pre (D = rowsum(dO *
-// O); dQ = 0 for the rows no key block reaches) and bwd_main below, which also turns the
-// fp32 dQ accumulator into dQ: the last CTA to add to a part converts it.
+// wrappers, descriptors, TMA and mbarrier helpers. Three launches: bwd_pre (D =
+// rowsum(dO * O), the fp32 dQ accumulator zeroed), bwd_main below, bwd_post (dQ = scale *
+// accumulator, read in the accumulator's own order DqIndex).
 //
 // bwd_main: one CTA per block of 128 keys of one K/V head, two warpgroups of 64 keys each.
 // K and V stay in shared memory; the CTA walks every query head of its GQA group (dK and
@@ -21,11 +21,6 @@
 //                      operands MN-major), stores it to shared memory and one thread adds
 //                      it to the fp32 accumulator with a bulk reduction (the copy engine
 //                      adds in L2; other CTAs own the other keys of these rows).
-//     dQ  = scale acc  when a part's additions are complete (a count per part: the CTA
-//                      whose addition is the last that part receives reads it back from L2,
-//                      writes dQ and leaves the part and its count at zero for the next
-//                      launch). A separate conversion launch read the whole accumulator
-//                      back from HBM, and the zeroing before it wrote it there once more.
 // st.shared writes through the generic proxy and wgmma and the bulk copies read through
 // the async proxy: the writers run fence.proxy.async before the barrier that publishes.
 // The tiles come by TMA rather than cp.async: a fence also waits for the thread's own
@@ -43,23 +38,6 @@ constexpr int kBwdThreads = 256;
 constexpr int BNB = 128;  // keys per CTA
 
 template <int D> struct BwdTile { static constexpr int BM = 8192 / D; };
-// Steps between issuing a dQ part's bulk addition and counting it (see bwd_main); at most 3
-// (the slots after the loop).
-#ifndef FA3WG_DQ_LAG
-#define FA3WG_DQ_LAG 2
-#endif
-constexpr int kDqLag = FA3WG_DQ_LAG;
-static_assert(kDqLag >= 1 && kDqLag <= 3, "FA3WG_DQ_LAG: 1 to 3");
-
-// Count one arrival and release what this thread has observed (bulk additions whose
-// completion the issuing thread saw before a barrier with it) to whoever reads the count
-// after it; returns the count before.
-__device__ __forceinline__ int count_add(int* count) {
-    int old;
-    asm volatile("atom.release.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(count) : "memory");
-    return old;
-}
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -73,11 +51,6 @@ __device__ __forceinline__ void bulk_reduce_add(float* dst, unsigned src, unsign
 // Until at most N of this thread's bulk operations still read their shared-memory source.
 template <int N> __device__ __forceinline__ void bulk_wait_read() {
     asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
-}
-// Until at most N of this thread's bulk operations are incomplete. A completed addition is
-// visible to the generic proxy (an implicit proxy fence follows completion).
-template <int N> __device__ __forceinline__ void bulk_wait() {
-    asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory");
 }
 
 // The fp32 dQ accumulator's order: per (batch, head), 64-row blocks; per block, 64-column
@@ -105,31 +78,14 @@ __device__ __forceinline__ DqIndex dq_index(const FaParams& p) {
     return DqIndex{p.seqlen_q, 2 * ((p.seqlen_q + 127) / 128)};
 }
 
-// Keys batch b's queries may see (key padding), the same bound bwd_main's CTAs use.
-__device__ __forceinline__ int key_limit(const FaParams& p, int b) {
-    int klimit = p.seqlen_k;
-    if ((p.mask_kind & FA_MASK_KEY_PADDING) && p.seqlens_k) klimit = min(klimit, p.seqlens_k[b]);
-    return klimit;
-}
-// How many key-block CTAs of bwd_main add to the dQ parts of the step of BM rows that
-// starts at m0: those with keys below klimit (n0 < klimit) that a row of the step sees (a
-// CTA starts at the first step whose last row sees its first key). Each adds once per
-// part; zero means no CTA writes those rows (bwd_pre does).
-template <int BM>
-__device__ __forceinline__ int dq_contributors(const FaParams& p, int klimit, int m0) {
-    int n = klimit > 0 ? (klimit + BNB - 1) / BNB : 0;
-    if (p.mask_kind & FA_MASK_CAUSAL) {
-        const int last = m0 + BM - 1 + p.causal_offset;  // the last key the step's rows see
-        n = last < 0 ? 0 : min(n, last / BNB + 1);
-    }
-    return n;
-}
-
-// bwd_pre moves every element of O and dO once: at N = 1k that is a few percent of the
-// backward's time, so it uses 16-byte accesses. D / 8 threads per row, each one 16-byte
-// load of O and of dO (1024 / D rows per 128-thread block). Rows that no key block of
-// bwd_main reaches (causal rows above the first key, a batch with no valid key) get dQ = 0
-// here. Rows not 16-byte aligned take the scalar path.
+// The first and last launches move every element of O, dO, dQ and the fp32 accumulator
+// once: at N = 1k they are a tenth of the backward's time, so they use 16-byte accesses
+// in the order memory holds them. (The shared fa_bwd_pre / fa_bwd_post walk rows, which
+// touches DqIndex's order 4 bytes at a time, a quarter of each 32-byte sector.)
+//
+// bwd_pre: D / 8 threads per row, each one 16-byte load of O and of dO (1024 / D rows per
+// 128-thread block); the block then zeroes its contiguous share of the whole accumulator
+// (padding blocks too) by float4 stores. Rows not 16-byte aligned take the scalar path.
 template <int D, bool BF16>
 __device__ __forceinline__ void bwd_pre(const FaParams& p) {
     constexpr int DT = BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
@@ -163,19 +119,64 @@ __device__ __forceinline__ void bwd_pre(const FaParams& p) {
     for (int off = TPR / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (row < rows && tid % TPR == 0) ((float*)p.workspace[0])[row] = acc;
 
-    if (row < rows) {
-        const int i = (int)(row % p.seqlen_q);
-        const int h = (int)((row / p.seqlen_q) % p.heads);
-        const int b = (int)(row / ((long long)p.seqlen_q * p.heads));
-        constexpr int BM = BwdTile<D>::BM;
-        if (dq_contributors<BM>(p, key_limit(p, b), (i / BM) * BM) == 0) {
-            unsigned short* dq = (unsigned short*)p.dq + b * p.dq_batch_stride +
-                                 h * p.dq_head_stride + (long long)i * p.dq_row_stride + c;
-            if (((unsigned long long)dq & 15ull) == 0) *(uint4*)dq = make_uint4(0u, 0u, 0u, 0u);
-            else {
+    const DqIndex ix = dq_index(p);
+    const long long n4 = (long long)p.batch * p.heads * ix.nblk * 64 * D / 4;
+    const long long per = (n4 + gridDim.x - 1) / gridDim.x;
+    const long long z1 = min(((long long)blockIdx.x + 1) * per, n4);
+    float4* acc4 = (float4*)p.workspace[1];
+    for (long long k = (long long)blockIdx.x * per + tid; k < z1; k += 128)
+        acc4[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// bwd_post: one block per 64 x 64 part of the accumulator (16 KB, contiguous), read as
+// float4 in memory order, put back in (row, column) order in shared memory, then written
+// as dQ rows by 16-byte stores. The part's float4 k belongs to the wgmma thread T = k / 8
+// (warp T / 32, lane T % 32), chunk t = (k % 8) ^ (lane % 8): rows 16 warp + lane / 4 (+ 8
+// for .z .w), columns 8t + 2 (lane % 4) (+ 1 for .y .w), as DqIndex lays them.
+template <int D, bool BF16>
+__device__ __forceinline__ void bwd_post(const FaParams& p) {
+    constexpr int DT = BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
+    __shared__ __align__(16) float tile[64][68];  // 68: rows 16-byte aligned, banks spread
+    const int tid = threadIdx.x;
+    const int blk = blockIdx.x / (D / 64);
+    const int cpart = blockIdx.x % (D / 64);
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    const DqIndex ix = dq_index(p);
+    const long long part = (((long long)b * p.heads + h) * ix.nblk + blk) * (D / 64) + cpart;
+    const float4* src = (const float4*)((const float*)p.workspace[1] + part * 4096);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) dq[e] = 0;
-            }
+    for (int j = 0; j < 8; ++j) {
+        const int k = tid + 128 * j;
+        const float4 v = src[k];
+        const int ln = (k >> 3) & 31;
+        const int r0 = 16 * (k >> 8) + (ln >> 2);
+        const int c0 = 8 * ((k & 7) ^ (ln & 7)) + 2 * (ln & 3);
+        *(float2*)&tile[r0][c0] = make_float2(v.x, v.y);
+        *(float2*)&tile[r0 + 8][c0] = make_float2(v.z, v.w);
+    }
+    __syncthreads();
+    unsigned short* dq = (unsigned short*)p.dq + b * p.dq_batch_stride + h * p.dq_head_stride +
+                         cpart * 64;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int q = tid + 128 * j;
+        const int r = q >> 3;
+        const int c8 = (q & 7) * 8;
+        const int row = blk * 64 + r;
+        if (row >= p.seqlen_q) continue;
+        const float4 a = *(const float4*)&tile[r][c8];
+        const float4 e = *(const float4*)&tile[r][c8 + 4];
+        unsigned short* dst = dq + (long long)row * p.dq_row_stride + c8;
+        if (((unsigned long long)dst & 15ull) == 0) {
+            *(uint4*)dst = make_uint4(pack2<BF16>(a.x * p.scale, a.y * p.scale),
+                                      pack2<BF16>(a.z * p.scale, a.w * p.scale),
+                                      pack2<BF16>(e.x * p.scale, e.y * p.scale),
+                                      pack2<BF16>(e.z * p.scale, e.w * p.scale));
+        } else {
+            const float f[8] = {a.x, a.y, a.z, a.w, e.x, e.y, e.z, e.w};
+#pragma unroll
+            for (int u = 0; u < 8; ++u) dst[u] = FaElem<DT>::from_float(f[u] * p.scale);
         }
     }
 }
@@ -205,12 +206,7 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
     // mbarriers: K and V landed; stage 0 and stage 1 (Q and dO) landed.
     const unsigned bar_kv = sStat + 16 * BM;
     const unsigned bar_st = bar_kv + 8;
-    // Per warpgroup, the dQ parts it converts next (query head, step row; head -1: none):
-    // slot 0 in the loop, slots 1 .. kDqLag + 1 after it (a slot is written again only
-    // after a barrier that every reader of its last value has passed). 64 bytes each.
-    int* conv_w = (int*)(smem_raw + (bar_st + 16 - raw)) + 16 * (threadIdx.x >> 7);
-    constexpr unsigned kSmem =
-        2 * KV_BYTES + 4 * QS_BYTES + DS_BYTES + 4 * 16384 + 16 * BM + 24 + 128 + 1024;
+    constexpr unsigned kSmem = 2 * KV_BYTES + 4 * QS_BYTES + DS_BYTES + 4 * 16384 + 16 * BM + 24 + 1024;
     if (fa_dynamic_smem_bytes() < kSmem) __trap();  // the manifest asked for too little
 
     const int tid = threadIdx.x;
@@ -225,7 +221,8 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
     const int b = blockIdx.z;
     const int group = p.heads / p.kv_heads;
     const bool causal = (p.mask_kind & FA_MASK_CAUSAL) != 0;
-    const int klimit = key_limit(p, b);
+    int klimit = p.seqlen_k;
+    if ((p.mask_kind & FA_MASK_KEY_PADDING) && p.seqlens_k) klimit = min(klimit, p.seqlens_k[b]);
 
     // Queries that see any key of this block: i + causal_offset >= n0.
     int m_begin = causal ? max(0, n0 - p.causal_offset) : 0;
@@ -247,72 +244,6 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
     if (total > 0) {
         const float* delta = (const float*)p.workspace[0];
         float* dqacc = (float*)p.workspace[1];
-        int* dq_count = (int*)p.workspace[2];
-        const DqIndex ix = dq_index(p);
-        // The accumulator part of this warpgroup at step (query head h, rows m0 ..).
-        auto part_at = [&](int h, int m0) -> long long {
-            return (((long long)b * p.heads + h) * ix.nblk + (m0 >> 6) + mw) * (D / 64) + nw;
-        };
-        // dQ of a complete part (all 128 threads of the warpgroup): each thread reads back
-        // the 32 floats it would have written (DqIndex), from L2 (other CTAs added to
-        // them), writes them as dQ (times the softmax scale) and zeroes them.
-        auto convert = [&](int h, int m0) {
-            float4* src = (float4*)(dqacc + part_at(h, m0) * 4096) + (tid & 127) * 8;
-            float4 v[8];
-#pragma unroll
-            for (int c = 0; c < 8; ++c) v[c] = __ldcg(src + c);
-#pragma unroll
-            for (int c = 0; c < 8; ++c) __stcg(src + c, make_float4(0.f, 0.f, 0.f, 0.f));
-            unsigned short* dqh = (unsigned short*)p.dq + b * p.dq_batch_stride +
-                                  h * p.dq_head_stride + nw * 64 + 2 * q4;
-#pragma unroll
-            for (int rh = 0; rh < 2; ++rh) {
-                const int row = m0 + 64 * mw + 16 * warp + g + 8 * rh;
-                if (row >= p.seqlen_q) continue;
-                unsigned short* dst = dqh + (long long)row * p.dq_row_stride;
-#pragma unroll
-                for (int c = 0; c < 8; ++c) {
-                    const float lo = (rh ? v[c].z : v[c].x) * p.scale;
-                    const float hi = (rh ? v[c].w : v[c].y) * p.scale;
-                    unsigned short* e = dst + 8 * (c ^ (lane & 7));
-                    if (((unsigned long long)e & 3ull) == 0) *(unsigned*)e = pack2<BF16>(lo, hi);
-                    else { e[0] = FaElem<BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16>::from_float(lo);
-                           e[1] = FaElem<BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16>::from_float(hi); }
-                }
-            }
-        };
-        // Step j's query head and first row (the Q blocks of one head, then the next head).
-        auto step_pos = [&](int j, int& sh, int& sm0) {
-            sh = hk * group + j / n_m;
-            sm0 = m_begin + (j % n_m) * BM;
-        };
-        // Step j's bulk addition into its part is counted once it has completed (which
-        // makes it visible to ordinary loads), kDqLag steps after it was issued: a
-        // completion waited for sooner stalls the step. The count is read one step later
-        // (the atomic's round trip off the critical path) by publish, which puts the part
-        // in a slot for the warpgroup to convert after its next barrier if that addition
-        // completed it. Thread 32 of the warpgroup does both.
-        int pend_j = -1, pend_seen = 0;
-        auto count_arrival = [&](int j) -> int {
-            int sh, sm0;
-            step_pos(j, sh, sm0);
-            return count_add(dq_count + part_at(sh, sm0));
-        };
-        auto publish = [&](int slot) {
-            int sh = -1, sm0 = 0;
-            if (pend_j >= 0) {
-                step_pos(pend_j, sh, sm0);
-                if (pend_seen + 1 == dq_contributors<BM>(p, klimit, sm0)) {
-                    fence_acq_rel_gpu();  // the other CTAs' additions, before reading them
-                    dq_count[part_at(sh, sm0)] = 0;
-                } else {
-                    sh = -1;
-                }
-            }
-            conv_w[2 * slot] = sh;
-            conv_w[2 * slot + 1] = sm0;
-            pend_j = -1;
-        };
         const char* maps = (const char*)p.tensor_maps;  // Q, K, V, dO (manifest order)
         if (tid == 0) {
             mbar_init(bar_kv, 1);
@@ -489,47 +420,19 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
                                  :: "r"(buf + ((t ^ (lane & 7)) << 4)), "f"(dq[4 * t]),
                                     "f"(dq[4 * t + 1]), "f"(dq[4 * t + 2]), "f"(dq[4 * t + 3]));
                 fence_proxy_async();
-                // Thread 0 of the warpgroup issues the additions and sees them complete
-                // (step it - kDqLag's, here); thread 32 counts them after the barrier: a
-                // release by the issuing thread waits for its additions still in flight.
-                if ((tid & 127) == 0 && it >= kDqLag) bulk_wait<kDqLag - 1>();
-                if ((tid & 127) == 32) publish(0);  // the arrival counted last step
                 if (wg == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
                 else asm volatile("bar.sync 3, 128;\n" ::: "memory");
-                const int conv_h = conv_w[0], conv_m0 = conv_w[1];
-                if ((tid & 127) == 0)
-                    bulk_reduce_add(dqacc + part_at(h, m0) * 4096, sDQ0 + (wg * 2 + st) * 16384, 16384);
-                if ((tid & 127) == 32 && it >= kDqLag) {
-                    pend_seen = count_arrival(it - kDqLag);
-                    pend_j = it - kDqLag;
+                if ((tid & 127) == 0) {
+                    const DqIndex ix = dq_index(p);
+                    const long long part = ((((long long)b * p.heads + h) * ix.nblk + (m0 >> 6) + mw) *
+                                            (D / 64) + nw);
+                    bulk_reduce_add(dqacc + part * 4096, sDQ0 + (wg * 2 + st) * 16384, 16384);
                 }
-                if (conv_h >= 0) convert(conv_h, conv_m0);
             }
             h = h_next;
             m0 = m_next;
         }
-        // The arrival counted at the last step, then the last kDqLag steps' (slots 1 ..).
-        if ((tid & 127) == 0) bulk_wait<0>();  // also: shared memory outlives the copies
-        if (wg == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
-        else asm volatile("bar.sync 3, 128;\n" ::: "memory");
-        if ((tid & 127) == 32) {
-            publish(1);
-            int seen[kDqLag];
-#pragma unroll
-            for (int k = 0; k < kDqLag; ++k)
-                if (total - kDqLag + k >= 0) seen[k] = count_arrival(total - kDqLag + k);
-#pragma unroll
-            for (int k = 0; k < kDqLag; ++k) {
-                pend_j = total - kDqLag + k;
-                pend_seen = seen[k];
-                publish(2 + k);
-            }
-        }
-        if (wg == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
-        else asm volatile("bar.sync 3, 128;\n" ::: "memory");
-#pragma unroll
-        for (int k = 1; k < 2 + kDqLag; ++k)
-            if (conv_w[2 * k] >= 0) convert(conv_w[2 * k], conv_w[2 * k + 1]);
+        if ((tid & 127) == 0) bulk_wait_read<0>();  // shared memory outlives the copies
     }
 
     // dK (times the softmax scale) and dV of this warpgroup's keys, summed over the group.
@@ -558,6 +461,9 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
     extern "C" __global__ void __launch_bounds__(fa3wg::kBwdThreads, 1)                      \
         fa3_wgmma_bwd_main_##SUF(FaParams p) {                                               \
         fa3wg::bwd_main<D, BF16>(p);                                                         \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) fa3_wgmma_bwd_post_##SUF(FaParams p) { \
+        fa3wg::bwd_post<D, BF16>(p);                                                         \
     }
 
 FA3WG_BWD_ENTRIES(fp16_d64, 64, false)
