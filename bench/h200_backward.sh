@@ -12,6 +12,8 @@
 #           before/after of a kernel change), logged as AB_NAME (default ab)
 # full:     the full grid's backward of FULL_KERNELS under each of SECRETS secrets
 #           (SECRET0 + 1, ...), 2 repeats, one log; none started after FULL_UNTIL (epoch s)
+# Several instances may run side by side (one per kernel, each with its own OUT): the first
+# installs the package, the others set NO_INSTALL=1.
 # The device returns at most 8 files: JSON=0 leaves out the --json copies (the logs and the
 # record hold the results).
 # Set FA_HARNESS_COMMIT / FA_HARNESS_BRANCH to the commit measured (the tree comes without
@@ -20,7 +22,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/h200-backward}
 mkdir -p "$OUT"
 if [ -f .whl/prelude.sh ]; then source .whl/prelude.sh; fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
+[ "${NO_INSTALL:-0}" = 1 ] ||
+  python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
   echo "note: editable install failed; running from PYTHONPATH"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export FA_HARNESS_HOME=${FA_HARNESS_HOME:-/tmp/fa-harness-home}
