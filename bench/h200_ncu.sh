@@ -5,8 +5,9 @@
 #     bash bench/h200_ncu.sh bwd VARIANT_DIR CASE [ENTRY_REGEX]  # forward + [backward]
 # fwd profiles the second of two calls (the first compiles and warms up); bwd runs
 # sanitize_target --backward once, so every launch of the variant's forward and backward
-# is profiled unless ENTRY_REGEX narrows it. The whole CSV goes to $OUT/ncu-<name>.csv and
-# the lines that say where the time goes to stdout (ncu's stderr: /tmp/ncu-<name>.err). NCU_S bounds the call (default 240 s).
+# is profiled unless ENTRY_REGEX narrows it. The whole CSV goes to $OUT/ncu-<name>.csv, the
+# lines that say where the time goes to stdout, ncu's stderr to /tmp/ncu-<name>.err.
+# NCU_S bounds the call (default 240 s).
 set -uo pipefail
 OUT=${OUT:-/tmp/h200-ncu}
 mkdir -p "$OUT"
