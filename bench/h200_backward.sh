@@ -12,6 +12,10 @@
 #           before/after of a kernel change), logged as AB_NAME (default ab)
 # full:     the full grid's backward of FULL_KERNELS under each of SECRETS secrets
 #           (SECRET0 + 1, ...), 2 repeats, one log; none started after FULL_UNTIL (epoch s)
+# secrets:  the same for each of FULL_KERNELS in its own processes, side by side: one per
+#           candidate, flex_attention one per mask kind and dtype (compile-bound: its
+#           Inductor compiles spread over the cores and share the on-disk cache) and
+#           sdpa_cudnn one per dtype (its check is the slowest); logs in $OUT/secrets.tgz
 # Several instances may run side by side (one per kernel, each with its own OUT): the first
 # installs the package, the others set NO_INSTALL=1.
 # The device returns at most 8 files: JSON=0 leaves out the --json copies (the logs and the
@@ -42,27 +46,59 @@ step() {  # step NAME TIMEOUT_S CMD...: run, log to $OUT/NAME.log, print its tai
   tail -n "${TAIL:-25}" "$OUT/$name.log"
 }
 
+full_loop() {  # full_loop LOG KERNELS NAME [CASES]: the full grid's backward per secret
+  local log=$1 kernels=$2 name=$3 cases=${4:-} i left limit secret t0
+  : >"$log"
+  for i in $(seq 1 "${SECRETS:-1}"); do
+    # FULL_UNTIL (epoch seconds): start no secret after it, cut the last one there.
+    left=$(( ${FULL_UNTIL:-9999999999} - $(date +%s) ))
+    [ "$left" -gt 20 ] || { echo "== $name: stopped before secret $i (FULL_UNTIL)" | tee -a "$OUT/times.txt"; break; }
+    limit=${FULL_S:-300}; [ "$left" -lt "$limit" ] && limit=$left
+    secret=$((${SECRET0:-90100} + i))
+    t0=$SECONDS
+    echo "### secret $secret" >>"$log"
+    timeout --kill-after=10 "$limit" $FA run --grid full --backward --kernels "$kernels" \
+      ${cases:+--cases "$cases"} --repeats 2 --no-progress --secret "$secret" --no-store \
+      >>"$log" 2>&1
+    echo "== $name secret $secret: rc=$?, $((SECONDS - t0)) s" | tee -a "$OUT/times.txt"
+  done
+}
+
 for stage in "$@"; do
   case $stage in
     check)
       step check-smoke "${CHECK_S:-240}" $FA run --grid smoke --backward --kernels "${CHECK_KERNELS:-$KERNELS}" \
         --repeats 2 --no-progress $(json check-smoke.json) --no-store ;;
     full)
-      : >"$OUT/check-full.log"
-      for i in $(seq 1 "${SECRETS:-1}"); do
-        # FULL_UNTIL (epoch seconds): start no secret after it, cut the last one there.
-        left=$(( ${FULL_UNTIL:-9999999999} - $(date +%s) ))
-        [ "$left" -gt 20 ] || { echo "== full: stopped before secret $i (FULL_UNTIL)" | tee -a "$OUT/times.txt"; break; }
-        limit=${FULL_S:-300}; [ "$left" -lt "$limit" ] && limit=$left
-        secret=$((${SECRET0:-90100} + i))
-        t0=$SECONDS
-        echo "### secret $secret" >>"$OUT/check-full.log"
-        timeout --kill-after=10 "$limit" $FA run --grid full --backward \
-          --kernels "${FULL_KERNELS:-fa2_mma,triton_fa2}" --repeats 2 --no-progress \
-          --secret "$secret" --no-store >>"$OUT/check-full.log" 2>&1
-        echo "== full secret $secret: rc=$?, $((SECONDS - t0)) s" | tee -a "$OUT/times.txt"
-      done
+      full_loop "$OUT/check-full.log" "${FULL_KERNELS:-fa2_mma,triton_fa2}" full
       tail -n "${TAIL:-25}" "$OUT/check-full.log" ;;
+    secrets)
+      logs=$OUT/secrets; mkdir -p "$logs"; pids=(); t0=$SECONDS
+      IFS=, read -ra names <<<"${FULL_KERNELS:-fa2_mma,triton_fa2}"
+      for k in "${names[@]}"; do
+        case $k in  # the parts, as case patterns
+          flex_attention) pats=$(for d in fp16 bf16; do for m in none causal_br causal_tl \
+                                   key_padding random; do echo "*-$d-$m"; done; done) ;;
+          sdpa_cudnn) pats="*-fp16-* *-bf16-*" ;;
+          *) pats="*" ;;
+        esac
+        set -f  # the patterns are split on spaces, never globbed
+        for pat in $pats; do
+          name=$k; [ "$pat" = "*" ] || name=$k-$(tr -d '*' <<<"$pat" | sed 's/^-//;s/-$//')
+          TORCHINDUCTOR_COMPILE_THREADS=1 full_loop "$logs/$name.log" "$k" "$name" "$pat" &
+          pids+=("$!")
+        done
+        set +f
+      done
+      for p in "${pids[@]}"; do wait "$p"; done
+      echo "== secrets: ${#pids[@]} processes, $((SECONDS - t0)) s" | tee -a "$OUT/times.txt"
+      for f in "$logs"/*.log; do  # per part: secrets whose run passed / failed
+        echo "$(basename "$f" .log): ok $(grep -c '^ok' "$f"), FAIL $(grep -c '^FAIL' "$f")"
+      done
+      echo "failure kinds (candidate, first check failed), over every part and secret:"
+      grep -h '^  FAILED' "$logs"/*.log | sed -E 's/^  FAILED ([^ ]+) [^ ]+: ([^:]+:[^:]+).*/\1 \2/' |
+        sort | uniq -c | sort -rn | head -n 20
+      tar -czf "$OUT/secrets.tgz" -C "$logs" . && rm -rf "$logs" ;;
     ab)
       step "${AB_NAME:-ab}" "${AB_S:-120}" $FA run --grid "${AB_GRID:-perf-bwd}" --kernels "$AB_KERNELS" \
         ${AB_CASES:+--cases "$AB_CASES"} --no-progress ${MIN_TIME:+--min-time "$MIN_TIME"} \
