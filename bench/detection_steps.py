@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.records.noise import relative_spread  # noqa: E402
-from harness.records.steps import find_steps  # noqa: E402
+from harness.records.steps import MIN_CASES, find_steps  # noqa: E402
 
 BANDS = ((0.0, 0.005, "spread < 0.5%"), (0.005, 0.015, "0.5-1.5%"), (0.015, 1.0, "> 1.5%"))
 STEPS = (0.0, 0.01, 0.02, 0.03, 0.05)
@@ -132,6 +132,36 @@ def residual_pools(results: Path, *, exclude_median_points: bool = False,
         if exclude_median_points and len(logs) % 2:
             res.remove(0.0)
         pools[band_of(relative_spread(raw) or 0.0)] += res
+    return pools
+
+
+def candidate_pools(results: Path, *, min_cases: int = MIN_CASES) -> dict[str, list[float]]:
+    """Each band's pooled residuals of candidates, not cases: per (candidate, source,
+    pass, timing mode, grids, kind of run) timed in at least 3 runs, the mean over its cases of each run's log residual (about the
+    case's own median), so whatever the cases of one run share (the chip, its clock, the
+    run's state) stays in. A code change moves every case of the candidate at once; this
+    is the noise of their mean (harness.records.steps.candidate_series). Banded by the
+    median spread of the cases themselves, so a band holds the candidates whose cases
+    are that noisy. A run counts with the cases it timed (at least `min_cases`)."""
+    groups: dict[tuple, dict[str, list[tuple[str, float]]]] = {}
+    for key, pts in timed_series(results).items():
+        logs = [math.log(m) for _, m, _ in pts]
+        mid = statistics.median(logs)
+        groups.setdefault(key[:3] + key[4:], {})[key[3]] = [
+            (when, x - mid) for (when, _, _), x in zip(pts, logs, strict=True)]
+    pools: dict[str, list[float]] = {name: [] for *_, name in BANDS}
+    for cases in groups.values():
+        per_run: dict[str, list[float]] = {}
+        for pts in cases.values():
+            for when, r in pts:
+                per_run.setdefault(when, []).append(r)
+        mean = [statistics.fmean(v) for v in per_run.values() if len(v) >= min_cases]
+        if len(mean) < 3:
+            continue
+        mid = statistics.median(mean)
+        spread = statistics.median(relative_spread([math.exp(r) for _, r in pts]) or 0.0
+                                   for pts in cases.values())
+        pools[band_of(spread)] += [x - mid for x in mean]
     return pools
 
 
@@ -297,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
                          "table of the series that have it, raw and normalised by it")
     ap.add_argument("--common-mode", action="store_true",
                     help="first, how much of the noise the kernels of a run share")
+    ap.add_argument("--per-candidate", action="store_true",
+                    help="also the table of candidates' series: the mean over a "
+                         "candidate's cases per run (a step planted in all of them)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
@@ -315,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         pools = residual_pools(results, exclude_median_points=args.exclude_median_points,
                                yardstick=args.yardstick, normalised=normalised)
         rows += _table(pools, label, args, rng)
+    if args.per_candidate:
+        rows += _table(candidate_pools(results), ", per candidate", args, rng)
     if args.json:
         Path(args.json).write_text(json.dumps({"trials": args.trials, "length": args.length,
                                                "seed": args.seed, "yardstick": args.yardstick,

@@ -111,11 +111,60 @@ def test_the_detection_benchmark_on_the_committed_noise():
     """bench/detection_steps.py on the committed records (few trials: it is a benchmark,
     this only keeps it running and its A/A rows quiet)."""
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "detection_steps.py"),
-                           "--trials", "40"], capture_output=True, text=True, timeout=600)
+                           "--trials", "40", "--per-candidate"], capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| ")]
     aa = [r for r in rows if r[3].strip() == "0%"]
     assert aa and all(float(r[5].strip().rstrip("%")) <= 1.0 for r in aa), proc.stdout
+    assert any("per candidate" in r[1] and r[3].strip() == "2%" for r in rows), proc.stdout
+
+
+def _cases(n: int, noise: float, step_at: int, step: float, seed: int
+           ) -> dict[tuple[str, str, str], list[tuple[str, float]]]:
+    """n cases of one candidate over COMMITS[:24], each with its own level and noise, all
+    `step` slower from commit `step_at` on (a change to the kernel moves every case)."""
+    rng = random.Random(seed)
+    return {("k", "fwd", f"case{i}"): [
+        (c, (1 + 0.1 * i) * math.exp(rng.gauss(0.0, noise)) * (step if j >= step_at else 1))
+        for j, c in enumerate(COMMITS[:24])] for i in range(n)}
+
+
+def test_a_whole_kernel_step_that_each_cases_noise_hides_is_named_by_their_mean():
+    from harness.records.steps import ALL_CASES, candidate_series, confirmed_steps
+
+    series = _cases(12, noise=0.012, step_at=21, step=1.02, seed=5)
+    named = [st for pts in series.values()
+             for st in find_steps([c for c, _ in pts], [m for _, m in pts])
+             if st.first_bad == "c21"]
+    assert len(named) < 12  # one case's 1.2% noise: not every case names the commit
+    mean = candidate_series(series)[("k", "fwd", ALL_CASES)]
+    assert [c for c, _ in mean] == COMMITS[:24]
+    (st,) = find_steps([c for c, _ in mean], [m for _, m in mean])
+    assert (st.last_good, st.first_bad) == ("c20", "c21")
+    assert math.isclose(st.ratio, 1.02, rel_tol=0.005)
+    # c23 holds the new level 3 commits: confirmed, for the candidate as a whole.
+    assert confirmed_steps(series, "c23")[("k", "fwd", ALL_CASES)].first_bad == "c21"
+    # Fewer than MIN_CASES cases at a commit: no mean there; no mean of one case.
+    assert candidate_series(dict(list(series.items())[:3])) == {}
+
+
+def test_a_candidate_step_marks_its_slower_cases_or_else_its_slowest():
+    from harness.records.compare import Report, Verdict
+    from harness.records.steps import ALL_CASES, Step, apply_steps
+
+    st = Step(index=21, last_good="c20", first_bad="c21", ratio=1.02, sigma=0.004)
+    vs = [Verdict("k", "a", "same", ratio=1.01), Verdict("k", "b", "same", ratio=0.995),
+          Verdict("k", "c", "improvement", ratio=1.004), Verdict("other", "a", "same", 1.03)]
+    report = Report("base", "new", "nvidia-h200", vs)
+    assert apply_steps(report, {("k", "fwd", ALL_CASES): st}) == 2
+    assert [v.verdict for v in vs] == ["regression", "same", "regression", "same"]
+    assert vs[0].detail["step"]["whole_candidate"] and vs[0].ratio == 1.01
+    assert "mean of the candidate's cases" in vs[0].detail["reason"]
+    faster = [Verdict("k", "a", "same", ratio=0.99), Verdict("k", "b", "same", ratio=0.995)]
+    assert apply_steps(Report("b", "n", "nvidia-h200", faster),
+                       {("k", "fwd", ALL_CASES): st}) == 1
+    assert [v.verdict for v in faster] == ["same", "regression"]
 
 
 def test_the_gate_flags_a_slowdown_spread_over_small_commits(tmp_path):

@@ -41,6 +41,10 @@ a ratio whatever the kernel's speed.
   early (the point before the step was a slow run); this rule names 3.5% early, about as
   many as it does knowing both levels exactly, for ranges of 2.7 commits on average.
 - A later step back to within `RECOVER_K` sigma of the level before marks it recovered.
+- A candidate's series too (`candidate_series`): per commit, the geometric mean over its
+  cases of each case's level. A change to the kernel moves every case; the noise of
+  different cases is nearly independent, so a 2% step that one case's 1% noise hides half
+  the time stands out in the mean (`bench/detection_steps.py --per-candidate`).
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ RANGE = 2  # the first bad commit: at most this many commits after where it bega
 RANGE_COST = 0.01  # ... less this per commit it lies after it (module doc)
 CONFIRM_POINTS = 2  # a step is a regression once two commits hold the new level ...
 CONFIRM_WINDOW = 4  # ... and the gate reports it while its first bad commit is this recent
+ALL_CASES = "*"  # the case of a candidate's series: the mean over its cases
+MIN_CASES = 4  # cases timed at a commit for it to count in that mean
 
 
 @dataclass
@@ -197,6 +203,43 @@ def series_from_db(db: Any, gpu_model_key: str | None, *, upto_run_id: int,
     return {k: list(v.items()) for k, v in out.items()}
 
 
+def candidate_series(series: dict[tuple[str, str, str], list[tuple[str, float]]],
+                     min_cases: int = MIN_CASES
+                     ) -> dict[tuple[str, str, str], list[tuple[str, float]]]:
+    """(candidate, pass, ALL_CASES) -> [(commit, level)]: per commit, the geometric mean
+    over the candidate's cases (at least `min_cases` of them timed at that commit) of
+    each case's median over its own series' median. A change to a kernel moves all its
+    cases at once, while most of the run-to-run noise does not (the residuals of two
+    cases of one run are correlated about 0.1-0.2), so the mean of its cases is far
+    quieter than any one of them: `bench/detection_steps.py --per-candidate`."""
+    from graphlib import TopologicalSorter
+
+    groups: dict[tuple[str, str], dict[str, list[float]]] = {}
+    after: dict[tuple[str, str], dict[str, set[str]]] = {}
+    for (name, pass_name, _case), pts in series.items():
+        if len(pts) < MIN_POINTS:
+            continue
+        logs = [math.log(m) for _, m in pts]
+        mid = statistics.median(logs)
+        per_commit = groups.setdefault((name, pass_name), {})
+        edges = after.setdefault((name, pass_name), {})
+        for (commit, _), x in zip(pts, logs, strict=True):
+            per_commit.setdefault(commit, []).append(x - mid)
+        for (a, _), (b, _) in zip(pts, pts[1:], strict=False):
+            edges.setdefault(b, set()).add(a)  # every series is in commit order
+    out = {}
+    for key, per_commit in groups.items():
+        try:
+            order = list(TopologicalSorter(after[key]).static_order())
+        except ValueError:  # series that disagree on the order of commits: no mean
+            continue
+        pts = [(c, math.exp(statistics.fmean(per_commit[c]))) for c in order
+               if c in per_commit and len(per_commit[c]) >= min_cases]
+        if len(pts) >= MIN_POINTS:
+            out[(*key, ALL_CASES)] = pts
+    return out
+
+
 def confirmed_steps(series: dict[tuple[str, str, str], list[tuple[str, float]]],
                     commit: str) -> dict[tuple[str, str, str], Step]:
     """The regression steps that `commit` (the newest point of each series) confirms:
@@ -204,9 +247,11 @@ def confirmed_steps(series: dict[tuple[str, str, str], list[tuple[str, float]]],
     `CONFIRM_WINDOW` commits, the last of them this one, and has not recovered. A
     slowdown spread over small commits that no pairwise comparison flags is caught here
     once it is complete; it stays flagged for the next few commits (an open regression),
-    then ages out of the gate (the dashboard's history keeps it)."""
+    then ages out of the gate (the dashboard's history keeps it). Each candidate's mean
+    over its cases is searched too (`candidate_series`, key (candidate, pass,
+    ALL_CASES)): a slowdown of the whole kernel that each case's noise hides."""
     out = {}
-    for key, pts in series.items():
+    for key, pts in {**series, **candidate_series(series)}.items():
         if len(pts) < MIN_POINTS or pts[-1][0] != commit:
             continue
         found = find_steps([c for c, _ in pts], [m for _, m in pts])
@@ -224,15 +269,31 @@ def apply_steps(report: Any, steps: dict[tuple[str, str, str], Step]) -> int:
     """Turn the verdicts of `report` (harness.records.compare.Report) whose series shows
     a confirmed step into regressions naming the step; returns how many changed."""
     changed = 0
+    whole: dict[tuple[str, str], list[Any]] = {}  # a candidate's step: its slower cases
     for v in report.verdicts:
-        st = steps.get((v.variant, v.pass_name, v.case_id))
-        if st is None or v.verdict in ("regression", "correctness_regression"):
+        if v.verdict in ("regression", "correctness_regression"):
             continue
-        v.detail["step"] = st.to_dict()
-        v.detail["reason"] = (f"a step of {st.ratio - 1:+.1%} across commits "
-                              f"{st.last_good[:12]}..{st.first_bad[:12]}, confirmed by this "
-                              f"commit (was: {v.verdict})")
-        v.verdict = "regression"
-        v.ratio = st.ratio
-        changed += 1
+        st = steps.get((v.variant, v.pass_name, v.case_id))
+        if st is not None:
+            _mark(v, st, "")
+            changed += 1
+        elif (v.variant, v.pass_name, ALL_CASES) in steps and v.ratio:
+            whole.setdefault((v.variant, v.pass_name), []).append(v)
+    for (name, pass_name), vs in whole.items():
+        # The step is the candidate's, not one case's: the cases slower in this
+        # comparison carry it (the slowest one at least).
+        st = steps[(name, pass_name, ALL_CASES)]
+        for v in [v for v in vs if v.ratio > 1.0] or [max(vs, key=lambda v: v.ratio)]:
+            _mark(v, st, " in the mean of the candidate's cases")
+            changed += 1
     return changed
+
+
+def _mark(v: Any, st: Step, where: str) -> None:
+    v.detail["step"] = dict(st.to_dict(), whole_candidate=bool(where))
+    v.detail["reason"] = (f"a step of {st.ratio - 1:+.1%}{where} across commits "
+                          f"{st.last_good[:12]}..{st.first_bad[:12]}, confirmed by this "
+                          f"commit (was: {v.verdict})")
+    v.verdict = "regression"
+    if not where:  # a case's own step is its ratio; a candidate's keeps the case's own
+        v.ratio = st.ratio
