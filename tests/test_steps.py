@@ -220,3 +220,45 @@ def test_the_gate_flags_a_slowdown_spread_over_small_commits(tmp_path):
     stepped = [r for r in stored if r[0] == "fa2_mma" and '"step"' in (r[2] or "")]
     assert stepped and all(r[1] == "regression" for r in stepped)
     assert len(stepped) >= 0.9 * len(fa2)
+
+
+def test_the_gate_flags_a_whole_kernel_step_hidden_in_per_case_noise(tmp_path):
+    """Twelve runs of the committed perf record at twelve commits, each of fa2_mma's
+    cases with 1.2% noise of its own per run, and all of them 2% slower from the tenth
+    commit on: the mean over its cases names the step's commit, and the gate marks the
+    slower cases of the newest run as regressions of the whole candidate."""
+    import realdata
+
+    from harness.records import gate
+    from harness.records.compare import compare_records
+    from harness.records.db.store import get_run, open_db
+    from harness.records.record import RunRecord
+
+    perf = next(rec for rec in map(realdata.load, sorted((ROOT / "results").glob(
+        "h200-*-perf.json"), reverse=True)) if "fa2_mma" in rec["kernels"])
+    perf["kernels"]["fa2_mma"] = dict(perf["kernels"].get("fa2_mma") or {}, owned=True)
+    rng = random.Random(11)
+    recs = []
+    for i in range(12):
+        r = realdata.derive(perf, hours=i, commit=f"{i:040x}", parent=f"{i - 1:040x}")
+        for e in r["results"]:
+            if e["kernel"] == "fa2_mma" and e.get("median_ms") is not None:
+                f = math.exp(rng.gauss(0.0, 0.012)) * (1.02 if i >= 9 else 1.0)
+                for key in ("median_ms", "min_ms", "iqr_ms"):
+                    if e.get(key) is not None:
+                        e[key] *= f
+                e["samples_ms"] = [s * f for s in e.get("samples_ms") or []]
+        recs.append(r)
+    url = realdata.fa_import(f"sqlite:///{tmp_path / 'r.sqlite'}",
+                             realdata.write(recs, tmp_path / "recs"))
+    with open_db(url) as db:
+        new, prev = RunRecord.from_dict(recs[-1]), RunRecord.from_dict(recs[-2])
+        out = gate.GateOutcome(record=new, run_id=get_run(db, "latest").id,
+                               report=compare_records(prev, new))
+        gate._steps(db, out, new)
+    whole = [v for v in out.report.verdicts
+             if v.detail.get("step", {}).get("whole_candidate")]
+    assert whole and all(v.variant == "fa2_mma" and v.verdict == "regression" for v in whole)
+    st = whole[0].detail["step"]
+    assert (st["last_good"], st["first_bad"]) == (f"{8:040x}", f"{9:040x}")
+    assert math.isclose(st["ratio"], 1.02, rel_tol=0.01)
