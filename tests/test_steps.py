@@ -147,6 +147,13 @@ def test_a_whole_kernel_step_that_each_cases_noise_hides_is_named_by_their_mean(
     assert confirmed_steps(series, "c23")[("k", "fwd", ALL_CASES)].first_bad == "c21"
     # Fewer than MIN_CASES cases at a commit: no mean there; no mean of one case.
     assert candidate_series(dict(list(series.items())[:3])) == {}
+    # Cases of an old grid until c11, of a new one from c12: nothing orders the two sets'
+    # commits against each other, so the mean keeps the newest stretch only.
+    split = {(n, p, c + ("" if i % 2 else "-new")): pts[:12] if i % 2 else pts[12:]
+             for i, ((n, p, c), pts) in enumerate(series.items())}
+    for newest, span in (("c23", COMMITS[12:24]), ("c11", COMMITS[:12]), ("c05", [])):
+        got = candidate_series(split, newest=newest).get(("k", "fwd", ALL_CASES), [])
+        assert [c for c, _ in got] == span
 
 
 def test_a_candidate_step_marks_its_slower_cases_or_else_its_slowest():

@@ -204,16 +204,16 @@ def series_from_db(db: Any, gpu_model_key: str | None, *, upto_run_id: int,
 
 
 def candidate_series(series: dict[tuple[str, str, str], list[tuple[str, float]]],
-                     min_cases: int = MIN_CASES
+                     min_cases: int = MIN_CASES, newest: str | None = None
                      ) -> dict[tuple[str, str, str], list[tuple[str, float]]]:
     """(candidate, pass, ALL_CASES) -> [(commit, level)]: per commit, the geometric mean
     over the candidate's cases (at least `min_cases` of them timed at that commit) of
     each case's median over its own series' median. A change to a kernel moves all its
     cases at once, while most of the run-to-run noise does not (the residuals of two
     cases of one run are correlated about 0.1-0.2), so the mean of its cases is far
-    quieter than any one of them: `bench/detection_steps.py --per-candidate`."""
-    from graphlib import TopologicalSorter
-
+    quieter than any one of them: `bench/detection_steps.py --per-candidate`. The
+    series ends at `newest` (the gate's commit) if given, else at the commit that most
+    cases end at."""
     groups: dict[tuple[str, str], dict[str, list[float]]] = {}
     after: dict[tuple[str, str], dict[str, set[str]]] = {}
     for (name, pass_name, _case), pts in series.items():
@@ -229,15 +229,43 @@ def candidate_series(series: dict[tuple[str, str, str], list[tuple[str, float]]]
             edges.setdefault(b, set()).add(a)  # every series is in commit order
     out = {}
     for key, per_commit in groups.items():
-        try:
-            order = list(TopologicalSorter(after[key]).static_order())
-        except ValueError:  # series that disagree on the order of commits: no mean
-            continue
+        order = _newest_chain(after[key], per_commit, newest)
         pts = [(c, math.exp(statistics.fmean(per_commit[c]))) for c in order
                if c in per_commit and len(per_commit[c]) >= min_cases]
         if len(pts) >= MIN_POINTS:
             out[(*key, ALL_CASES)] = pts
     return out
+
+
+def _newest_chain(before: dict[str, set[str]], seen: dict[str, list[float]],
+                  newest: str | None) -> list[str]:
+    """The commits whose order the series fix, oldest first, ending at `newest` (else
+    the commit most series end at): from there back, each step to the newest of its predecessors (the one
+    all the others precede). Where they are not ordered among themselves (cases of an old
+    grid, then only those of a new one, say nothing of how their commits interleave) the
+    chain stops, so a commit is never put where no series puts it."""
+    ancestors: dict[str, set[str]] = {}
+
+    def up(c: str) -> set[str]:
+        if c not in ancestors:
+            ancestors[c] = set()  # a cycle (series that disagree) ends here
+            ancestors[c] = set().union(*(up(p) | {p} for p in before.get(c, ())))
+        return ancestors[c]
+
+    preceding = set().union(*before.values()) if before else set()
+    sinks = [c for c in seen if c not in preceding]
+    if newest is not None:
+        sinks = [newest] if newest in sinks else []
+    if not sinks:
+        return []
+    chain = [max(sinks, key=lambda c: (len(seen[c]), c))]
+    while before.get(chain[-1]):
+        preds = before[chain[-1]]
+        newest = [p for p in preds if preds - {p} <= up(p)]
+        if len(newest) != 1 or newest[0] in chain:
+            break
+        chain.append(newest[0])
+    return chain[::-1]
 
 
 def confirmed_steps(series: dict[tuple[str, str, str], list[tuple[str, float]]],
@@ -251,7 +279,7 @@ def confirmed_steps(series: dict[tuple[str, str, str], list[tuple[str, float]]],
     over its cases is searched too (`candidate_series`, key (candidate, pass,
     ALL_CASES)): a slowdown of the whole kernel that each case's noise hides."""
     out = {}
-    for key, pts in {**series, **candidate_series(series)}.items():
+    for key, pts in {**series, **candidate_series(series, newest=commit)}.items():
         if len(pts) < MIN_POINTS or pts[-1][0] != commit:
             continue
         found = find_steps([c for c, _ in pts], [m for _, m in pts])
