@@ -79,3 +79,30 @@ def test_arch_specific_targets():
     assert arch_flags("sm_80") == ["-arch=sm_80"]
     fa2 = load_variant_dir(KERNELS_ROOT / "fa2_mma")
     assert arch_for(fa2, "sm_100") == "sm_100"
+
+
+@needs_tools
+def test_sass_same_tells_a_source_edit_that_keeps_the_code_from_one_that_changes_it(
+        tmp_path, capsys):
+    """bench/sass_same.py: a comment leaves the SASS as it was (the same kernel: what was
+    measured of it holds); a changed line of arithmetic does not."""
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(KERNELS_ROOT.parents[1] / "bench"))
+    import sass_same
+
+    src = KERNELS_ROOT / "template"
+    text = (src / "template.cu").read_text()
+    copies = {}
+    for name, edit in (("base", text),
+                       ("comment", "// a comment, nothing else\n" + text),
+                       ("changed", text.replace("l = l * alpha + pj;", "l = l * alpha + 2.f * pj;"))):
+        d = tmp_path / name / "template"
+        shutil.copytree(src, d)
+        (d / "template.cu").write_text(edit)
+        copies[name] = sass_same.entries_at(".", str(d), "sm_80", tmp_path / "git")
+    assert "l = l * alpha + pj;" in text  # the line the third copy changes
+    assert copies["base"] and copies["base"] == copies["comment"]
+    assert copies["base"] != copies["changed"]
+    assert set(copies["base"]) == set(copies["changed"])
