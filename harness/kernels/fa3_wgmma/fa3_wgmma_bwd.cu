@@ -266,7 +266,7 @@ __device__ __forceinline__ void bwd_main(const FaParams& p) {
         // LSE and D of those rows by plain loads: thread i < BM of warpgroup 0 loads row i's
         // LSE, of warpgroup 1 its D. At d = 128 the load is issued a step ahead and its
         // value stored into the stage only at the end of that step, so its latency hides
-        // under the step's matmuls instead of stalling the warps that issued it (3-7%
+        // under the step's matmuls instead of stalling the warps that issued it (1-7%
         // faster on the H200). At d = 64 (BM = 128: half the matmul work per row) that was
         // 8-11% slower, so there the value is stored as soon as it is loaded
         // (load_stats). Rows past the end read as 0 (their Q and dO are zeros: P = 1,
