@@ -252,6 +252,30 @@ def test_compare_across_gpus_and_no_shared_case(dbs: dict[str, str], monkeypatch
     assert "share no (variant, case)" in texts(at.warning)
 
 
+def test_compare_opens_on_the_base_run_that_shares_the_runs_cases(dbs: dict[str, str],
+                                                                   monkeypatch) -> None:
+    """The committed perf-bwd records come one per dtype. The newest bf16 run was judged
+    against a pooled window holding the fp16 run of the commit before, whose cases it
+    lacks (`missing` verdicts name that run): Compare opens on the bf16 base run."""
+    from sqlalchemy import create_engine
+
+    from harness.dashboard.compare_data import default_base
+
+    url = dbs["results"]
+    new = sql(url, "SELECT id FROM runs WHERE grids LIKE '%perf-bwd%' "
+                   "ORDER BY created_at DESC LIMIT 1")[0][0]
+    missing = sql(url, "SELECT DISTINCT base_run_id FROM comparisons WHERE run_id = :r "
+                       "AND verdict = 'missing'", r=new)
+    assert missing  # the situation this test is about is in the committed records
+    base = default_base(create_engine(url), new)
+    assert base not in [m for (m,) in missing] or sql(
+        url, "SELECT count(*) FROM comparisons WHERE run_id = :r AND base_run_id = :b "
+             "AND verdict != 'missing'", r=new, b=base)[0][0]
+    at = app(url, monkeypatch, page="compare", new=str(new))
+    assert "share no" not in texts(at.warning)
+    assert next(s.value for s in at.selectbox if s.label == "Base run") == base
+
+
 def test_leaderboard_explains_coverage(dbs: dict[str, str], monkeypatch) -> None:
     at = app(dbs["submissions"], monkeypatch, page="leaderboard")
     assert "coverage ranks before score" in texts(at.markdown)

@@ -16,12 +16,15 @@ SUMMARY_COLUMNS = ["variant", "verdicts", "geomean ratio", "worst ratio", "worst
 
 
 def default_base(engine: Engine, run_id: int) -> int | None:
-    """The run `run_id` was judged against (the base run most of its stored verdicts
-    name), else the newest earlier run of the same GPU model and grids."""
+    """The run `run_id` was judged against (the base run most of its stored verdicts on
+    pairs both runs hold name), else the newest earlier run of the same GPU model and
+    grids. A `missing` verdict names the run that holds a case this one lacks (a pooled
+    baseline's run of the other dtype, say): no pair to compare, so it does not count."""
     with engine.connect() as conn:
         stored = conn.execute(
             select(Comparison.base_run_id, func.count().label("n"))
-            .where(Comparison.run_id == run_id, Comparison.base_run_id.is_not(None))
+            .where(Comparison.run_id == run_id, Comparison.base_run_id.is_not(None),
+                   Comparison.verdict != "missing")
             .group_by(Comparison.base_run_id).order_by(func.count().desc()).limit(1)).first()
         if stored is not None:
             return int(stored[0])
