@@ -256,7 +256,8 @@ def test_compare_opens_on_the_base_run_that_shares_the_runs_cases(dbs: dict[str,
                                                                    monkeypatch) -> None:
     """The committed perf-bwd records come one per dtype. The newest bf16 run was judged
     against a pooled window holding the fp16 run of the commit before, whose cases it
-    lacks (`missing` verdicts name that run): Compare opens on the bf16 base run."""
+    lacks (`missing` verdicts name that run): Compare opens on the bf16 base run, and
+    the Run page names it as the baseline."""
     from sqlalchemy import create_engine
 
     from harness.dashboard.compare_data import default_base
@@ -274,6 +275,9 @@ def test_compare_opens_on_the_base_run_that_shares_the_runs_cases(dbs: dict[str,
     at = app(url, monkeypatch, page="compare", new=str(new))
     assert "share no" not in texts(at.warning)
     assert next(s.value for s in at.selectbox if s.label == "Base run") == base
+    # The Run page names the same baseline and links the same Compare.
+    at = app(url, monkeypatch, page="run", run=str(new))
+    assert f"Baseline: run #{base}" in [link.proto.label for link in at.get("page_link")]
 
 
 def test_leaderboard_explains_coverage(dbs: dict[str, str], monkeypatch) -> None:

@@ -61,9 +61,10 @@ def render(ctx: Ctx) -> None:
     comps = flt.apply(ctx.q("run_comparisons", run_id))
     if len(comps):
         st.markdown("#### Verdicts against the baseline")
-        base = comps["base_run_id"].dropna()
-        if len(base):
-            b = int(base.mode().iloc[0])
+        # The run it was judged against: the one rule Compare opens on too (a pooled
+        # baseline's `missing` verdicts name runs that share no case with this one).
+        b = ctx.q("default_base", run_id) if comps["base_run_id"].notna().any() else None
+        if b is not None:
             # Page links: they stay in this tab (a Markdown link opens a new one).
             c1, c2, _ = st.columns([1.2, 1.8, 3])
             ui.page_link(ctx, "run", f"Baseline: run #{b}", where=c1, run=b)
