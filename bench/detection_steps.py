@@ -137,8 +137,8 @@ def residual_pools(results: Path, *, exclude_median_points: bool = False,
 
 def candidate_pools(results: Path, *, min_cases: int = MIN_CASES) -> dict[str, list[float]]:
     """Each band's pooled residuals of candidates, not cases: per (candidate, source,
-    pass, timing mode, grids, kind of run) timed in at least 3 runs, the mean over its cases of each run's log residual (about the
-    case's own median), so whatever the cases of one run share (the chip, its clock, the
+    pass, timing mode, grids, kind of run) timed in at least 3 runs, the mean over its
+    cases of each run's log residual (about the case's own median), so whatever the cases of one run share (the chip, its clock, the
     run's state) stays in. A code change moves every case of the candidate at once; this
     is the noise of their mean (harness.records.steps.candidate_series). Banded by the
     median spread of the cases themselves, so a band holds the candidates whose cases

@@ -75,30 +75,28 @@ for stage in "$@"; do
     secrets)
       logs=$OUT/secrets; mkdir -p "$logs"; pids=(); t0=$SECONDS
       IFS=, read -ra names <<<"${FULL_KERNELS:-fa2_mma,triton_fa2}"
-      # Each process gets its share of the cores for torch's CPU threads (the float64
-      # oracle): 18 processes each starting a thread per core (16) finished nothing in
-      # 420 s at 59ab35c, where 7 had finished a secret in 11-54 s.
-      nparts=0
+      jobs=()  # "candidate pattern": its parts, as case patterns
+      set -f  # the patterns are split on spaces, never globbed
       for k in "${names[@]}"; do
-        case $k in flex_attention) nparts=$((nparts + 10)) ;; sdpa_cudnn) nparts=$((nparts + 2)) ;;
-          *) nparts=$((nparts + 1)) ;; esac
-      done
-      share=$(( $(nproc) / nparts )); [ "$share" -ge 1 ] || share=1
-      for k in "${names[@]}"; do
-        case $k in  # the parts, as case patterns
+        case $k in
           flex_attention) pats=$(for d in fp16 bf16; do for m in none causal_br causal_tl \
                                    key_padding random; do echo "*-$d-$m"; done; done) ;;
           sdpa_cudnn) pats="*-fp16-* *-bf16-*" ;;
           *) pats="*" ;;
         esac
-        set -f  # the patterns are split on spaces, never globbed
-        for pat in $pats; do
-          name=$k; [ "$pat" = "*" ] || name=$k-$(tr -d '*' <<<"$pat" | sed 's/^-//;s/-$//')
-          OMP_NUM_THREADS=$share MKL_NUM_THREADS=$share TORCHINDUCTOR_COMPILE_THREADS=1 \
-            full_loop "$logs/$name.log" "$k" "$name" "$pat" &
-          pids+=("$!")
-        done
-        set +f
+        for pat in $pats; do jobs+=("$k $pat"); done
+      done
+      set +f
+      # Each process gets its share of the cores for torch's CPU threads (the float64
+      # oracle): 18 processes each starting a thread per core (16) finished nothing in
+      # 420 s at 59ab35c, where 7 had finished a secret in 11-54 s.
+      share=$(( $(nproc) / ${#jobs[@]} )); [ "$share" -ge 1 ] || share=1
+      for job in "${jobs[@]}"; do
+        k=${job%% *} pat=${job#* }
+        name=$k; [ "$pat" = "*" ] || name=$k-$(tr -d '*' <<<"$pat" | sed 's/^-//;s/-$//')
+        OMP_NUM_THREADS=$share MKL_NUM_THREADS=$share TORCHINDUCTOR_COMPILE_THREADS=1 \
+          full_loop "$logs/$name.log" "$k" "$name" "$pat" &
+        pids+=("$!")
       done
       for p in "${pids[@]}"; do wait "$p"; done
       echo "== secrets: ${#pids[@]} processes, $share CPU threads each, $((SECONDS - t0)) s" | tee -a "$OUT/times.txt"

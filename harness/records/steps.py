@@ -240,8 +240,8 @@ def candidate_series(series: dict[tuple[str, str, str], list[tuple[str, float]]]
 def _newest_chain(before: dict[str, set[str]], seen: dict[str, list[float]],
                   newest: str | None) -> list[str]:
     """The commits whose order the series fix, oldest first, ending at `newest` (else
-    the commit most series end at): from there back, each step to the newest of its predecessors (the one
-    all the others precede). Where they are not ordered among themselves (cases of an old
+    the commit most series end at): from there back, each step to the latest of its
+    predecessors (the one all the others precede). Where they are not ordered among themselves (cases of an old
     grid, then only those of a new one, say nothing of how their commits interleave) the
     chain stops, so a commit is never put where no series puts it."""
     ancestors: dict[str, set[str]] = {}
@@ -261,10 +261,10 @@ def _newest_chain(before: dict[str, set[str]], seen: dict[str, list[float]],
     chain = [max(sinks, key=lambda c: (len(seen[c]), c))]
     while before.get(chain[-1]):
         preds = before[chain[-1]]
-        newest = [p for p in preds if preds - {p} <= up(p)]
-        if len(newest) != 1 or newest[0] in chain:
+        latest = [p for p in preds if preds - {p} <= up(p)]
+        if len(latest) != 1 or latest[0] in chain:
             break
-        chain.append(newest[0])
+        chain.append(latest[0])
     return chain[::-1]
 
 
