@@ -100,8 +100,12 @@ for stage in "$@"; do
       done
       for p in "${pids[@]}"; do wait "$p"; done
       echo "== secrets: ${#pids[@]} processes, $share CPU threads each, $((SECONDS - t0)) s" | tee -a "$OUT/times.txt"
-      for f in "$logs"/*.log; do  # per part: secrets whose run passed / failed
-        echo "$(basename "$f" .log): ok $(grep -c '^ok' "$f"), FAIL $(grep -c '^FAIL' "$f")"
+      for f in "$logs"/*.log; do  # per part: secrets started, and whose run passed / failed
+        started=$(grep -c '^### secret' "$f") ok=$(grep -c '^ok' "$f") bad=$(grep -c '^FAIL' "$f")
+        note=""  # a part that judged nothing (no candidate, bad arguments) is not a pass
+        [ $((ok + bad)) -gt 0 ] || { note=" NOT RUN: $(grep -m1 'error' "$f" | cut -c1-100)"; status=1; }
+        [ $((ok + bad)) -gt 0 ] && [ $((ok + bad)) -lt "$started" ] && note=" ($started started)"
+        echo "$(basename "$f" .log): ok $ok, FAIL $bad$note"
       done
       echo "failure kinds (candidate, first check failed), over every part and secret:"
       grep -h '^  FAILED' "$logs"/*.log | sed -E 's/^  FAILED ([^ ]+) [^ ]+: ([^:]+:[^:]+).*/\1 \2/' |
@@ -122,6 +126,7 @@ for stage in "$@"; do
       step perf-bwd "${PERF_S:-420}" $FA run --grid perf-bwd --kernels "$KERNELS" \
         ${PERF_BWD_CASES:+--cases "$PERF_BWD_CASES"} --no-progress ${MIN_TIME:+--min-time "$MIN_TIME"} \
         $(json perf-bwd.json) --record "$OUT/h200-$stamp-perf-bwd.json" ;;
-    *) echo "unknown stage $stage" ;;
+    *) echo "unknown stage $stage"; status=2 ;;
   esac
 done
+exit "${status:-0}"
