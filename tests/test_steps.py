@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from harness.records.steps import find_steps
 
@@ -234,6 +235,70 @@ def test_the_gate_flags_a_whole_kernel_step_hidden_in_per_case_noise(tmp_path):
     cases with 1.2% noise of its own per run, and all of them 2% slower from the tenth
     commit on: the mean over its cases names the step's commit, and the gate marks the
     slower cases of the newest run as regressions of the whole candidate."""
+    out = _gate_on_noisy_runs(tmp_path, seed=11, noise=0.012,
+                              factor=lambda i: 1.02 if i >= 9 else 1.0)
+    whole = [v for v in out.report.verdicts
+             if v.detail.get("step", {}).get("whole_candidate")]
+    assert whole and all(v.variant == "fa2_mma" and v.verdict == "regression" for v in whole)
+    st = whole[0].detail["step"]
+    assert (st["last_good"], st["first_bad"]) == (f"{8:040x}", f"{9:040x}")
+    assert math.isclose(st["ratio"], 1.02, rel_tol=0.01)
+
+
+def test_a_source_change_names_the_commit_a_slow_run_before_it_would_blur():
+    """A run halfway between the levels just before a step: without knowing where the
+    candidate's source changed, the range covers both commits; told that only c15
+    changed it, the range is that commit alone. A clear step at a commit whose source did not change (the runner,
+    the driver) is still found where the runs put it: the prior weighs, it does not
+    decide."""
+    from harness.records.steps import source_changes
+
+    meds = _series({15: 1.02})
+    meds[14] *= 1.009
+    changed = [i == 15 for i in range(len(COMMITS))]
+    (blind,) = find_steps(COMMITS, meds)
+    (told,) = find_steps(COMMITS, meds, changed=changed)
+    assert (blind.last_good, blind.first_bad) == ("c13", "c15"), blind
+    assert (told.last_good, told.first_bad) == ("c14", "c15"), told
+    (env,) = find_steps(COMMITS, _series({15: 1.03}), changed=[i == 22 for i in range(30)])
+    assert (env.last_good, env.first_bad) == ("c14", "c15"), env
+    # Unknown hashes ("" in records before source hashes) are no evidence either way.
+    assert source_changes(["a", "b", "c", "d"], {"a": "h1", "b": "h1", "c": "", "d": "h2"}) \
+        == [True, False, True, True]
+    assert source_changes(["a"], None) is None
+
+
+def test_the_gate_reads_where_the_source_changed_from_the_stored_records(tmp_path):
+    """Twelve runs of the committed perf record, fa2_mma 2% slower with a new source hash
+    from the tenth commit on, and the ninth run of it 1.2% slow (the noise of one run):
+    told by the stored hashes, the gate names the tenth commit as the first bad one of
+    every case and, for many of them, the ninth as the last good (13 of 48 cases; the
+    others keep the eighth too: that run lies nearer the new level); without the hash
+    change, none."""
+    def named(hash_changes: bool, where: Path) -> list[tuple[str, str]]:
+        out = _gate_on_noisy_runs(where, seed=5, noise=0.003,
+                                  factor=lambda i: (1.02 if i >= 9 else 1.0) *
+                                  (1.012 if i == 8 else 1.0),
+                                  new_hash_from=9 if hash_changes else None)
+        steps = [(v.detail["step"]["last_good"], v.detail["step"]["first_bad"])
+                 for v in out.report.verdicts if v.variant == "fa2_mma" and "step" in v.detail]
+        assert steps, [v.detail.get("reason") for v in out.report.verdicts][:3]
+        return steps
+
+    (tmp_path / "told").mkdir()
+    (tmp_path / "blind").mkdir()
+    exact = (f"{8:040x}", f"{9:040x}")
+    told, blind = named(True, tmp_path / "told"), named(False, tmp_path / "blind")
+    assert all(first_bad == exact[1] for _, first_bad in told), told
+    assert sum(r == exact for r in told) >= sum(r == exact for r in blind) + 10, (told, blind)
+
+
+def _gate_on_noisy_runs(where: Path, *, seed: int, noise: float, factor: Any,
+                        new_hash_from: int | None = None) -> Any:
+    """Twelve runs of the newest committed perf record timing fa2_mma (owned) at twelve
+    commits, each of its cases with `noise` of its own per run times `factor(i)`, its
+    source hash changed from run `new_hash_from` on; imported, then the gate's step search
+    on the newest run against the one before. Returns the gate's outcome."""
     import realdata
 
     from harness.records import gate
@@ -243,29 +308,27 @@ def test_the_gate_flags_a_whole_kernel_step_hidden_in_per_case_noise(tmp_path):
 
     perf = next(rec for rec in map(realdata.load, sorted((ROOT / "results").glob(
         "h200-*-perf.json"), reverse=True)) if "fa2_mma" in rec["kernels"])
-    perf["kernels"]["fa2_mma"] = dict(perf["kernels"].get("fa2_mma") or {}, owned=True)
-    rng = random.Random(11)
+    perf["kernels"]["fa2_mma"] = dict(perf["kernels"].get("fa2_mma") or {}, owned=True,
+                                      source_hash="a" * 16)
+    rng = random.Random(seed)
     recs = []
     for i in range(12):
         r = realdata.derive(perf, hours=i, commit=f"{i:040x}", parent=f"{i - 1:040x}")
+        if new_hash_from is not None and i >= new_hash_from:
+            r["kernels"]["fa2_mma"] = dict(r["kernels"]["fa2_mma"], source_hash="b" * 16)
         for e in r["results"]:
             if e["kernel"] == "fa2_mma" and e.get("median_ms") is not None:
-                f = math.exp(rng.gauss(0.0, 0.012)) * (1.02 if i >= 9 else 1.0)
+                f = math.exp(rng.gauss(0.0, noise)) * factor(i)
                 for key in ("median_ms", "min_ms", "iqr_ms"):
                     if e.get(key) is not None:
                         e[key] *= f
                 e["samples_ms"] = [s * f for s in e.get("samples_ms") or []]
         recs.append(r)
-    url = realdata.fa_import(f"sqlite:///{tmp_path / 'r.sqlite'}",
-                             realdata.write(recs, tmp_path / "recs"))
+    url = realdata.fa_import(f"sqlite:///{where / 'r.sqlite'}",
+                             realdata.write(recs, where / "recs"))
     with open_db(url) as db:
         new, prev = RunRecord.from_dict(recs[-1]), RunRecord.from_dict(recs[-2])
         out = gate.GateOutcome(record=new, run_id=get_run(db, "latest").id,
                                report=compare_records(prev, new))
         gate._steps(db, out, new)
-    whole = [v for v in out.report.verdicts
-             if v.detail.get("step", {}).get("whole_candidate")]
-    assert whole and all(v.variant == "fa2_mma" and v.verdict == "regression" for v in whole)
-    st = whole[0].detail["step"]
-    assert (st["last_good"], st["first_bad"]) == (f"{8:040x}", f"{9:040x}")
-    assert math.isclose(st["ratio"], 1.02, rel_tol=0.01)
+    return out

@@ -29,8 +29,13 @@ a ratio whatever the kernel's speed.
 - Its commit range, from the posterior of where the step began: each point's
   likelihood under the level before and the level after (Student t, `NOISE_DF` degrees
   of freedom, scale `NOISE_SCALE` sigma: the fit of the committed residuals, in spreads,
-  whose heavy tail makes one slow run weak evidence either way), a flat prior over the
-  windows. The first bad commit is the one most likely to lie at most `RANGE` commits
+  whose heavy tail makes one slow run weak evidence either way). The prior: where the
+  gate knows the candidate's source hash per commit (`history_from_db`), a commit that
+  changed it is where a step begins, one that did not `UNCHANGED_PRIOR` times as likely
+  (a runner, driver or harness change still moves timings, and clear runs still place
+  such a step); else flat over the windows. In the project's H200 history 30% of the
+  commits changed a candidate's source; with that rate `bench/detection_steps.py
+  --source-changes 0.3` names more steps within 2 commits, in narrower ranges. The first bad commit is the one most likely to lie at most `RANGE` commits
   after where the step began, less `RANGE_COST` per commit it lies after it (so that a
   sharp step names its own commit): a commit that is bad, and near the culprit. The last
   good commit is the last one before the step with probability (1 + `CREDIBLE`) / 2. One
@@ -73,6 +78,7 @@ RANGE = 2  # the first bad commit: at most this many commits after where it bega
 RANGE_COST = 0.01  # ... less this per commit it lies after it (module doc)
 CONFIRM_POINTS = 2  # a step is a regression once two commits hold the new level ...
 CONFIRM_WINDOW = 4  # ... and the gate reports it while its first bad commit is this recent
+UNCHANGED_PRIOR = 0.05  # prior odds of a step at a commit that left the source as it was
 ALL_CASES = "*"  # the case of a candidate's series: the mean over its cases
 MIN_CASES = 4  # cases timed at a commit for it to count in that mean
 
@@ -106,14 +112,21 @@ def _p_value(a: Sequence[float], b: Sequence[float]) -> float:
 
 def find_steps(commits: Sequence[str], medians: Sequence[float], *,
                min_step: float = MIN_STEP,
-               rejected: list[tuple[int, str]] | None = None) -> list[Step]:
+               rejected: list[tuple[int, str]] | None = None,
+               changed: Sequence[bool] | None = None) -> list[Step]:
     """The steps of one commit-ordered series of medians (module doc), oldest first.
-    `rejected`, if given, receives (index, rule) for each change point not kept."""
+    `rejected`, if given, receives (index, rule) for each change point not kept.
+    `changed`, if given, says per commit whether the candidate's source differs from the
+    previous commit's: the prior of where a step began (module doc)."""
     import numpy as np
     import ruptures
 
-    pts = [(c, m) for c, m in zip(commits, medians, strict=True)
-           if m is not None and m > 0 and math.isfinite(m)]
+    flags = list(changed) if changed is not None else [True] * len(commits)
+    kept = [i for i, m in enumerate(medians) if m is not None and m > 0 and math.isfinite(m)]
+    pts = [(commits[i], medians[i]) for i in kept]
+    # A source change at a commit whose run was left out still counts at the next one.
+    prior = [any(flags[j] for j in range((kept[n - 1] + 1) if n else 0, i + 1))
+             for n, i in enumerate(kept)]
     if len(pts) < MIN_POINTS:
         return []
     names = [c for c, _ in pts]
@@ -142,7 +155,7 @@ def find_steps(commits: Sequence[str], medians: Sequence[float], *,
                 rejected.append((b, rule))
             continue
         lo, hi = _bracket(xs, max(prev, b - WINDOW), min(len(xs), b + WINDOW),
-                          before, after, sigma)
+                          before, after, sigma, prior)
         steps.append(Step(index=b, last_good=names[lo], first_bad=names[hi],
                           ratio=math.exp(delta), sigma=sigma))
         levels.append((b, before, after))
@@ -158,7 +171,7 @@ def find_steps(commits: Sequence[str], medians: Sequence[float], *,
 
 
 def _bracket(xs: Sequence[float], start: int, end: int, before: float, after: float,
-             sigma: float) -> tuple[int, int]:
+             sigma: float, changed: Sequence[bool]) -> tuple[int, int]:
     """(last good, first bad) indices of a step from `before` to `after` among
     xs[start:end] (module doc)."""
     import numpy as np
@@ -172,7 +185,11 @@ def _bracket(xs: Sequence[float], start: int, end: int, before: float, after: fl
     d = (stats.t.logpdf(x, NOISE_DF, loc=before, scale=scale)
          - stats.t.logpdf(x, NOISE_DF, loc=after, scale=scale))
     ll = np.cumsum(d)[:-1]
-    post = np.exp(ll - logsumexp(ll))  # P(it began at start + 1 + j), a flat prior
+    # The prior: a commit that changed the candidate's source is where steps begin; one
+    # that did not is UNCHANGED_PRIOR times as likely (the runner, driver or harness).
+    ll = ll + np.where(np.asarray(changed[start + 1:end], dtype=bool), 0.0,
+                       math.log(UNCHANGED_PRIOR))
+    post = np.exp(ll - logsumexp(ll))  # P(it began at start + 1 + j)
     cdf = np.cumsum(post)
     # For each candidate f: P(f - RANGE <= began <= f), and E[f - began; began <= f].
     lag = np.concatenate([np.zeros(RANGE + 1), cdf])[:len(cdf)]
@@ -186,21 +203,39 @@ def _bracket(xs: Sequence[float], start: int, end: int, before: float, after: fl
 # ---------------------------------------------------------------- the gate's use
 
 
-def series_from_db(db: Any, gpu_model_key: str | None, *, upto_run_id: int,
-                   kernels: Sequence[str], runs: int = SERIES_RUNS
-                   ) -> dict[tuple[str, str, str], list[tuple[str, float]]]:
+Series = dict[tuple[str, str, str], list[tuple[str, float]]]
+Sources = dict[tuple[str, str], dict[str, str]]
+
+
+def history_from_db(db: Any, gpu_model_key: str | None, *, upto_run_id: int,
+                    kernels: Sequence[str], runs: int = SERIES_RUNS
+                    ) -> tuple[Series, Sources]:
     """(candidate, pass, case) -> [(commit, median)], oldest first: the last `runs`
     stored runs on `gpu_model_key` up to and including run `upto_run_id`, one median per
-    commit (its newest run's), passed timed results of `kernels` only."""
+    commit (its newest run's), passed timed results of `kernels` only; and (candidate,
+    pass) -> {commit: source hash} of the same runs ("" where a record carries none)."""
     rows = timed_history(db, gpu_model_key, upto_run_id=upto_run_id, runs=runs,
                          include_upto=True, kernels=kernels)
     out: dict[tuple[str, str, str], dict[str, float]] = {}
-    for name, _src, pass_name, case_id, commit, median, _gpu in rows:
+    sources: Sources = {}
+    for name, src, pass_name, case_id, commit, median, _gpu in rows:
         if commit is not None:
             per_commit = out.setdefault((name, pass_name or "fwd", case_id), {})
             per_commit.pop(commit, None)  # a re-run moves the commit to its newest place
             per_commit[commit] = float(median)
-    return {k: list(v.items()) for k, v in out.items()}
+            sources.setdefault((name, pass_name or "fwd"), {})[commit] = src or ""
+    return {k: list(v.items()) for k, v in out.items()}, sources
+
+
+def source_changes(commits: Sequence[str], sources: dict[str, str] | None) -> list[bool] | None:
+    """Per commit of a series, whether the candidate's source hash differs from the
+    previous commit's (True where either is unknown: no evidence either way); None
+    without sources."""
+    if sources is None:
+        return None
+    hashes = [sources.get(c, "") for c in commits]
+    return [i == 0 or not a or not b or a != b
+            for i, (a, b) in enumerate(zip([""] + hashes[:-1], hashes, strict=True))]
 
 
 def candidate_series(series: dict[tuple[str, str, str], list[tuple[str, float]]],
@@ -268,8 +303,8 @@ def _newest_chain(before: dict[str, set[str]], seen: dict[str, list[float]],
     return chain[::-1]
 
 
-def confirmed_steps(series: dict[tuple[str, str, str], list[tuple[str, float]]],
-                    commit: str) -> dict[tuple[str, str, str], Step]:
+def confirmed_steps(series: Series, commit: str, sources: Sources | None = None
+                    ) -> dict[tuple[str, str, str], Step]:
     """The regression steps that `commit` (the newest point of each series) confirms:
     from its first bad commit on, the new level holds `CONFIRM_POINTS` to
     `CONFIRM_WINDOW` commits, the last of them this one, and has not recovered. A
@@ -277,13 +312,17 @@ def confirmed_steps(series: dict[tuple[str, str, str], list[tuple[str, float]]],
     once it is complete; it stays flagged for the next few commits (an open regression),
     then ages out of the gate (the dashboard's history keeps it). Each candidate's mean
     over its cases is searched too (`candidate_series`, key (candidate, pass,
-    ALL_CASES)): a slowdown of the whole kernel that each case's noise hides."""
+    ALL_CASES)): a slowdown of the whole kernel that each case's noise hides. `sources`
+    (`history_from_db`) tells where the candidate's source changed: the prior of where
+    a step began."""
     out = {}
     for key, pts in {**series, **candidate_series(series, newest=commit)}.items():
         if len(pts) < MIN_POINTS or pts[-1][0] != commit:
             continue
-        found = find_steps([c for c, _ in pts], [m for _, m in pts])
         names = [c for c, _ in pts]
+        changed = source_changes(names, None if sources is None else
+                                 sources.get(key[:2], {}))
+        found = find_steps(names, [m for _, m in pts], changed=changed)
         for st in reversed(found):
             held = len(pts) - names.index(st.first_bad)  # commits at the new level
             if st.direction == "regression" and st.recovered_at is None and \
