@@ -20,6 +20,8 @@
 # installs the package, the others set NO_INSTALL=1.
 # The device returns at most 8 files: JSON=0 leaves out the --json copies (the logs and the
 # record hold the results).
+# Exit status: 1 when a secrets part judged nothing (no candidate, bad arguments), 2 for an
+# unknown stage, else 0; each stage's own verdicts are in its log and summary.
 # Set FA_HARNESS_COMMIT / FA_HARNESS_BRANCH to the commit measured (the tree comes without
 # .git). Logs, the JSON results and the run records go to $OUT.
 set -uo pipefail
@@ -103,7 +105,7 @@ for stage in "$@"; do
       for f in "$logs"/*.log; do  # per part: secrets started, and whose run passed / failed
         started=$(grep -c '^### secret' "$f") ok=$(grep -c '^ok' "$f") bad=$(grep -c '^FAIL' "$f")
         note=""  # a part that judged nothing (no candidate, bad arguments) is not a pass
-        [ $((ok + bad)) -gt 0 ] || { note=" NOT RUN: $(grep -m1 'error' "$f" | cut -c1-100)"; status=1; }
+        [ $((ok + bad)) -gt 0 ] || { note=" NOT RUN: $(tail -n 1 "$f" | cut -c1-100)"; status=1; }
         [ $((ok + bad)) -gt 0 ] && [ $((ok + bad)) -lt "$started" ] && note=" ($started started)"
         echo "$(basename "$f" .log): ok $ok, FAIL $bad$note"
       done

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from harness.records.steps import find_steps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,6 +268,8 @@ def test_a_source_change_names_the_commit_a_slow_run_before_it_would_blur():
     assert source_changes(["a", "b", "c", "d"], {"a": "h1", "b": "h1", "c": "", "d": "h2"}) \
         == [True, False, True, True]
     assert source_changes(["a"], None) is None
+    with pytest.raises(ValueError, match="29 source flags for 30 commits"):
+        find_steps(COMMITS, meds, changed=changed[1:])
 
 
 def test_the_gate_reads_where_the_source_changed_from_the_stored_records(tmp_path):

@@ -35,8 +35,9 @@ a ratio whatever the kernel's speed.
   (a runner, driver or harness change still moves timings, and clear runs still place
   such a step); else flat over the windows. In the project's H200 history 30% of the
   commits changed a candidate's source; with that rate `bench/detection_steps.py
-  --source-changes 0.3` names more steps within 2 commits, in narrower ranges. The first bad commit is the one most likely to lie at most `RANGE` commits
-  after where the step began, less `RANGE_COST` per commit it lies after it (so that a
+  --source-changes 0.3` names more steps within 2 commits, in narrower ranges. The
+  first bad commit is the one most likely to lie at most `RANGE` commits after where
+  the step began, less `RANGE_COST` per commit it lies after it (so that a
   sharp step names its own commit): a commit that is bad, and near the culprit. The last
   good commit is the last one before the step with probability (1 + `CREDIBLE`) / 2. One
   commit apart for a sharp step; around a slow run just before it, or a step spread over
@@ -121,6 +122,8 @@ def find_steps(commits: Sequence[str], medians: Sequence[float], *,
     import numpy as np
     import ruptures
 
+    if changed is not None and len(changed) != len(commits):
+        raise ValueError(f"{len(changed)} source flags for {len(commits)} commits")
     flags = list(changed) if changed is not None else [True] * len(commits)
     kept = [i for i, m in enumerate(medians) if m is not None and m > 0 and math.isfinite(m)]
     pts = [(commits[i], medians[i]) for i in kept]
@@ -238,9 +241,8 @@ def source_changes(commits: Sequence[str], sources: dict[str, str] | None) -> li
             for i, (a, b) in enumerate(zip([""] + hashes[:-1], hashes, strict=True))]
 
 
-def candidate_series(series: dict[tuple[str, str, str], list[tuple[str, float]]],
-                     min_cases: int = MIN_CASES, newest: str | None = None
-                     ) -> dict[tuple[str, str, str], list[tuple[str, float]]]:
+def candidate_series(series: Series, min_cases: int = MIN_CASES,
+                     newest: str | None = None) -> Series:
     """(candidate, pass, ALL_CASES) -> [(commit, level)]: per commit, the geometric mean
     over the candidate's cases (at least `min_cases` of them timed at that commit) of
     each case's median over its own series' median. A change to a kernel moves all its
