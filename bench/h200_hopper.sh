@@ -37,7 +37,7 @@ for stage in "$@"; do
     sass)
       step sass 120 bash -c "nvcc -cubin -gencode=arch=compute_90a,code=sm_90a -std=c++17 \
         --use_fast_math -Xptxas -v -I harness/kernels/include \
-        harness/kernels/fa3_wgmma/fa3_wgmma.cu -o $OUT/fa3.cubin 2>&1 | grep -E 'Used|spill' ;
+        harness/kernels/fa3_wgmma/fa3_wgmma.cu -o $OUT/fa3.cubin 2>&1 | grep -E 'Used|spill|C7511' ;
         cuobjdump -sass $OUT/fa3.cubin > $OUT/fa3.sass; grep -o 'HGMMA[.A-Z0-9x]*' $OUT/fa3.sass |
         sort | uniq -c; echo local memory ops: \$(grep -c -E 'STL|LDL' $OUT/fa3.sass)" ;;
     smoke)

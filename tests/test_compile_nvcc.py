@@ -46,6 +46,32 @@ def test_parse_ptxas():
     assert (foo.registers, foo.spill_stores, foo.shared_bytes) == (12, 0, 1024)
 
 
+# ptxas prints its C7511 warning before the report of the function it names (CUDA 13.0).
+PTXAS_SERIALIZED = """\
+ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized due to insufficient register resources for the wgmma pipeline in the function 'slow'
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'slow' for 'sm_90a'
+ptxas info    : Function properties for slow
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 168 registers, used 3 barriers
+ptxas info    : Compiling entry function 'fast' for 'sm_90a'
+ptxas info    : Function properties for fast
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 168 registers, used 3 barriers
+"""
+
+
+def test_parse_ptxas_sees_serialized_wgmma():
+    res = parse_ptxas(PTXAS_SERIALIZED)
+    assert set(res) == {"slow", "fast"}
+    assert res["slow"].wgmma_serialized and not res["fast"].wgmma_serialized
+    assert res["slow"].registers == 168   # the rest of its report still parsed
+    assert not any(r.wgmma_serialized for r in parse_ptxas(PTXAS_SAMPLE).values())
+    text = format_reports([CompileReport("v", "slow", "sm_90a", 168, 0, 0, 0, 0,
+                                         wgmma_serialized=True)])
+    assert "WGMMA SERIALIZED" in text
+
+
 def test_format_reports():
     text = format_reports([
         CompileReport("fa2_simt", "fa2_simt_fwd_fp16_d64", "sm_90", 168, 0, 0, 0, 0),

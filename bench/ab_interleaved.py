@@ -1,0 +1,113 @@
+"""Two or more kernels timed in turns on the same inputs, so that a clock or thermal drift
+of the GPU during the run falls on all of them alike.
+
+    python bench/ab_interleaved.py --kernels fa3_prev,fa3_wgmma,sdpa_cudnn \\
+        --cases 'b*-d128-*' --baseline fa3_prev --rounds 5
+
+`fa-harness run --grid perf` times one candidate after the other: on the H200 one case's
+samples have been seen to move 7% within a run as the clock settled (results/ records),
+more than the few percent a kernel change is after. Here each case is checked once per
+kernel (the harness's check, public inputs), then timed in ROUNDS rounds; a round times
+every kernel once, by the one timing method (`harness.measure.timing.measure`, with a
+shorter stopping rule: --min-time), starting with a different kernel each round. The
+table gives, per case and kernel, the median over the rounds of TFLOP/s and of the time
+ratio against the baseline within each round, with the rounds' lowest and highest ratio.
+
+Exit status: 0 when every (kernel, case) passed its check, 1 when one did not (it is then
+not timed), 2 on bad arguments (an unknown kernel, no case matching).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernels", required=True, help="comma-separated candidate names")
+    ap.add_argument("--baseline", help="the kernel the ratios are against (default: the first)")
+    ap.add_argument("--grid", default="perf")
+    ap.add_argument("--cases", default="*", help="comma-separated case-id globs")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--min-time", type=float, default=0.1, help="seconds of samples per turn")
+    args = ap.parse_args(argv)
+
+    from harness.candidates.registry import available, get_candidate
+    from harness.core.cases import make_inputs
+    from harness.core.check import check_case
+    from harness.core.flops import attention_flops
+    from harness.core.grids import get_grid
+    from harness.core.iomodel import ideal_bytes
+    from harness.core.results import Status
+    from harness.measure.perf import make_launch, output_buffers, timing_sets
+    from harness.measure.timing import StopRule, measure
+
+    names = [n for n in args.kernels.split(",") if n]
+    try:
+        kernels = [get_candidate(n) for n in names]
+    except KeyError as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 2
+    missing = [k.name for k in kernels if not available(k)]
+    if missing:
+        print(f"error: not available here: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    baseline = args.baseline or names[0]
+    if baseline not in names:
+        print(f"error: baseline {baseline!r} is not among --kernels", file=sys.stderr)
+        return 2
+    globs = [g for g in args.cases.split(",") if g]
+    cases = [c for c in get_grid(args.grid) if any(fnmatch.fnmatch(c.id, g) for g in globs)]
+    if not cases:
+        print(f"error: no case of grid {args.grid!r} matches {args.cases!r}", file=sys.stderr)
+        return 2
+    rule = StopRule(min_time_s=args.min_time, max_time_s=max(2.0, 4 * args.min_time))
+
+    failed = False
+    w = max(len(n) for n in names)
+    print(f"{'case':40} {'kernel':{w}} {'TFLOP/s':>8} {'/ ' + baseline:>12} {'rounds min-max':>16}")
+    for case in cases:
+        runnable = []
+        for k in kernels:
+            if k.supports(case):
+                continue
+            res = check_case(k, case, device="cuda")
+            if res.status is not Status.PASSED:
+                print(f"{case.id:40} {k.name:{w}} {res.status.value}: {res.message}")
+                failed = True
+                continue
+            runnable.append(k)
+        if not runnable:
+            continue
+        n_sets = timing_sets(ideal_bytes(case), "cold")
+        sets = [make_inputs(case, "cuda", draw=i) for i in range(n_sets)]
+        launches = {}
+        for k in runnable:
+            out, lse = output_buffers(k, case)
+            launches[k.name] = make_launch(k, case, sets, out, lse)
+        ms: dict[str, list[float]] = {k.name: [] for k in runnable}
+        for r in range(args.rounds):
+            order = runnable[r % len(runnable):] + runnable[:r % len(runnable)]
+            for k in order:
+                t = measure(launches[k.name], n_sets=n_sets, rule=rule)
+                ms[k.name].append(t.median_ms)
+        flops = attention_flops(case)
+        for k in runnable:
+            tflops = flops / (statistics.median(ms[k.name]) * 1e-3) / 1e12
+            ratio = ""
+            if baseline in ms and k.name != baseline:
+                per = [b / m for b, m in zip(ms[baseline], ms[k.name], strict=True)]
+                ratio = f"{statistics.median(per):12.3f} {min(per):7.3f}-{max(per):<8.3f}"
+            print(f"{case.id:40} {k.name:{w}} {tflops:8.1f} {ratio}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
