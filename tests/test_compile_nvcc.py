@@ -15,6 +15,7 @@ from harness.candidates.compile import (
     nvcc_path,
     parse_ptxas,
 )
+from harness.candidates.nvcc import report_line
 from harness.candidates.variants import KERNELS_ROOT, load_specs, load_variant_dir
 
 DATA = Path(__file__).parent / "data" / "bad_variants"
@@ -67,9 +68,11 @@ def test_parse_ptxas_sees_serialized_wgmma():
     assert res["slow"].wgmma_serialized and not res["fast"].wgmma_serialized
     assert res["slow"].registers == 168   # the rest of its report still parsed
     assert not any(r.wgmma_serialized for r in parse_ptxas(PTXAS_SAMPLE).values())
-    text = format_reports([CompileReport("v", "slow", "sm_90a", 168, 0, 0, 0, 0,
-                                         wgmma_serialized=True)])
-    assert "WGMMA SERIALIZED" in text
+    slow = CompileReport("v", "slow", "sm_90a", 168, 0, 0, 0, 0, wgmma_serialized=True)
+    fast = CompileReport("v", "fast", "sm_90a", 168, 0, 0, 0, 0)
+    assert "WGMMA SERIALIZED" in format_reports([slow, fast])
+    assert report_line([slow, fast], 1.0).endswith("no spills, WGMMA SERIALIZED in 1 (1.0 s)")
+    assert "SERIALIZED" not in report_line([fast], 1.0)
 
 
 def test_format_reports():

@@ -391,7 +391,9 @@ def report_line(reports: Sequence[CompileReport], seconds: float) -> str:
         return f"{first.variant} {first.arch}: {first.message or 'skipped'}"
     regs = max(r.registers or 0 for r in reports)
     spills = sum(r.spills for r in reports)
+    serialized = sum(r.wgmma_serialized for r in reports)
     return (f"compiled {first.variant} {first.arch}: {len(reports)} entr"
             f"{'y' if len(reports) == 1 else 'ies'}, up to {regs} registers, "
-            f"{'no spills' if not spills else f'{spills} bytes of SPILLS'} "
+            f"{'no spills' if not spills else f'{spills} bytes of SPILLS'}"
+            f"{f', WGMMA SERIALIZED in {serialized}' if serialized else ''} "
             f"({'cached' if all(r.cached for r in reports) else f'{seconds:.1f} s'})")
