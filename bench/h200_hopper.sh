@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Hopper kernel (fa3_wgmma) on the H200 test machine, in stages, each bounded in time:
 #     bash bench/h200_hopper.sh sass smoke full sanitize perf     # any of these, in order
-# sass:     build for sm_90a with nvcc, the registers/spills report, HGMMA counted in the SASS
+# sass:     build for sm_90a with nvcc, the registers/spills report and any wgmma ptxas
+#           serialized, HGMMA counted in the SASS
 # smoke:    the smoke grid, 2 repeats (bitwise compared)
 # full:     the full grid under each of SECRETS secrets (default 1), 2 repeats
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck on small cases
@@ -37,7 +38,7 @@ for stage in "$@"; do
     sass)
       step sass 120 bash -c "nvcc -cubin -gencode=arch=compute_90a,code=sm_90a -std=c++17 \
         --use_fast_math -Xptxas -v -I harness/kernels/include \
-        harness/kernels/fa3_wgmma/fa3_wgmma.cu -o $OUT/fa3.cubin 2>&1 | grep -E 'Used|spill|C7511' ;
+        harness/kernels/fa3_wgmma/fa3_wgmma.cu -o $OUT/fa3.cubin 2>&1 | grep -E 'Used|spill|serialized' ;
         cuobjdump -sass $OUT/fa3.cubin > $OUT/fa3.sass; grep -o 'HGMMA[.A-Z0-9x]*' $OUT/fa3.sass |
         sort | uniq -c; echo local memory ops: \$(grep -c -E 'STL|LDL' $OUT/fa3.sass)" ;;
     smoke)
