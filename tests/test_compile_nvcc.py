@@ -66,6 +66,15 @@ def test_parse_ptxas_sees_serialized_wgmma():
     res = parse_ptxas(PTXAS_SERIALIZED)
     assert set(res) == {"slow", "fast"}
     assert res["slow"].wgmma_serialized and not res["fast"].wgmma_serialized
+    # Another of ptxas' reasons, worded "for the function" (C7512, seen with CUDA 13.0).
+    c7512 = PTXAS_SERIALIZED.replace(
+        "(C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized due "
+        "to insufficient register resources for the wgmma pipeline in the function 'slow'",
+        "(C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due "
+        "to insufficient register resources for the function 'slow'")
+    assert "C7511" not in c7512
+    other = parse_ptxas(c7512)
+    assert other["slow"].wgmma_serialized and not other["fast"].wgmma_serialized
     assert res["slow"].registers == 168   # the rest of its report still parsed
     assert not any(r.wgmma_serialized for r in parse_ptxas(PTXAS_SAMPLE).values())
     slow = CompileReport("v", "slow", "sm_90a", 168, 0, 0, 0, 0, wgmma_serialized=True)

@@ -49,7 +49,7 @@ class CompileReport:
     shared_bytes: int | None = None  # static shared memory
     stack_bytes: int | None = None
     # ptxas could not keep the warpgroup MMAs in flight and made each wait for the last
-    # (its warnings C7511, C7520): still correct, but off the fast path (25% slower seen).
+    # (its warnings C7511, C7512, C7520): correct, but off the fast path (25% slower seen).
     wgmma_serialized: bool = False
     ok: bool = True
     message: str = ""
@@ -105,9 +105,9 @@ _PROPS_RE = re.compile(r"Function properties for (\S+)")
 _FRAME_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED_RE = re.compile(r"Used (\d+) registers")
 _SMEM_RE = re.compile(r"(\d+) bytes smem")
-# C7511 (registers), C7520 (a compiler-inserted arrive on a divergent path), ...: every
-# reason ptxas gives ends the same way.
-_SERIAL_RE = re.compile(r"wgmma\.mma_async instructions are serialized.*in the function '([^']+)'")
+# C7511 and C7512 (registers), C7520 (a compiler-inserted arrive on a divergent path), ...:
+# every reason ptxas gives names the function ("in" or "for the function 'name'").
+_SERIAL_RE = re.compile(r"wgmma\.mma_async instructions are serialized.*(?:in|for) the function '([^']+)'")
 
 
 @dataclass
