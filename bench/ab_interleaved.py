@@ -14,7 +14,8 @@ table gives, per case and kernel, the median over the rounds of TFLOP/s and of t
 ratio against the baseline within each round, with the rounds' lowest and highest ratio.
 
 Exit status: 0 when every (kernel, case) passed its check, 1 when one did not (it is then
-not timed), 2 on bad arguments (an unknown kernel, no case matching).
+not timed), 2 on bad arguments (an unknown kernel, no case matching, fewer than 1 round, a
+--min-time that is not positive).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--min-time", type=float, default=0.1, help="seconds of samples per turn")
     args = ap.parse_args(argv)
+    if args.rounds < 1 or not args.min_time > 0:
+        print("error: --rounds must be at least 1 and --min-time positive", file=sys.stderr)
+        return 2
 
     from harness.candidates.registry import available, get_candidate
     from harness.core.cases import make_inputs
