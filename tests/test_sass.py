@@ -52,6 +52,28 @@ def test_fa3_wgmma_keeps_its_wgmma_in_flight():
 
 
 @needs_tools
+def test_fa3_wgmma_softmax_runs_under_its_own_pv():
+    # In the forward's loop a consumer issues S_j and P_{j-1} V_{j-1}, waits for S_j only
+    # (DEPBAR.LE gsb0, 0x1), computes the softmax of S_j, and only then waits for the PV
+    # (0x0). ptxas moved that second wait above the row max, so the exponentials ran after
+    # the PV had retired instead of under it; at d = 128 the kernel's sink store keeps the
+    # wait down (d = 64 gained nothing from it on the H200, and goes without). Every
+    # exponential of the tile (176 / 2 per thread) lies between the two waits.
+    for name, text in _sass("fa3_wgmma").items():
+        if "_fwd_" not in name or not name.endswith("d128"):
+            continue
+        keys = 176
+        lines = [ln for ln in text.splitlines() if "WARPGROUP.DEPBAR" in ln or "MUFU.EX2" in ln]
+        starts = [i for i, ln in enumerate(lines) if "DEPBAR.LE gsb0, 0x1" in ln]
+        assert starts, (name, "no wait that leaves one wgmma group in flight")
+        for i in starts:
+            end = next(k for k in range(i + 1, len(lines)) if "DEPBAR" in lines[k])
+            assert "gsb0, 0x0" in lines[end], (name, lines[end])
+            exps = end - i - 1
+            assert exps >= keys // 2, (name, f"{exps} MUFU.EX2 before the PV's wait")
+
+
+@needs_tools
 def test_fa3_wgmma_runs_on_warpgroup_mma_without_local_memory():
     spec = load_variant_dir(KERNELS_ROOT / "fa3_wgmma")
     sass = _sass("fa3_wgmma")

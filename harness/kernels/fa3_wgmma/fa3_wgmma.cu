@@ -361,6 +361,8 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     const int lane = tid & 31;
     const int g = lane >> 2;
     const int q4 = lane & 3;
+    // A word per consumer thread past the tile slots, written and never read (see its store).
+    const unsigned sink = bar_te + 16u + 64u + 4u * (tid - 128);
 
     // S = Q K_j, issued (not waited for).
     auto issue_s = [&](float* sacc, unsigned sK) {
@@ -519,6 +521,16 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
                 mbar_arrive(FA3_KEMPTY(s));
                 if (j == n_tiles - 1) mbar_arrive(bar_qe);
                 softmax(sacc, j * BN, alpha);
+                // Without this store, ptxas places the PV's wait (below) above the row max,
+                // so the softmax never runs under this consumer's own PV (seen in the SASS).
+                // The stored word depends on every exponential through the row sums, and
+                // ptxas keeps a shared-memory store ahead of a wgmma wait. Measured on the
+                // H200 against the kernel without it: 0.996-1.017x (median 1.008) at d = 128;
+                // at d = 64, where the PV is short and the exponentials dominate, 0.979-1.011x
+                // (median 0.987), so d = 64 goes without (docs/h200-runs.md, 2026-12-04 night).
+                if constexpr (D == 128)
+                    asm volatile("st.shared.f32 [%0], %1;\n"
+                                 :: "r"(sink), "f"(l_run[0] + l_run[1]) : "memory");
                 wgmma_wait<0>();
 #pragma unroll
                 for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
