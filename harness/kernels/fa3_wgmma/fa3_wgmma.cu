@@ -361,7 +361,8 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     const int lane = tid & 31;
     const int g = lane >> 2;
     const int q4 = lane & 3;
-    // A word per consumer thread past the tile slots, written and never read (see its store).
+    // At d = 128, a word per consumer thread past the tile slots, written and never read
+    // (see its store).
     const unsigned sink = bar_te + 16u + 64u + 4u * (tid - 128);
 
     // S = Q K_j, issued (not waited for).
