@@ -8,7 +8,7 @@
 //     the manifest's [[tensor_map]] tables), each slot guarded by "full" mbarriers (the
 //     copy's bytes have landed: expect_tx / complete_tx) and "empty" ones. The warpgroup
 //     gives its registers away (setmaxnreg.dec), since it computes nothing.
-//   - warpgroups 1 and 2 are consumers, 64 query rows each (setmaxnreg.inc): S = Q K^T by
+//   - warpgroups 1..NC (NC = 2) are consumers, 64 query rows each (setmaxnreg.inc): S = Q K^T by
 //     wgmma m64n128k16 with both operands read from shared memory through matrix
 //     descriptors, the online softmax on the fp32 accumulators in registers, then
 //     O += P V by wgmma with P as register A-fragments (the S accumulator layout is the
@@ -28,10 +28,18 @@
 
 namespace fa3wg {
 
-constexpr int BM = 128;         // query rows per CTA (64 per consumer warpgroup)
-constexpr int kThreads = 384;   // producer + 2 consumers
-constexpr int kProducerRegs = 40;   // the tile loop spills at 24
-constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
+// NC consumer warpgroups of 64 query rows each, and the producer's warpgroup. Each entry
+// names its NC (2 in every shipped entry; FA3 runs 3 at d = 64, see docs/h200-runs.md,
+// 2026-12-04 night): the block is 128 * (NC + 1) threads, the Q block 64 * NC rows.
+template <int NC> struct Layout;
+template <> struct Layout<2> {
+    static constexpr int kProducerRegs = 40;   // the tile loop spills at 24
+    static constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
+};
+template <> struct Layout<3> {
+    static constexpr int kProducerRegs = 32;
+    static constexpr int kConsumerRegs = 160;  // 128 * 32 + 384 * 160 = 65536
+};
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
@@ -235,9 +243,11 @@ __device__ __forceinline__ void load_tile(unsigned sbase, const void* tmap, unsi
 
 // BN keys per K/V tile: 128 at d = 64, 176 at d = 128 (a longer tile amortizes each
 // consumer's softmax and turn-taking over more matmul work; 2 slots of 176 x 128 still fit).
-template <int D, bool BF16, int STAGES, int BN>
+template <int D, bool BF16, int STAGES, int BN, int NC>
 __device__ __forceinline__ void fwd(const FaParams& p) {
     using M = Mma<BF16>;
+    constexpr int BM = 64 * NC;   // query rows per CTA
+    constexpr unsigned kConsumers = 128u * NC;   // consumer threads: arrivals per barrier
     constexpr unsigned Q_BYTES = BM * D * 2;
     constexpr unsigned KV_BYTES = BN * D * 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -250,7 +260,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     const unsigned bars = sV0 + STAGES * KV_BYTES;
     const unsigned bar_q = bars;
     // Slot s has four barriers: K_s and V_s full (the producer's copies landed), K_s and V_s
-    // empty (both consumers are done reading). K and V are released separately: K_j as
+    // empty (every consumer is done reading). K and V are released separately: K_j as
     // soon as S_j has landed, V_j once P_j V_j has, so the next K copy starts a whole
     // softmax earlier than it could if the slot were released as one.
 #define FA3_KFULL(s) (bars + 8u * (1u + (unsigned)(s)))
@@ -265,12 +275,12 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     // blocks last to first under a causal mask (longest first); taking them from a counter
     // keeps the CTAs even where the blocks' lengths differ. The producer takes each tile and
     // hands it to the consumers through a 2-slot ring in shared memory (its own full/empty
-    // mbarriers); Q has an "empty" barrier, released once both consumers' last S of a tile
+    // mbarriers); Q has an "empty" barrier, released once every consumer's last S of a tile
     // has landed. sched[0] is the counter, sched[1] counts the CTAs done; the last CTA
     // puts both back to 0 for the next launch (the workspace is zeroed when allocated).
     const unsigned bar_qe = bars + 8u * (1u + 4u * STAGES);
     const unsigned bar_tf = bar_qe + 8u;    // tile slot 0 / 1 written
-    const unsigned bar_te = bar_tf + 16u;   // tile slot 0 / 1 read by both consumers
+    const unsigned bar_te = bar_tf + 16u;   // tile slot 0 / 1 read by every consumer
     volatile int* tile_slot = (volatile int*)(smem_raw + (bar_te + 16u - smem_u32(smem_raw)));
     int* sched = (int*)p.workspace[0];
 
@@ -299,22 +309,22 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 
     if (tid == 0) {
         mbar_init(bar_q, 1);
-        mbar_init(bar_qe, 256);
+        mbar_init(bar_qe, kConsumers);
         for (int s = 0; s < 2; ++s) {
             mbar_init(bar_tf + 8u * s, 1);
-            mbar_init(bar_te + 8u * s, 256);
+            mbar_init(bar_te + 8u * s, kConsumers);
         }
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(FA3_KFULL(s), 1);
             mbar_init(FA3_VFULL(s), 1);
-            mbar_init(FA3_KEMPTY(s), 256);
-            mbar_init(FA3_VEMPTY(s), 256);
+            mbar_init(FA3_KEMPTY(s), kConsumers);
+            mbar_init(FA3_VEMPTY(s), kConsumers);
         }
     }
     __syncthreads();
 
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(kProducerRegs));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(Layout<NC>::kProducerRegs));
         if (tid != 0) return;   // one thread issues every copy
         const char* maps = (const char*)p.tensor_maps;   // Q, K, V (manifest order)
         unsigned kv = 0;        // K/V tiles issued so far: the ring's slot and phase
@@ -354,8 +364,8 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
-    const int cw = wg - 1;            // consumer 0 or 1: query rows q0 + 64 cw ...
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(Layout<NC>::kConsumerRegs));
+    const int cw = wg - 1;            // consumer 0 .. NC - 1: query rows q0 + 64 cw ...
     const int wt = tid & 127;
     const int warp = wt >> 5;
     const int lane = tid & 31;
@@ -376,19 +386,21 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         }
         wgmma_commit();
     };
-    // Ping-pong: the two consumers take turns issuing their matmuls (named barriers 1 and
-    // 2), so that one warpgroup's softmax runs while the other's wgmma keep the tensor
-    // cores busy. Consumer 1 opens each tile's first turn for consumer 0; every turn
-    // taken is passed on except consumer 1's last of a tile, so each tile leaves both
-    // barriers as it found them.
+    // Ping-pong: the consumers take turns issuing their matmuls (consumer c waits on named
+    // barrier c + 1 and passes the turn to c + 1 mod NC), so that one warpgroup's softmax
+    // runs while another's wgmma keep the tensor cores busy. The last consumer opens each
+    // tile's first turn for consumer 0; every turn taken is passed on except the last
+    // consumer's last of a tile, so each tile leaves the barriers as it found them.
     // Barrier ids are immediates: a register id makes ptxas reserve all 16 of them.
     auto wait_turn = [&]() {
         if (cw == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
-        else asm volatile("bar.sync 2, 256;\n" ::: "memory");
+        else if (NC == 2 || cw == 1) asm volatile("bar.sync 2, 256;\n" ::: "memory");
+        else asm volatile("bar.sync 3, 256;\n" ::: "memory");
     };
     auto pass_turn = [&]() {
         if (cw == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-        else asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+        else if (NC == 2 || cw == NC - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+        else asm volatile("bar.arrive 3, 256;\n" ::: "memory");
     };
 
     unsigned kv = 0;   // K/V tiles consumed so far (the producer's count)
@@ -481,7 +493,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         };
 
         if (n_tiles > 0) {
-            if (cw == 1) pass_turn();
+            if (cw == NC - 1) pass_turn();
             mbar_wait(bar_q, nq & 1u);
             float sacc[BN / 2];
             float alpha[2];
@@ -492,7 +504,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
                 wait_turn();
                 wgmma_fence();
                 issue_s(sacc, sK0 + s * KV_BYTES);
-                if (!(cw == 1 && n_tiles == 1))
+                if (!(cw == NC - 1 && n_tiles == 1))
                     pass_turn();
                 wgmma_wait<0>();
 #pragma unroll
@@ -514,7 +526,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
                 wgmma_fence();
                 issue_s(sacc, sK0 + s * KV_BYTES);
                 issue_pv(sV0 + ps * KV_BYTES);
-                if (!(cw == 1 && j == n_tiles - 1))
+                if (!(cw == NC - 1 && j == n_tiles - 1))
                     pass_turn();
                 wgmma_wait<1>();          // S_j has landed; the PV may still run
 #pragma unroll
@@ -594,12 +606,13 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 
 }  // namespace fa3wg
 
-#define FA3WG_ENTRY(NAME, D, BF16, STAGES, BN)                                          \
-    extern "C" __global__ void __launch_bounds__(fa3wg::kThreads, 1) NAME(FaParams p) { \
-        fa3wg::fwd<D, BF16, STAGES, BN>(p);                                             \
+// The block (the manifest's [[launch]] block) is 128 * (NC + 1) threads.
+#define FA3WG_ENTRY(NAME, D, BF16, STAGES, BN, NC)                                          \
+    extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) NAME(FaParams p) { \
+        fa3wg::fwd<D, BF16, STAGES, BN, NC>(p);                                             \
     }
 
-FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d64, 64, false, 3, 128)
-FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d128, 128, false, 2, 176)
-FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d64, 64, true, 3, 128)
-FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d128, 128, true, 2, 176)
+FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d64, 64, false, 3, 128, 2)
+FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d128, 128, false, 2, 176, 2)
+FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d64, 64, true, 3, 128, 2)
+FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d128, 128, true, 2, 176, 2)
