@@ -186,3 +186,35 @@ def test_fa3_wgmma_backward_maps_q_k_v_dout_in_the_order_its_kernel_reads():
     for call in ("tma_tile(sQ0 + st * QS_BYTES, 0,", "tma_tile(sK, 1,", "tma_tile(sV, 2,",
                  "tma_tile(sdO0 + st * QS_BYTES, 3,"):
         assert call in src, call
+
+
+def test_a_causal_case_can_run_its_own_entry_with_its_own_tile(tmp_path):
+    # `causal` (1 under a causal mask, 0 otherwise) in the expressions: two launches whose
+    # grids are multiplied by causal and 1 - causal run one entry each, and the K map's
+    # box follows the mask (128-key tiles under a causal mask, 176 otherwise).
+    manifest = HEAD.replace('masks = ["none"]', 'masks = ["none", "causal_br", "causal_tl"]')
+    manifest = manifest.replace(
+        'grid = ["ceil_div(seqlen_q, block_q)", "heads", "batch"]',
+        'grid = ["ceil_div(seqlen_q, block_q) * (1 - causal)", "heads", "batch"]')
+    manifest += """
+[[launch]]
+entry = "v_fwd_causal_{dtype}"
+grid = ["ceil_div(seqlen_q, block_q) * causal", "heads", "batch"]
+block = [384, 1, 1]
+
+[[tensor_map]]
+tensor = "k"
+box_rows = "176 - 48 * causal"
+box_cols = 64
+swizzle = 128
+"""
+    d = _variant(tmp_path, manifest)
+    (d / "v.cu").write_text(KERNEL + 'extern "C" __global__ void v_fwd_causal_fp16(FaParams p) {}\n')
+    v = CudaVariant.from_spec(load_variant_dir(d))
+    for mask, entry, rows in [(MaskKind.NONE, "v_fwd_fp16", 176),
+                              (MaskKind.CAUSAL_BR, "v_fwd_causal_fp16", 128),
+                              (MaskKind.CAUSAL_TL, "v_fwd_causal_fp16", 128)]:
+        case = Case(2, 4, 4, 256, 256, 128, "float16", mask)
+        run = [p.entry for p in v.plan(case, num_splits=1, sm_count=132) if not p.skipped]
+        assert run == [entry], (mask, run)
+        assert v.tensor_map_boxes(case, num_splits=1, sm_count=132) == [("k", Box(rows, 64, 128))]

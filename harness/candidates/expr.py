@@ -15,10 +15,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 # Names the harness defines for every case (see `size_env`). Tile constants from the
-# manifest's [tiles] table are added per variant.
+# manifest's [tiles] table are added per variant. `causal` is 1 for a causal mask (either
+# alignment: FA_MASK_CAUSAL in the kernel's mask_kind) and 0 otherwise, so that a manifest
+# can size a tile by mask and pick a launch by it (a zero grid dimension skips a launch).
 SIZE_NAMES: frozenset[str] = frozenset({
     "batch", "heads", "kv_heads", "group", "seqlen_q", "seqlen_k", "head_dim",
-    "dtype_bytes", "num_splits", "sm_count",
+    "dtype_bytes", "num_splits", "sm_count", "causal",
 })
 
 FUNCTIONS: dict[str, int] = {"ceil_div": 2, "min": -2, "max": -2}  # -2: two or more args

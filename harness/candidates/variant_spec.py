@@ -311,6 +311,7 @@ def size_env(case: Case, *, num_splits: int = 1, sm_count: int = 132,
         "dtype_bytes": 2,
         "num_splits": num_splits,
         "sm_count": sm_count,
+        "causal": int(case.mask.is_causal),
     }
     env.update(tiles or {})
     return env
