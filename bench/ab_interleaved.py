@@ -11,7 +11,8 @@ kernel (the harness's check, public inputs), then timed in ROUNDS rounds; a roun
 every kernel once, by the one timing method (`harness.measure.timing.measure`, with a
 shorter stopping rule: --min-time), starting with a different kernel each round. The
 table gives, per case and kernel, the median over the rounds of TFLOP/s and of the time
-ratio against the baseline within each round, with the rounds' lowest and highest ratio.
+ratio against the baseline within each round (the baseline's time over the kernel's:
+above 1, faster than the baseline), with the rounds' lowest and highest ratio.
 
 Exit status: 0 when every (kernel, case) passed its check, 1 when one did not (it is then
 not timed), 2 on bad arguments (an unknown kernel, no case matching, fewer than 1 round, a

@@ -9,6 +9,9 @@
 # perf:     the perf grid (PERF_CASES, default all) with the peers in the same run, recorded
 # ncu:      Nsight Compute on one launch of NCU_KERNEL (default fa3_wgmma) on NCU_CASE: speed of
 #           light, tensor-pipe use, warp stall reasons
+# ab:       bench/ab_interleaved.py on AB_KERNELS (comma-separated, the first the baseline),
+#           with the variants that bench/ab_prepare.py wrote to ab/ (send ab/ along: the
+#           device tool's carry), AB_CASES (default N = 2048, 4096, 16384), AB_ROUNDS (3)
 # Set FA_HARNESS_COMMIT / FA_HARNESS_BRANCH to the commit measured (the tree comes without
 # .git). Logs, JSON results and the run record go to $OUT.
 set -uo pipefail
@@ -68,6 +71,11 @@ for stage in "$@"; do
         --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active \
         $FA run --grid perf --kernels "$NK" --cases "${NCU_CASE:-b4h16-4096x4096-d128-fp16-none}" \
         --no-progress --no-store ;;
+    ab)
+      step ab "${AB_S:-420}" env FA_HARNESS_KERNELS="$PWD/ab" python3 bench/ab_interleaved.py \
+        --kernels "${AB_KERNELS:?set AB_KERNELS}" --rounds "${AB_ROUNDS:-3}" \
+        --cases "${AB_CASES:-*-2048x2048-*,*-4096x4096-*,*-16384x16384-*}" \
+        --min-time "${MIN_TIME:-0.1}" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
