@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from benchscripts import load
 
 
 def _main():
-    spec = importlib.util.spec_from_file_location("ab_interleaved", ROOT / "bench" / "ab_interleaved.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
+    return load("ab_interleaved").main
 
 
 def test_bad_arguments_exit_2_with_one_message(capsys):

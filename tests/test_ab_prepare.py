@@ -3,11 +3,11 @@ working tree's; bad input exits 2 with one line and writes nothing."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
 import pytest
+from benchscripts import load
 
 from harness.candidates.variants import load_variant_dir
 
@@ -17,11 +17,7 @@ pytestmark = pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the 
 
 
 def _main():
-    spec = importlib.util.spec_from_file_location("ab_prepare", ROOT / "bench" / "ab_prepare.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
+    return load("ab_prepare").main
 
 
 def _git_show(path: str) -> bytes:

@@ -7,7 +7,6 @@ the finding on them: it does not (docs/regressions.md)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import statistics
@@ -19,6 +18,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 import realdata
+from benchscripts import load
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -28,12 +28,7 @@ CI = RESULTS / "h200-20261201T194058Z-ci-cold.json"
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("detection_steps",
-                                                  ROOT / "bench" / "detection_steps.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("detection_steps")
 
 
 def _runs(tmp: Path, factors: list[float], *, planted: dict[int, float] | None = None,
