@@ -295,21 +295,46 @@ class Sleepy(Honest):
         self.compute(case, inputs, out, lse)
 
 
+class DeclaredTimer:
+    """Times a call by the milliseconds it declares (`DeclaredTimer.cost_ms`, 1 ms unless
+    the call sets it), not by the wall clock: the cut compares the submission's median with
+    the baseline's, and on a loaded 2-core runner the wall clock has moved the baseline's
+    median of a sub-millisecond CPU call past 50 ms, so that a 0.25 s call fell within 5x."""
+
+    cost_ms = 1.0
+    reference_clock_mhz = None
+
+    def sample(self, run, check):
+        DeclaredTimer.cost_ms = 1.0
+        run()
+        return DeclaredTimer.cost_ms, check(), True, None
+
+    def method(self) -> str:
+        return "declared cost (test)"
+
+
+class DeclaredSlow(Honest):
+    """Right, and 250 ms a call after the first of a case, by its declared cost."""
+
+    def cheat(self, n, case, inputs, out, lse) -> None:
+        if n:
+            DeclaredTimer.cost_ms = 250.0
+        self.compute(case, inputs, out, lse)
+
+
 def test_a_far_slower_submission_is_cut_short_and_scored_from_what_was_measured():
     perf = PERF * 3  # six perf cases
-    # 0.25 s a call: far over the 5x cut even when a loaded runner slows the baseline's
-    # CPU compute (at 0.05 s, a 2-core CI machine once timed a second case).
-    cand = Sleepy()
-    cand.sleep_s = 0.25
-    rep = score_candidate(cand, _options(perf_cases=perf, min_samples=20, min_time_s=1.0,
-                                         slow_cut_factor=5.0),
-                          secret=7, baseline=Honest(name="base"))
+    rep = score_candidate(DeclaredSlow(), _options(perf_cases=perf, min_samples=20,
+                                                   min_time_s=0.02, slow_cut_factor=5.0),
+                          secret=7, baseline=Honest(name="base"), timer=DeclaredTimer())
     assert rep.verdict == "scored" and rep.score is not None and rep.score < 0.2
     assert "timing cut short" in rep.message and "over the 5x cut" in rep.message
+    assert "250x slower than base" in rep.message
     assert rep.detail["coverage"]["timed"] == 1 and rep.detail["coverage"]["of"] == 6
     [entry] = rep.detail["perf"]
     assert entry["samples"] == 3  # its sampling stopped after 3 samples, not 20
-    assert rep.detail["gpu_s"] < 5 and rep.detail["gpu_budget_s"] == 600.0
+    assert entry["median_ms"] == 250.0 and entry["baseline_median_ms"] == 1.0
+    assert rep.detail["gpu_budget_s"] == 600.0
 
 
 def test_the_job_gpu_budget_bounds_correctness_and_timing():
