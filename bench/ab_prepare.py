@@ -29,13 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-def _git(*args: str) -> bytes:
-    return subprocess.run(["git", "-C", str(ROOT), *args], check=True,
-                          capture_output=True).stdout
 
 
 def _renamed(manifest: str, old: str, new: str) -> str:
@@ -55,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="ab", help="the kernels folder to write into")
     args = ap.parse_args(argv)
 
+    from gitrev import files_at, git, write_at
+
     from harness.candidates.variants import VariantError, load_variant_dir
 
     folder = args.variant.strip("/")
@@ -62,12 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --as {args.name!r} is not an identifier", file=sys.stderr)
         return 2
     try:
-        commit = _git("rev-parse", "--verify", "--quiet", f"{args.rev}^{{commit}}").decode().strip()
+        commit = git("rev-parse", "--verify", "--quiet", f"{args.rev}^{{commit}}").decode().strip()
     except subprocess.CalledProcessError:
         print(f"error: git knows no revision {args.rev!r}", file=sys.stderr)
         return 2
-    files = [f for f in _git("ls-tree", "-r", "--name-only", commit, "--", folder + "/")
-             .decode().splitlines() if f]
+    files = files_at(commit, folder)
     if f"{folder}/manifest.toml" not in files:
         print(f"error: {folder} holds no manifest.toml at {args.rev}", file=sys.stderr)
         return 2
@@ -81,10 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     target = out / args.name
     with tempfile.TemporaryDirectory(dir=out if out.is_dir() else None) as tmp:
         staged = Path(tmp) / args.name
-        for f in files:
-            dest = staged / Path(f).relative_to(folder)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(_git("show", f"{commit}:{f}"))
+        write_at(commit, folder, files, staged)
         manifest = staged / "manifest.toml"
         manifest.write_text(_renamed(manifest.read_text(), old_name, args.name))
         (staged / "SOURCE.txt").write_text(

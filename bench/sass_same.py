@@ -30,6 +30,9 @@ from harness.candidates.nvcc import arch_for, cached_nvcc  # noqa: E402
 from harness.candidates.sass import sass_by_function  # noqa: E402
 from harness.candidates.variants import load_variant  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gitrev import files_at, write_at  # noqa: E402
+
 _ADDR = re.compile(r"/\*[0-9a-f]{4,}\*/")
 
 
@@ -37,16 +40,11 @@ def _folder_at(rev: str, variant: str, into: Path) -> Path:
     """The variant folder as it is at `rev` ("." for the working tree)."""
     if rev == ".":
         return ROOT / variant
-    names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "-r", "--name-only", rev,
-                            "--", variant], capture_output=True, text=True, check=True)
-    if not names.stdout.strip():
+    names = files_at(rev, variant)
+    if not names:
         raise ValueError(f"{variant} holds no files at {rev}")
     out = into / rev.replace("/", "_") / Path(variant).name
-    for name in names.stdout.split():
-        dest = out / Path(name).relative_to(variant)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{name}"],
-                                        capture_output=True, check=True).stdout)
+    write_at(rev, variant, names, out)
     return out
 
 
