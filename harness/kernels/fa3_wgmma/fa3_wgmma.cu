@@ -8,8 +8,8 @@
 //     the manifest's [[tensor_map]] tables), each slot guarded by "full" mbarriers (the
 //     copy's bytes have landed: expect_tx / complete_tx) and "empty" ones. The warpgroup
 //     gives its registers away (setmaxnreg.dec), since it computes nothing.
-//   - warpgroups 1..NC (NC = 2) are consumers, 64 query rows each (setmaxnreg.inc): S = Q K^T by
-//     wgmma m64n128k16 with both operands read from shared memory through matrix
+//   - warpgroups 1..NC (NC = 2) are consumers, 64 query rows each (setmaxnreg.inc):
+//     S = Q K^T by wgmma m64n128k16 with both operands read from shared memory through matrix
 //     descriptors, the online softmax on the fp32 accumulators in registers, then
 //     O += P V by wgmma with P as register A-fragments (the S accumulator layout is the
 //     A-fragment layout, as with mma.sync) and V read transposed (MN-major) from shared
