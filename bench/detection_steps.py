@@ -38,9 +38,13 @@ raw medians, and the medians over the yardstick's. Both pools are built the same
 residuals about the series' median), and a planted step scales the candidate only: the
 normalised series moves by the whole step, its yardstick not at all.
 
+`--judged`: only the series of the candidates the gate judges (every candidate but the
+SDPA peers, which it times as yardsticks and never flags); most of the noisiest band's
+series are the peers' short decode shapes.
+
     python bench/detection_steps.py [--trials 1000] [--length 30] [--seed N]
         [--exclude-median-points] [--yardstick NAME] [--common-mode] [--per-candidate]
-        [--source-changes Q] [--json FILE]
+        [--source-changes Q] [--judged] [--json FILE]
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ def _yardstick_names(rec: dict, yardstick: str, kernel: str) -> list[str]:
         yardstick == "others" or kinds[k] == "peer" or k.startswith("sdpa_"))]
 
 
-def timed_series(results: Path, yardstick: str | None = None
+def timed_series(results: Path, yardstick: str | None = None, *, judged: bool = False
                  ) -> dict[tuple, list[tuple[str, float, float]]]:
     """Like with like: (candidate, source, pass, case, timing mode, grids, kind of run) ->
     [(created_at, median, yardstick median)], oldest first. With `yardstick` (a peer's
@@ -98,12 +102,16 @@ def timed_series(results: Path, yardstick: str | None = None
     runs that timed it on the same pass, case and timing mode count, and the key also
     holds which yardsticks at which source hashes (an unchanged yardstick: a series
     normalised by a yardstick whose code changed would show that change as a step);
-    without one the yardstick median is 1."""
+    without one the yardstick median is 1. `judged`: only the candidates the gate
+    judges, not the SDPA peers (yardsticks: harness.candidates.registry.owned)."""
     series: dict[tuple, list[tuple[str, float, float]]] = {}
     for p in sorted(results.glob("h200-*.json")):
         rec = json.loads(p.read_text())
         entries = _entries(rec)
+        kinds = {k: (v or {}).get("kind") for k, v in (rec.get("kernels") or {}).items()}
         for (kernel, pass_name, case, mode), (m, src) in entries.items():
+            if judged and kinds.get(kernel, "peer") == "peer":
+                continue
             yard, ident = 1.0, ()
             if yardstick:
                 names = [n for n in _yardstick_names(rec, yardstick, kernel)
@@ -124,13 +132,13 @@ def band_of(spread: float) -> str:
 
 
 def residual_pools(results: Path, *, exclude_median_points: bool = False,
-                   yardstick: str | None = None, normalised: bool = False
-                   ) -> dict[str, list[float]]:
+                   yardstick: str | None = None, normalised: bool = False,
+                   judged: bool = False) -> dict[str, list[float]]:
     """Each band's pooled log residuals (module doc). `normalised`: of the candidate's
     median over its yardstick's in the same run; the band is the raw series' spread
     either way, so the raw and normalised pools of one yardstick hold the same series."""
     pools: dict[str, list[float]] = {name: [] for *_, name in BANDS}
-    for pts in timed_series(results, yardstick).values():
+    for pts in timed_series(results, yardstick, judged=judged).values():
         raw = [m for _, m, _ in pts]
         meds = [m / y for _, m, y in pts] if normalised else raw
         logs = [math.log(m) for m in meds]
@@ -142,7 +150,8 @@ def residual_pools(results: Path, *, exclude_median_points: bool = False,
     return pools
 
 
-def candidate_pools(results: Path, *, min_cases: int = MIN_CASES) -> dict[str, list[float]]:
+def candidate_pools(results: Path, *, min_cases: int = MIN_CASES, judged: bool = False
+                    ) -> dict[str, list[float]]:
     """Each band's pooled residuals of candidates, not cases: per (candidate, source,
     pass, timing mode, grids, kind of run) timed in at least 3 runs, the mean over its
     cases of each run's log residual (about the case's own median), so whatever the cases of one run share (the chip, its clock, the
@@ -151,7 +160,7 @@ def candidate_pools(results: Path, *, min_cases: int = MIN_CASES) -> dict[str, l
     median spread of the cases themselves, so a band holds the candidates whose cases
     are that noisy. A run counts with the cases it timed (at least `min_cases`)."""
     groups: dict[tuple, dict[str, list[tuple[str, float]]]] = {}
-    for key, pts in timed_series(results).items():
+    for key, pts in timed_series(results, judged=judged).items():
         logs = [math.log(m) for _, m, _ in pts]
         mid = statistics.median(logs)
         groups.setdefault(key[:3] + key[4:], {})[key[3]] = [
@@ -216,18 +225,30 @@ def common_mode(results: Path) -> dict[str, Any]:
     on the same case in the same run (every pair, and pairs whose medians both exceed
     0.1 ms), the run effect (each run's median residual over its series), and per band the
     spread of consecutive runs of a series on one chip (both GPU uuids equal) and across
-    chips (the A/A pairs of harness.records.noise)."""
+    chips (the A/A pairs of harness.records.noise), and within one run: how far the
+    medians of the first and the second half of a run's samples lie apart (a run of at
+    least 20 samples), the noise that timing longer in the same process would average."""
     import numpy as np
 
     recs = [json.loads(p.read_text()) for p in sorted(results.glob("h200-*.json"))]
     gpu = {r["created_at"]: (r.get("gpu") or {}).get("uuid") for r in recs}
+    samples = {(r["created_at"], e["kernel"], e.get("pass") or "fwd", e["case_id"],
+                e.get("timing_mode")): e.get("samples_ms") or []
+               for r in recs for e in r["results"]}
     cells: dict[tuple, list[tuple[str, float, float]]] = {}
     per_run: dict[str, list[float]] = {}
     chips: dict[str, dict[bool, list[float]]] = {name: {False: [], True: []}
                                                 for *_, name in BANDS}
+    halves: dict[str, list[float]] = {name: [] for *_, name in BANDS}
     for key, pts in timed_series(results).items():
         logs = [math.log(m) for _, m, _ in pts]
         mid = statistics.median(logs)
+        for when, _, _ in pts:
+            s = samples.get((when, key[0], key[2], key[3], key[4])) or []
+            if len(s) >= 20:
+                h = len(s) // 2
+                halves[band_of(relative_spread([m for _, m, _ in pts]) or 0.0)].append(
+                    abs(math.log(statistics.median(s[h:]) / statistics.median(s[:h]))))
         for (when, m, _), x in zip(pts, logs, strict=True):
             cells.setdefault((key[2:7], when), []).append((key[0], x - mid, m))
             per_run.setdefault(when, []).append(x - mid)
@@ -248,7 +269,8 @@ def common_mode(results: Path) -> dict[str, Any]:
             "correlation_over_0.1ms": float(np.corrcoef(long[:, 0], long[:, 1])[0, 1]),
             "run_effect": {w: statistics.median(v) for w, v in sorted(per_run.items())},
             "chips": {b: {"one chip": (len(d[False]), scale(d[False])),
-                          "across chips": (len(d[True]), scale(d[True]))}
+                          "across chips": (len(d[True]), scale(d[True])),
+                          "halves of one run": (len(halves[b]), scale(halves[b]))}
                       for b, d in chips.items()}}
 
 
@@ -342,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source-changes", type=float, default=None, metavar="Q",
                     help="each commit changes the candidate's source with probability Q "
                          "(the planted step's commit always): the detector told which")
+    ap.add_argument("--judged", action="store_true",
+                    help="only the series of candidates the gate judges, not the SDPA "
+                         "peers (yardsticks it never flags)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
@@ -358,10 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for label, normalised in variants:
         pools = residual_pools(results, exclude_median_points=args.exclude_median_points,
-                               yardstick=args.yardstick, normalised=normalised)
+                               yardstick=args.yardstick, normalised=normalised,
+                               judged=args.judged)
         rows += _table(pools, label, args, rng)
     if args.per_candidate:
-        rows += _table(candidate_pools(results), ", per candidate", args, rng)
+        rows += _table(candidate_pools(results, judged=args.judged), ", per candidate",
+                       args, rng)
     if args.json:
         Path(args.json).write_text(json.dumps({"trials": args.trials, "length": args.length,
                                                "seed": args.seed, "yardstick": args.yardstick,

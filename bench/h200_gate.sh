@@ -13,7 +13,7 @@
 #   launch    (d) bench/launch_overhead.py, uncached (before) then cached (after)
 #   gputests  the GPU test suite, serially, with the 25 slowest tests (not in the default)
 #   install, gputests_a, gputests_py, gputests_cheats, launch_after, subs, full_triton,
-#   full_flex, perf_python: see below (the GPU suite in three parts, each under 3
+#   full_flex, perf_python, retime: see below (the GPU suite in three parts, each under 3
 #             minutes on the H200; the cached launch path only; the submission corpus; a
 #             Python candidate's full grid; both Python candidates on the perf grid next
 #             to SDPA flash)
@@ -156,6 +156,12 @@ EOF
         --timeout 120 --record "$WORK/perf-python-record.json"
       cp "$WORK/perf-python-record.json" "$OUT/" 2>/dev/null || \
         cp "$WORK/perf-python-record.json.partial.jsonl" "$OUT/" 2>/dev/null
+      ;;
+    retime)  # where the run-to-run noise comes from (bench/retiming_noise.py): the
+      # teaching kernels' decode case timed 10 times in this process, with fresh buffers,
+      # and in 10 child processes (about 3 minutes)
+      step retime "${RETIME_S:-420}" python3 bench/retiming_noise.py \
+        --out "$OUT/retiming-noise.json"
       ;;
     *) echo "unknown stage $stage (gate compare launch gputests ...)"; exit 2 ;;
   esac

@@ -62,6 +62,17 @@ def test_from_results_round_trips_case_results(tmp_path):
     assert r0.timing.samples_ms == [1.0, 1.1, 0.9]
     assert math.isnan(r0.errors.lse_err) and r0.errors.worst_index == [0, 1, 2, 3]
     assert r0.extra["note"] == "x" and r0.flops == 123456789012
+    assert r0.timing.sm_clock_mhz is None and "sm_clock_mhz" not in e["extra"]
+
+
+def test_the_median_sm_clock_travels_in_extra_and_back(tmp_path):
+    r = _result()
+    r.timing.sm_clock_mhz = 1965.5
+    rec = RunRecord.from_results([r], META)
+    assert rec.results[0]["extra"]["sm_clock_mhz"] == 1965.5
+    back = RunRecord.read(rec.write(tmp_path / "r.json")).case_results()[0]
+    assert back.timing.sm_clock_mhz == 1965.5 and "sm_clock_mhz" not in back.extra
+    assert RunRecord.from_results([back], META).to_dict()["results"] == rec.to_dict()["results"]
 
 
 @pytest.mark.parametrize("mutate, field", [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import numpy as np
 import pytest
@@ -112,6 +113,19 @@ def test_throttled_samples_are_dropped_counted_and_slept_on():
     timing = to_timing(run, mode="cold", method="fake")
     assert timing.dropped_throttled == run.dropped_throttled
     assert timing.median_ms == 1.0
+
+
+def test_the_median_clock_is_of_the_kept_samples_only():
+    clocks = lambda i: 900.0 if i % 4 == 0 else 1950.0 + (i % 3) * 10  # noqa: E731
+    gpu = FakeGpu(lambda i: 5.0 if i % 4 == 0 else 1.0, clocks=clocks)
+    run = gpu.run(StopRule(min_samples=20, min_time_s=0.1), reference_clock_mhz=1980.0)
+    assert run.dropped_throttled > 0 and len(run.clocks_mhz) == len(run.samples_ms)
+    assert min(run.clocks_mhz) >= 1950.0  # the throttled samples' 900 MHz are gone with them
+    timing = to_timing(run, mode="cold", method="fake")
+    assert timing.sm_clock_mhz == statistics.median(run.clocks_mhz)
+    unread = gpu.run(StopRule(min_samples=5, min_time_s=0.0))
+    unread.clocks_mhz.clear()  # NVML unavailable: no clock, not a made-up one
+    assert to_timing(unread, mode="cold", method="fake").sm_clock_mhz is None
 
 
 def test_no_reference_clock_means_no_filter():

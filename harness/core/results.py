@@ -53,6 +53,10 @@ class Timing:
     dropped_throttled: int = 0
     mode: str = "cold"
     method: str = ""
+    # The median SM clock (NVML) over the kept samples. A median that moves between runs
+    # with no change to the code may be the clock's doing, not the kernel's: recorded so
+    # that the run-to-run noise can be traced to it (docs/regressions.md).
+    sm_clock_mhz: float | None = None
 
 
 @dataclass

@@ -149,6 +149,8 @@ def benchmark_device_time(benchmark: Any, candidate: Candidate, case: Case, *,
                 time.sleep(0.05)
             else:
                 run.samples_ms.append(s.ms)
+                if s.sm_clock_mhz is not None:
+                    run.clocks_mhz.append(s.sm_clock_mhz)
                 DEVICE_CLOCK.advance_ms(s.ms)
                 return
         raise RuntimeError("no valid sample in 10 tries (GPU throttled, or the launch "

@@ -6,6 +6,7 @@ measurement rotates through. No GPU needed: tested with a fake clock and a fake 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ class SampleRun:
     stop_reason: str = ""
     elapsed_s: float = 0.0
     noise_history: list[float] = field(default_factory=list)
+    clocks_mhz: list[float] = field(default_factory=list)  # of the kept samples, when read
 
 
 # ---------------------------------------------------------------- statistics (pure Python)
@@ -151,6 +153,8 @@ def sample_until_stable(
             sleep(throttle_sleep_s)
             continue
         run.samples_ms.append(float(s.ms))
+        if s.sm_clock_mhz is not None:
+            run.clocks_mhz.append(float(s.sm_clock_mhz))
         n = len(run.samples_ms)
         if give_up is not None:
             why = give_up(run.samples_ms)
@@ -178,7 +182,8 @@ def sample_until_stable(
 def to_timing(run: SampleRun, *, mode: str, method: str) -> Timing:
     s = run.samples_ms
     t = Timing(samples_ms=list(s), dropped_throttled=run.dropped_throttled, mode=mode,
-               method=method)
+               method=method,
+               sm_clock_mhz=statistics.median(run.clocks_mhz) if run.clocks_mhz else None)
     if s:
         q1, med, q3 = quartiles(s)
         t.median_ms, t.min_ms, t.iqr_ms = med, min(s), q3 - q1

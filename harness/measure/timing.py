@@ -39,8 +39,9 @@ the sampler running to its timeout.
 
 Reported (`harness.core.results.Timing`): all kept raw samples, the median (the statistic the
 harness compares), min, IQR, the relative noise, the number of throttled samples dropped,
-and `method`: a one-line description of what was actually done (hold on or off and why,
-flush size, number of sets, stop reason).
+the median SM clock of the kept samples (step 4's reading; records keep it in the
+result's `extra`), and `method`: a one-line description of what was actually done (hold
+on or off and why, flush size, number of sets, stop reason).
 
 Everything that needs a GPU imports torch.cuda / CuPy / NVML lazily; the statistics and
 the stopping rule are plain Python, tested with a fake clock and a fake sampler.

@@ -171,6 +171,8 @@ def entry_from_result(r: CaseResult, kernel_info: dict[str, Any] | None = None) 
     """One record result entry from a CaseResult (flat timing fields, grouped errors/bytes)."""
     t = r.timing or Timing()
     extra = dict(r.extra or {})
+    if t.sm_clock_mhz is not None:  # no column of its own: the schema's extra holds it
+        extra["sm_clock_mhz"] = round(float(t.sm_clock_mhz), 1)
     info = kernel_info or {}
 
     def res(key: str) -> Any:  # compile resources: per result when given, else per kernel
@@ -222,6 +224,9 @@ def result_from_entry(e: dict[str, Any]) -> CaseResult:
                         mode=e.get("timing_mode") or "cold", method=e.get("timing_method") or "")
     b = e.get("bytes") or {}
     extra = dict(e.get("extra") or {})
+    clock = extra.pop("sm_clock_mhz", None)
+    if timing is not None and isinstance(clock, int | float):
+        timing.sm_clock_mhz = float(clock)
     for k in ("registers", "spills", "shared_bytes"):
         if e.get(k) is not None:
             extra[k] = e[k]
