@@ -220,8 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("retiming_noise: needs a CUDA GPU", file=sys.stderr)
         return 2
+    from harness.measure.gpuinfo import gpu_identity
+
     out = Path(args.out)
-    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "repeats": args.repeats,
+    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(),
+                              "gpu_uuid": gpu_identity().uuid, "repeats": args.repeats,
                               "min_time_s": args.min_time, "ways": ways}
 
     def save(measurements: dict[str, dict[str, list]]) -> None:
