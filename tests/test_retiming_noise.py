@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.benchscripts import load
+from benchscripts import load
 
 rn = load("retiming_noise")
 
