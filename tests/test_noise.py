@@ -166,3 +166,27 @@ def test_the_range_a_source_measured_on_other_chips():
     # Correctness verdicts are never waved through by a range.
     assert noise.judge("correctness_regression", 1.0, 0.002, 3, {}, seen=seen,
                        new_median=0.5) == "correctness_regression"
+
+
+def test_runs_that_did_not_time_a_case_leave_its_history_alone(tmp_path):
+    """The committed records end with 15 perf and backward runs that time no decode case:
+    the noise model and the step search still see the gate runs' history of template's
+    decode case (counted per series, not per stored run); counting the last 20 runs of
+    any kind, they saw two of its runs at two sources, and no spread at all."""
+    from harness.records.db.store import get_run, open_db
+    from harness.records.steps import history_from_db
+
+    key = ("template", "fwd", "b1h32k8-1x1024-d128-fp16-none")
+    url = realdata.fa_import(f"sqlite:///{tmp_path / 'r.sqlite'}", RESULTS)
+    with open_db(url) as db:
+        last = get_run(db, "latest").id
+        m = noise.from_db(db, "nvidia-h200", before_run_id=last)
+        series, _ = history_from_db(db, "nvidia-h200", upto_run_id=last,
+                                    kernels=["template"])
+        assert len(m.points[key]) >= 8 and m.spread(key) is not None
+        assert m.spread(key) > 0.015  # its runs sit at levels 2.7% apart
+        assert len(series[key]) >= 7  # one median per commit: two runs shared one
+        # Still the last HISTORY_RUNS of the series at most.
+        short = noise.from_db(db, "nvidia-h200", before_run_id=last, runs=3)
+        assert len(short.points[key]) == 3
+        assert [p[1] for p in short.points[key]] == [p[1] for p in m.points[key][-3:]]

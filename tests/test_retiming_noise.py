@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from benchscripts import load
 
 rn = load("retiming_noise")

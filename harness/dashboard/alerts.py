@@ -3,9 +3,11 @@ plain function of an Engine (nothing here imports Streamlit).
 
 An alert is one regression event of one candidate (a pass of it) on one GPU model: the
 flagged verdicts (timing regression, correctness regression, precision drift) that name
-the same commit range. The range is the step's last good..first bad commit when the step
-search (harness.records.steps) found it, else the flagged run's base..new commits; a step
-confirmed by several runs is still one alert. Its cases, its worst ratio, the run that
+the same first bad commit. That commit is the step's first bad one when the step search
+(harness.records.steps) found it, else the flagged run's new commit; a step confirmed by
+several runs is still one alert, and so is a slowdown that one run flagged pairwise on
+some cases and the step search later found on others (its range on those cases may
+reach further back: the alert shows the range of the run that first flagged it). Its cases, its worst ratio, the run that
 first flagged it (the Compare link) and its worst case (the History link).
 
 Open or recovered: a timing alert is recovered once a later run of its worst case on that
@@ -72,7 +74,7 @@ def group(flags: pd.DataFrame) -> pd.DataFrame:
         lambda d: d.get("new_median_ms") if isinstance(d, dict) else None)
     df["sev"] = df["verdict"].map(_SEVERITY).fillna(9)
     df["r"] = df["ratio"].astype(float).fillna(1.0)
-    keys = ["gpu_model_key", "variant", "last_good", "first_bad"]
+    keys = ["gpu_model_key", "variant", "first_bad"]
     # Whole-frame sorts, one row kept per alert: the flagged history holds thousands of
     # verdicts, and a sort per alert cost a first History or Overview a fifth of a second.
     df["_alert"] = df.groupby(keys, dropna=False, sort=False).ngroup()
@@ -81,7 +83,7 @@ def group(flags: pd.DataFrame) -> pd.DataFrame:
     worst = (df.sort_values(["sev", "r"], ascending=[True, False], kind="stable")
              .drop_duplicates("_alert").set_index("_alert").sort_index())
     out = first[keys].assign(
-        verdict=worst["verdict"], cases=df.groupby("_alert")["case_id"].nunique(),
+        last_good=first["last_good"], verdict=worst["verdict"], cases=df.groupby("_alert")["case_id"].nunique(),
         worst_ratio=worst["ratio"], worst_case=worst["case_id"],
         run_id=first["run_id"].astype(int),
         base_run_id=[None if pd.isna(b) else int(b) for b in first["base_run_id"]],

@@ -99,4 +99,43 @@ def summary_markdown(out: Any) -> str:
         for why, n in sorted(excused.items()):
             lines.append(f"- {n} baseline entr{'y' if n == 1 else 'ies'} not in this run: "
                          f"{why} (not a failure)")
+        reach = reach_lines(out)
+        if reach:
+            lines += ["", "### What a slowdown must pass to fail this run", ""] + reach
     return "\n".join(lines) + "\n"
+
+
+# The bars a case's threshold is counted under in `reach_lines`.
+BARS = (0.01, 0.02, 0.05)
+
+
+def reach_lines(out: Any) -> list[str]:
+    """Per team candidate and pass, the thresholds its timed cases were judged against
+    (harness.records.noise: 1% where a quiet history earned it, 2% while the history is
+    short, 3 run-to-run spreads where the runs are noisier): how large a slowdown this
+    run could have flagged, case by case, and the case that needs the most. A case whose
+    runs spread 3% cannot fail on a 2% slowdown in one run, and the team should know
+    which cases those are (docs/regressions.md)."""
+    default = out.report.policy.threshold
+    per: dict[str, list[tuple[float, bool, str, float | None]]] = {}
+    for v in out.report.verdicts:
+        if (out._yardstick(v.variant) or v.ratio is None or v.verdict == "missing"
+                or v.verdict.startswith("correctness")):
+            continue
+        per.setdefault(v.label, []).append(
+            (float(v.detail.get("threshold", default)), "run_to_run_spread" in v.detail,
+             v.case_id, v.detail.get("run_to_run_spread")))
+    lines = []
+    for label, rows in sorted(per.items()):
+        n = len(rows)
+        counts = [f"<= {bar:.0%}: {sum(t <= bar + 1e-12 for t, *_ in rows)}" for bar in BARS]
+        line = f"- `{label}`: {n} timed case(s); threshold {', '.join(counts)}"
+        short = sum(not known for _, known, *_ in rows)
+        if short:
+            line += f"; {short} on this run's samples alone (too little history)"
+        t, _, case, spread = max(rows)
+        if t > BARS[-1]:
+            line += (f"; the widest: {t:.1%} on `{case}`"
+                     + (f" (runs spread {spread:.1%})" if spread else ""))
+        lines.append(line)
+    return lines

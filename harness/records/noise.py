@@ -8,7 +8,9 @@ across unchanged commits while one run's samples called a +2.3% change certain
 medians of earlier runs.
 
 The spread: the medians of the last runs (at most `HISTORY_RUNS`) of the same candidate,
-pass and case on the same GPU model, oldest first; the differences of consecutive log
+pass and case on the same GPU model, oldest first (counted per series among the last
+`LOOKBACK_RUNS` stored runs of the model, so that runs which did not time a case do not
+push its history out); the differences of consecutive log
 medians are taken only between runs at the same source (the candidate's source hash: an
 A/A pair, where the code did not change), and their robust scale is the spread (1.4826 x
 their median absolute value, divided by sqrt 2: the difference of two independent draws
@@ -55,6 +57,7 @@ MIN_HISTORY = 3  # medians, for relative_spread
 MIN_PAIRS = 2  # A/A pairs, for a NoiseModel's spread
 TRUSTED_PAIRS = 4
 HISTORY_RUNS = 20
+LOOKBACK_RUNS = 120  # stored runs on the GPU model that timed_history reads at most
 NOISE_K = 3.0
 MIN_CHANGE = 0.01
 
@@ -182,12 +185,16 @@ def from_rows(rows: Iterable[tuple]) -> NoiseModel:
 
 
 def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int, runs: int,
-                  include_upto: bool, kernels: Sequence[str] | None = None) -> list[tuple]:
+                  include_upto: bool, kernels: Sequence[str] | None = None,
+                  lookback: int = LOOKBACK_RUNS) -> list[tuple]:
     """(candidate, source hash, pass, case id, commit, median, GPU uuid) of the passed, timed
-    results of the last `runs` stored runs on `gpu_model_key` up to run `upto_run_id`
-    (itself included or not), oldest first: what the noise model and the step search
-    (harness.records.steps) read."""
-    from sqlalchemy import select
+    results on `gpu_model_key` up to run `upto_run_id` (itself included or not), oldest
+    first, the last `runs` of each (candidate, pass, case): what the noise model and the
+    step search (harness.records.steps) read. Counted per series, not per stored run: a
+    database that also holds perf or backward runs, which do not time the gate's decode
+    cases, must not push those cases' history out of the window. Only the last
+    `lookback` runs on the GPU model are read, which bounds the query."""
+    from sqlalchemy import func, select
 
     from harness.records.db.models import CaseRow, Result, Run, Variant
 
@@ -196,26 +203,34 @@ def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int, runs:
     if not include_upto:
         cond.append(Run.id != upto_run_id)
     recent = (select(Run.id).where(*cond)
-              .order_by(Run.created_at.desc(), Run.id.desc()).limit(runs).subquery())
-    stmt = (select(Variant.name, Variant.source_hash, Result.pass_name, CaseRow.case_id,
-                   Run.commit, Result.median_ms, Run.gpu_uuid)
+              .order_by(Run.created_at.desc(), Run.id.desc()).limit(lookback).subquery())
+    newest_first = func.row_number().over(
+        partition_by=(Variant.name, Result.pass_name, Result.case_pk),
+        order_by=(Run.created_at.desc(), Run.id.desc()))
+    rows = (select(Variant.name, Variant.source_hash, Result.pass_name, CaseRow.case_id,
+                   Run.commit, Result.median_ms, Run.gpu_uuid,
+                   Run.created_at.label("at"), Run.id.label("run"),
+                   newest_first.label("nth"))
             .select_from(Result)
             .join(Variant, Variant.id == Result.variant_id)
             .join(CaseRow, CaseRow.id == Result.case_pk)
             .join(Run, Run.id == Result.run_id)
             .where(Result.run_id.in_(select(recent.c.id)), Result.status == "passed",
-                   Result.median_ms.is_not(None))
-            .order_by(Run.created_at, Run.id))
+                   Result.median_ms.is_not(None)))
     if kernels is not None:
-        stmt = stmt.where(Variant.name.in_(list(kernels)))
+        rows = rows.where(Variant.name.in_(list(kernels)))
+    r = rows.subquery()
+    stmt = (select(r.c.name, r.c.source_hash, r.c.pass_name, r.c.case_id, r.c.commit,
+                   r.c.median_ms, r.c.gpu_uuid)
+            .where(r.c.nth <= runs).order_by(r.c.at, r.c.run))
     with db.session() as s:
-        return [tuple(r) for r in s.execute(stmt).all()]
+        return [tuple(row) for row in s.execute(stmt).all()]
 
 
 def from_db(db: Any, gpu_model_key: str | None, *, before_run_id: int,
             runs: int = HISTORY_RUNS) -> NoiseModel:
-    """The model from the last `runs` stored runs on `gpu_model_key` before run
-    `before_run_id` (its passed, timed results)."""
+    """The model from the passed, timed results of the stored runs on `gpu_model_key`
+    before run `before_run_id`: the last `runs` of each (candidate, pass, case)."""
     rows = timed_history(db, gpu_model_key, upto_run_id=before_run_id, runs=runs,
                          include_upto=False)
     return from_rows([(n, src, p, c, m, dev) for n, src, p, c, _commit, m, dev in rows])

@@ -214,8 +214,9 @@ def history_from_db(db: Any, gpu_model_key: str | None, *, upto_run_id: int,
                     kernels: Sequence[str], runs: int = SERIES_RUNS
                     ) -> tuple[Series, Sources]:
     """(candidate, pass, case) -> [(commit, median)], oldest first: the last `runs`
-    stored runs on `gpu_model_key` up to and including run `upto_run_id`, one median per
-    commit (its newest run's), passed timed results of `kernels` only; and (candidate,
+    timed results of each series on `gpu_model_key` up to and including run
+    `upto_run_id` (harness.records.noise.timed_history), one median per commit (its
+    newest run's), passed timed results of `kernels` only; and (candidate,
     pass) -> {commit: source hash} of the same runs ("" where a record carries none)."""
     rows = timed_history(db, gpu_model_key, upto_run_id=upto_run_id, runs=runs,
                          include_upto=True, kernels=kernels)
