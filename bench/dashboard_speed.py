@@ -11,6 +11,8 @@ For each backend it reports:
     Run, timed in a fresh process
     through Streamlit's AppTest after the app's modules are imported (as in a running
     server), and the warm (cached) re-render; target: each first render under 2 s;
+  - what the gate reads of this history for its newest run (the noise model and the
+    step search's series), not a dashboard page but the same database;
   - a real server (`fa-harness dashboard`) driven by headless Chromium: server start to
     the first page drawn (target: 5 s), then every page's first paint, navigation to its
     charts and tables drawn (target: 2 s each), and the server's resident memory after
@@ -171,6 +173,39 @@ def browser(url: str, spec: SynthSpec, shots: Path) -> dict[str, Any]:
     return res
 
 
+def gate_reads(url: str) -> dict[str, Any]:
+    """What `fa-harness ci` and `import` read of this history for the newest run: the
+    noise model (harness.records.noise.from_db) and the step search's series of three
+    candidates (harness.records.steps.history_from_db), each timed twice (seconds)."""
+    from sqlalchemy import func, select
+    from sqlalchemy.orm import sessionmaker
+
+    from harness.records.db.database import Database
+    from harness.records.db.models import Run
+    from harness.records.noise import from_db
+    from harness.records.steps import history_from_db
+
+    engine = create_engine(url)
+    db = Database(url, engine, sessionmaker(engine))
+    try:
+        with db.session() as s:
+            last, gpu = s.execute(select(Run.id, Run.gpu_model_key).where(
+                Run.created_at == select(func.max(Run.created_at)).scalar_subquery())).first()
+        out: dict[str, Any] = {"noise_s": [], "steps_s": []}
+        for _ in range(2):
+            t = time.perf_counter()
+            model = from_db(db, gpu, before_run_id=last)
+            out["noise_s"].append(round(time.perf_counter() - t, 2))
+            names = sorted({k[0] for k in model.points})[:3]
+            t = time.perf_counter()
+            history_from_db(db, gpu, upto_run_id=last, kernels=names)
+            out["steps_s"].append(round(time.perf_counter() - t, 2))
+        out["series"] = len(model.points)
+        return out
+    finally:
+        engine.dispose()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", choices=("sqlite", "postgresql", "both"), default="both")
@@ -204,6 +239,7 @@ def main() -> int:
             r["load_s"] = round(time.perf_counter() - t, 1)
         r["size_mb"] = round(size_mb(backend, url), 1)
         r["render"] = render_times(url, spec)
+        r["gate_reads"] = gate_reads(url)
         if not args.no_browser:
             shots = out_dir / backend
             shots.mkdir(exist_ok=True)
@@ -218,6 +254,9 @@ def main() -> int:
             flag = "ok" if rr[view]["s"] < 2.0 and not rr[view]["problems"] else "SLOW/FAIL"
             ok &= flag == "ok"
             print(f"{backend:10s} first render {view:20s} {rr[view]['s']:6.2f} s  {flag}")
+        g = report[backend]["gate_reads"]
+        print(f"{backend:10s} gate reads: noise model {max(g['noise_s']):.2f} s, step "
+              f"history {max(g['steps_s']):.2f} s ({g['series']} series)")
         b = report[backend].get("browser", {})
         if "start_to_first_page_s" in b:
             flag = "ok" if b["start_to_first_page_s"] <= 5.0 else "SLOW"
