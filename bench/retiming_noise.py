@@ -4,7 +4,10 @@
 - same:    in this process, the same input sets every time (`measure` called again);
 - fresh:   in this process, new input sets and output buffers every time, with a spacer
            allocation of a random size kept alive before them, so that they land at
-           other device addresses;
+           other device addresses (one placement per timing: the timing method before
+           `harness.measure.perf.placed_sets`);
+- placed:  as fresh, with the timing method's placements: every input set with its own
+           outputs behind spacers of random size, so one timing samples many placements;
 - process: in `--repeats` child processes one after the other, each timing every pair
            once (a new CUDA context, allocator, module load and clock history).
 
@@ -46,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 DECODE = "b1h32k8-1x1024-d128-fp16-none"
 PAIRS = tuple(f"{k}:{DECODE}" for k in ("fa1", "naive", "fa2_simt", "template", "fa2_mma"))
-WAYS = ("same", "fresh", "process")
+WAYS = ("same", "fresh", "placed", "process")
 
 
 def parse_pairs(items: list[str]) -> list[tuple[str, str]]:
@@ -99,8 +102,8 @@ def _same(cand: Any, case: Any, repeats: int, rule: Any) -> list[dict[str, Any]]
     return [_one(measure(launch, n_sets=n, rule=rule)) for _ in range(repeats)]
 
 
-def _fresh(cand: Any, case: Any, repeats: int, rule: Any, rng: random.Random
-           ) -> list[dict[str, Any]]:
+def _fresh(cand: Any, case: Any, repeats: int, rule: Any, rng: random.Random,
+           placements: bool = False) -> list[dict[str, Any]]:
     import torch
 
     from harness.measure.perf import time_case
@@ -111,7 +114,8 @@ def _fresh(cand: Any, case: Any, repeats: int, rule: Any, rng: random.Random
         # the blocks the last ones had.
         spacers.append(torch.empty(rng.randrange(1, 64) << 20, dtype=torch.uint8,
                                    device="cuda"))
-        out.append(_one(time_case(cand, case, rule={"min_time_s": rule.min_time_s})))
+        out.append(_one(time_case(cand, case, rule={"min_time_s": rule.min_time_s},
+                                  placements=placements)))
     return out
 
 
@@ -132,6 +136,8 @@ def measure_in_this_process(pairs: list[tuple[str, str]], ways: list[str], repea
             got["same"] = _same(cand, case, repeats, rule)
         if "fresh" in ways:
             got["fresh"] = _fresh(cand, case, repeats, rule, rng)
+        if "placed" in ways:
+            got["placed"] = _fresh(cand, case, repeats, rule, rng, placements=True)
     return out
 
 

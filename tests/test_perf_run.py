@@ -194,3 +194,39 @@ def test_make_launch_prefers_timed_call():
     a, b = launch(0), launch(1)
     assert not torch.equal(a, b)  # two input sets really rotate
     assert torch.all(out == 0)  # the timed call does not copy into out
+
+
+def test_placed_sets_give_each_set_its_own_outputs_and_place():
+    from harness.candidates.registry import get_candidate
+
+    cand = get_candidate("template")
+    case = Case(1, 2, 2, 8, 8, 16)
+    sets, outputs, spacers = perf.placed_sets(cand, case, 3, seed=1, device="cpu")
+    assert len(sets) == len(outputs) == 3 and len(spacers) == 6
+    assert len({o.data_ptr() for o, _ in outputs}) == 3
+    assert len({s.numel() for s in spacers}) == 6   # sizes drawn, not one stride
+    small, large = spacers[0].numel(), spacers[1].numel()
+    assert small <= 512 * 1024 < 1 << 20 <= large < 3 << 20
+    again = perf.placed_sets(cand, case, 3, seed=1, device="cpu")[2]
+    assert [s.numel() for s in again] == [s.numel() for s in spacers]   # seeded
+
+
+def test_make_launch_writes_each_sets_own_outputs():
+    from harness.core.cases import make_inputs
+
+    calls = []
+
+    class Cand:
+        def run(self, case, inputs, out, lse):
+            calls.append((inputs, out, lse))
+
+    case = Case(1, 2, 2, 8, 8, 16)
+    sets = [make_inputs(case), make_inputs(case, draw=1)]
+    outs = [(torch.empty(1), None), (torch.empty(2), None)]
+    launch = perf.make_launch(Cand(), case, sets, None, None, outputs=outs)
+    launch(1)
+    launch(0)
+    assert calls[0][0] is sets[1] and calls[0][1] is outs[1][0]
+    assert calls[1][0] is sets[0] and calls[1][1] is outs[0][0]
+    with pytest.raises(ValueError, match="1 output buffers for 2 input sets"):
+        perf.make_launch(Cand(), case, sets, None, None, outputs=outs[:1])

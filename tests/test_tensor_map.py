@@ -218,3 +218,21 @@ swizzle = 128
         run = [p.entry for p in v.plan(case, num_splits=1, sm_count=132) if not p.skipped]
         assert run == [entry], (mask, run)
         assert v.tensor_map_boxes(case, num_splits=1, sm_count=132) == [("k", Box(rows, 64, 128))]
+
+
+def test_fa3_wgmma_takes_128_key_tiles_under_a_short_causal_mask_at_d128():
+    # The shipped manifest: 128-key K/V tiles (the fwdc entries) under a causal mask at
+    # d = 128 with at most 3072 keys, 176-key tiles otherwise at d = 128, 128 at d = 64.
+    v = CudaVariant.from_spec(load_variant_dir(KERNELS_ROOT / "fa3_wgmma"))
+    for n, d, mask, entry, rows in [
+            (2048, 128, MaskKind.CAUSAL_BR, "fa3_wgmma_fwdc_fp16_d128", 128),
+            (3072, 128, MaskKind.CAUSAL_TL, "fa3_wgmma_fwdc_fp16_d128", 128),
+            (3073, 128, MaskKind.CAUSAL_BR, "fa3_wgmma_fwd_fp16_d128", 176),
+            (4096, 128, MaskKind.CAUSAL_BR, "fa3_wgmma_fwd_fp16_d128", 176),
+            (2048, 128, MaskKind.NONE, "fa3_wgmma_fwd_fp16_d128", 176),
+            (2048, 64, MaskKind.CAUSAL_BR, "fa3_wgmma_fwd_fp16_d64", 128)]:
+        case = Case(1, 4, 4, n, n, d, "float16", mask)
+        run = [p.entry for p in v.plan(case, num_splits=1, sm_count=132) if not p.skipped]
+        assert run == [entry], (n, d, mask, run)
+        boxes = v.tensor_map_boxes(case, num_splits=1, sm_count=132)
+        assert [b.rows for t, b in boxes if t in ("k", "v")] == [rows, rows], (n, d, mask)

@@ -42,30 +42,76 @@ class PerfUnavailable(RuntimeError):
 # ---------------------------------------------------------------- in the child
 
 
-def output_buffers(candidate: Candidate, case: Case):
+def output_buffers(candidate: Candidate, case: Case, device: str = "cuda"):
     """Plain output tensors for timing (the poisoned, guarded ones are for the check)."""
     import torch
 
     from harness.core.serving import tensor_shapes
 
     shape = tensor_shapes(case)["out"]  # q's shape in the case's layout (packed for varlen)
-    out = torch.empty(shape, dtype=case.torch_dtype, device="cuda")
-    lse = (torch.empty(shape[:3], dtype=torch.float32, device="cuda")
+    out = torch.empty(shape, dtype=case.torch_dtype, device=device)
+    lse = (torch.empty(shape[:3], dtype=torch.float32, device=device)
            if candidate.support.writes_lse else None)
     return out, lse
 
 
-def make_launch(candidate: Candidate, case: Case, input_sets: Sequence[Inputs], out, lse
-                ) -> Callable[[int], Any]:
-    """launch(i) runs the candidate on input set i. A candidate may offer `timed_call`
-    (the SDPA peers do) to leave harness-side work, such as copying into `out`, out of
-    the timed region."""
+# Spacer sizes, in the allocator's 512-byte steps: up to 512 kB in the small pool (where
+# PyTorch's caching allocator puts tensors of at most 1 MB: q, out, lse of most cases) and
+# 1-3 MB in the large pool (k and v), so that each shifts the next tensors of its pool.
+_SPACER_STEP = 512
+_SMALL_SPACER_STEPS = 1024
+_LARGE_SPACER_MIN = 1 << 20
+_LARGE_SPACER_STEPS = 4096
+
+
+def placed_sets(candidate: Candidate, case: Case, n: int, *, secret: int = 0,
+                seed: int | None = None, device: str = "cuda"
+                ) -> tuple[list[Inputs], list[tuple[Any, Any]], list[Any]]:
+    """`n` input sets for timing, each with its own output buffers and each behind two
+    spacers of random size: (sets, outputs, spacers); keep the spacers alive while timing.
+
+    Why: where a kernel's buffers lie decides some kernels' speed. On the H200 the
+    teaching `template` kernel on a decode case timed at 0.918 ms on one placement and at
+    0.953 ms on 9 of 10 others, each placement steady to 0.1%
+    (`bench/retiming_noise.py`, docs/regressions.md). With one placement per timing that
+    was drawn once per run and made the run-to-run spread; with a placement per input set
+    the rotation of the sets (the timing method) samples the placements, and a timing's
+    median is a median over them."""
+    import random
+
+    import torch
+
+    from harness.core.cases import make_inputs
+
+    rng = random.Random(seed)
+    spacers: list[Any] = []
+    sets: list[Inputs] = []
+    outputs: list[tuple[Any, Any]] = []
+    for i in range(n):
+        small = rng.randrange(1, _SMALL_SPACER_STEPS + 1) * _SPACER_STEP
+        large = _LARGE_SPACER_MIN + rng.randrange(0, _LARGE_SPACER_STEPS) * _SPACER_STEP
+        for size in (small, large):
+            spacers.append(torch.empty(size, dtype=torch.uint8, device=device))
+        sets.append(make_inputs(case, device, secret=secret, draw=i))
+        outputs.append(output_buffers(candidate, case, device))
+    return sets, outputs, spacers
+
+
+def make_launch(candidate: Candidate, case: Case, input_sets: Sequence[Inputs], out, lse,
+                outputs: Sequence[tuple[Any, Any]] | None = None) -> Callable[[int], Any]:
+    """launch(i) runs the candidate on input set i, writing `out` and `lse`, or with
+    `outputs` (one (out, lse) per set, `placed_sets`) that set's own. A candidate may offer
+    `timed_call` (the SDPA peers do) to leave harness-side work, such as copying into
+    `out`, out of the timed region."""
+    sets = list(input_sets)
+    outs = list(outputs) if outputs is not None else [(out, lse)] * len(sets)
+    if len(outs) != len(sets):
+        raise ValueError(f"{len(outs)} output buffers for {len(sets)} input sets")
     timed = getattr(candidate, "timed_call", None)
     if timed is not None:
-        calls = [timed(case, inp, out, lse) for inp in input_sets]
+        calls = [timed(case, inp, o, lz) for inp, (o, lz) in zip(sets, outs, strict=True)]
         return lambda i: calls[i]()
-    sets = list(input_sets)
-    return lambda i: candidate.run(case, sets[i], out, lse)
+    return lambda i: candidate.run(case, sets[i], *outs[i])
 
 
 def timing_sets(bytes_per_set: int, mode: str) -> int:
@@ -80,17 +126,26 @@ def timing_sets(bytes_per_set: int, mode: str) -> int:
 
 def time_case(candidate: Candidate, case: Case, *, mode: str = "cold",
               n_sets: int | None = None, rule: dict | None = None, secret: int = 0,
-              hold: bool = True) -> Timing:
-    """Time `candidate` on `case` with the timing method (fresh tensors on the GPU)."""
+              hold: bool = True, placements: bool = True) -> Timing:
+    """Time `candidate` on `case` with the timing method (fresh tensors on the GPU). With
+    `placements` (the default) every input set has its own outputs and its own place in
+    memory (`placed_sets`); without, the sets share one pair of output buffers and lie
+    wherever the allocator puts them one after the other."""
     from harness.core.cases import make_inputs
     from harness.core.iomodel import ideal_bytes
     from harness.measure.timing import StopRule, measure
 
     n = n_sets or timing_sets(ideal_bytes(case), mode)
+    stop = StopRule(**rule) if rule else None
+    if placements:
+        sets, outputs, spacers = placed_sets(candidate, case, n, secret=secret)
+        launch = make_launch(candidate, case, sets, None, None, outputs=outputs)
+        timing = measure(launch, n_sets=n, mode=mode, rule=stop, hold=hold)
+        del spacers
+        return timing
     sets = [make_inputs(case, "cuda", secret=secret, draw=i) for i in range(n)]
     out, lse = output_buffers(candidate, case)
     launch = make_launch(candidate, case, sets, out, lse)
-    stop = StopRule(**rule) if rule else None
     return measure(launch, n_sets=n, mode=mode, rule=stop, hold=hold)
 
 

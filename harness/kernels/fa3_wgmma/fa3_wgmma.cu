@@ -108,11 +108,6 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
 
 template <bool BF16> struct Mma;
 
-// A compile-time flag passed to a generic lambda (`decltype(f)::value`): the narrowed last
-// tile is a copy of the tile's code, not a branch inside it, since a branch between a
-// wgmma's fence and its wait makes ptxas serialize every wgmma of the kernel (C7520).
-template <bool B> struct Flag { static constexpr bool value = B; };
-
 // The wrappers of one element type TY ("f16" or "bf16"), spliced into the asm strings.
 // D (64 x N, fp32) = A (smem, K-major) * B (smem, K-major) [+ D when acc != 0], and
 // D += A (registers) * B (smem, MN-major: imm-trans-b = 1).
@@ -248,7 +243,7 @@ __device__ __forceinline__ void load_tile(unsigned sbase, const void* tmap, unsi
 
 // BN keys per K/V tile: 128 at d = 64, 176 at d = 128 (a longer tile amortizes each
 // consumer's softmax and turn-taking over more matmul work; 2 slots of 176 x 128 still fit).
-template <int D, bool BF16, int STAGES, int BN, int NC, bool NARROW>
+template <int D, bool BF16, int STAGES, int BN, int NC>
 __device__ __forceinline__ void fwd(const FaParams& p) {
     using M = Mma<BF16>;
     constexpr int BM = 64 * NC;   // query rows per CTA
@@ -345,12 +340,6 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             ts[2] = wk.h;
             ts[3] = wk.b;
             ts[4] = wk.klimit;
-            // Where each consumer's keys end (its rows' last key + 1): ts[5 + c].
-            if constexpr (NARROW) {
-                for (int c = 0; c < NC; ++c)
-                    ts[5 + c] = causal ? min(wk.klimit, min(wk.q0 + 64 * c + 64, p.seqlen_q) + p.causal_offset)
-                                       : wk.klimit;
-            }
             mbar_arrive(bar_tf + 8u * slot);
             if (w >= n_work) break;
             if (wk.n_tiles == 0) continue;
@@ -386,32 +375,16 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     // (see its store).
     const unsigned sink = bar_te + 16u + 64u + 4u * (tid - 128);
 
-    // S = Q K_j, issued (not waited for). With `narrow` (a 176-key tile of which at most
-    // 128 keys are in this consumer's range: the last one), only the first 128 columns are
-    // computed.
-    auto issue_s = [&](float* sacc, unsigned sK, auto narrow) {
-        if constexpr (BN == 128 || decltype(narrow)::value) {
+    // S = Q K_j, issued (not waited for).
+    auto issue_s = [&](float* sacc, unsigned sK) {
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const unsigned qa = sQ + (kk >> 2) * (BM * 128) + cw * (64 * 128) + (kk & 3) * 32;
-                const unsigned ka = sK + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
-                M::ss_n128(sacc, sw128_desc(qa, 16), sw128_desc(ka, 16), kk > 0);
-            }
-        } else if constexpr (BN == 176) {
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const unsigned qa = sQ + (kk >> 2) * (BM * 128) + cw * (64 * 128) + (kk & 3) * 32;
-                const unsigned ka = sK + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
-                M::ss_n176(sacc, sw128_desc(qa, 16), sw128_desc(ka, 16), kk > 0);
-            }
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const unsigned qa = sQ + (kk >> 2) * (BM * 128) + cw * (64 * 128) + (kk & 3) * 32;
+            const unsigned ka = sK + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
+            if constexpr (BN == 128) M::ss_n128(sacc, sw128_desc(qa, 16), sw128_desc(ka, 16), kk > 0);
+            else M::ss_n176(sacc, sw128_desc(qa, 16), sw128_desc(ka, 16), kk > 0);
         }
         wgmma_commit();
-        // The columns a narrowed S leaves out: -inf now, so that the previous tile's values
-        // there are dead (else they stay live under the wgmma and ptxas serializes it).
-        if constexpr (BN != 128 && decltype(narrow)::value) {
-#pragma unroll
-            for (int i = 64; i < BN / 2; ++i) sacc[i] = neg_inf();
-        }
     };
     // Ping-pong: the consumers take turns issuing their matmuls (consumer c waits on named
     // barrier c + 1 and passes the turn to c + 1 mod NC), so that one warpgroup's softmax
@@ -448,12 +421,10 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         float l_run[2] = {0.f, 0.f};
         unsigned pf[BN / 16][4];      // P of the previous tile, A-fragments of its PV
 
-        // O += P V_j, issued; narrowed, over the first 128 keys only (the keys past a
-        // consumer's range have P = 0, so skipping their steps changes nothing).
-        auto issue_pv = [&](unsigned sV, auto narrow) {
-            constexpr int nkk = decltype(narrow)::value ? 8 : BN / 16;
+        // O += P V_j, issued.
+        auto issue_pv = [&](unsigned sV) {
 #pragma unroll
-            for (int kk = 0; kk < nkk; ++kk) {
+            for (int kk = 0; kk < BN / 16; ++kk) {
                 const unsigned va = sV + kk * (16 * 128);
                 if (D == 128) M::rs_n128(o, pf[kk], sw128_desc(va, BN * 128));
                 else M::rs_n64(o, pf[kk], sw128_desc(va, BN * 128));
@@ -522,23 +493,17 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         };
 
         if (n_tiles > 0) {
-            // The keys of this consumer's rows end at kend_c: the last tile is narrowed
-            // to what lies before it (at N = 2048 a 176-key tiling leaves 112 keys there).
-            // The producer puts kend_c in the tile's slot; read where used, not kept in a
-            // register across the loop (ptxas spilled it).
-            auto narrow_last = [&]() { return NARROW && BN != 128 && ts[5 + cw] - (n_tiles - 1) * BN <= 128; };
             if (cw == NC - 1) pass_turn();
             mbar_wait(bar_q, nq & 1u);
             float sacc[BN / 2];
             float alpha[2];
-            // Tile 0: S_0 alone (never narrowed: a second copy of it, next to the last
-            // tile's, makes ptxas serialize the wgmma).
+            // Tile 0: S_0 alone.
             {
                 const unsigned s = kv % STAGES;
                 mbar_wait(FA3_KFULL(s), (kv / STAGES) & 1u);
                 wait_turn();
                 wgmma_fence();
-                issue_s(sacc, sK0 + s * KV_BYTES, Flag<false>());
+                issue_s(sacc, sK0 + s * KV_BYTES);
                 if (!(cw == NC - 1 && n_tiles == 1))
                     pass_turn();
                 wgmma_wait<0>();
@@ -552,15 +517,15 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 
             // Tile j: S_j = Q K_j and O += P_{j-1} V_{j-1} in flight together; the softmax
             // of S_j runs while the PV still does, and O is rescaled once it has retired.
-            auto step = [&](int j, auto narrow) {
+            for (int j = 1; j < n_tiles; ++j) {
                 const unsigned s = (kv + j) % STAGES;
                 const unsigned ps = (kv + j - 1) % STAGES;
                 mbar_wait(FA3_KFULL(s), ((kv + j) / STAGES) & 1u);
                 mbar_wait(FA3_VFULL(ps), ((kv + j - 1) / STAGES) & 1u);
                 wait_turn();
                 wgmma_fence();
-                issue_s(sacc, sK0 + s * KV_BYTES, narrow);
-                issue_pv(sV0 + ps * KV_BYTES, Flag<false>());
+                issue_s(sacc, sK0 + s * KV_BYTES);
+                issue_pv(sV0 + ps * KV_BYTES);
                 if (!(cw == NC - 1 && j == n_tiles - 1))
                     pass_turn();
                 wgmma_wait<1>();          // S_j has landed; the PV may still run
@@ -595,25 +560,13 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
                     o[4 * t + 3] *= alpha[1];
                 }
                 pack_p(sacc);
-            };
-            if constexpr (NARROW) {
-                for (int j = 1; j < n_tiles; ++j) {
-                    if (j == n_tiles - 1 && narrow_last()) step(j, Flag<true>());
-                    else step(j, Flag<false>());
-                }
-            } else {
-                for (int j = 1; j < n_tiles; ++j) step(j, Flag<false>());
             }
             // The last tile's PV.
             const unsigned ls = (kv + n_tiles - 1) % STAGES;
             mbar_wait(FA3_VFULL(ls), ((kv + n_tiles - 1) / STAGES) & 1u);
-            auto last_pv = [&](auto narrow) {
-                wgmma_fence();
-                issue_pv(sV0 + ls * KV_BYTES, narrow);
-                wgmma_wait<0>();
-            };
-            if (narrow_last()) last_pv(Flag<true>());
-            else last_pv(Flag<false>());
+            wgmma_fence();
+            issue_pv(sV0 + ls * KV_BYTES);
+            wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
             mbar_arrive(FA3_VEMPTY(ls));
@@ -654,12 +607,15 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 }  // namespace fa3wg
 
 // The block (the manifest's [[launch]] block) is 128 * (NC + 1) threads.
-#define FA3WG_ENTRY(NAME, D, BF16, STAGES, BN, NC, NARROW)                                  \
+#define FA3WG_ENTRY(NAME, D, BF16, STAGES, BN, NC)                                          \
     extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) NAME(FaParams p) { \
-        fa3wg::fwd<D, BF16, STAGES, BN, NC, NARROW>(p);                                     \
+        fa3wg::fwd<D, BF16, STAGES, BN, NC>(p);                                             \
     }
 
-FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d64, 64, false, 3, 128, 2, false)
-FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d128, 128, false, 2, 176, 2, false)
-FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d64, 64, true, 3, 128, 2, false)
-FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d128, 128, true, 2, 176, 2, false)
+FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d64, 64, false, 3, 128, 2)
+FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d128, 128, false, 2, 176, 2)
+FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d64, 64, true, 3, 128, 2)
+FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d128, 128, true, 2, 176, 2)
+// Under a causal mask of at most 3072 keys (the manifest's second launch table).
+FA3WG_ENTRY(fa3_wgmma_fwdc_fp16_d128, 128, false, 2, 128, 2)
+FA3WG_ENTRY(fa3_wgmma_fwdc_bf16_d128, 128, true, 2, 128, 2)
