@@ -27,6 +27,10 @@ several sets are used so that each sample's inputs were last touched n_sets samp
 with >= 2 x L2 of other data in between, which does not rely on the memset alone
 evicting them (the L2 replacement policy is not documented as LRU). Warm mode: no flush
 and one set, so the inputs stay L2-resident as in a loop that calls the kernel again.
+The sets come from `harness.measure.perf.placed_sets`: each with its own output buffers,
+behind spacers of random size, so the rotation also samples where the buffers lie (on
+the H200 that alone moved one kernel by 3.5% from one allocation to the next, each
+allocation steady to 0.1%), and the median is a median over placements.
 
 Stopping rule: after at least `min_samples` (20) kept samples and `min_time_s` (0.5 s of
 wall-clock sampling), stop once the relative noise is at most `target_rel_noise` (0.5%),
