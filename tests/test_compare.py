@@ -190,3 +190,35 @@ def test_untimed_results_are_not_open_questions_and_fixes_are_shown():
     assert "| correctness_fixed |" in text and "| inconclusive |" not in text
     # one side timed, the other not: still an open question
     assert compare_samples([], [1.0] * 20)[0] == "inconclusive"
+
+
+def test_a_verdict_shows_the_clocks_its_timings_ran_at_on_a_real_record():
+    # The committed H100 perf record: fa3_wgmma's d128 N2048 bf16 timing ran at 1770 MHz
+    # under the chip's power cap. Against itself at 1980 MHz and 10% faster, the slowdown is
+    # a regression (the clock is shown, not used to excuse it), with both clocks beside it.
+    import copy
+    from pathlib import Path
+
+    from harness.records.record import RunRecord
+
+    path = Path(__file__).resolve().parents[1] / "results" / "h100-20261205T072458Z-perf.json"
+    new = RunRecord.read(path)
+    case = "b8h16-2048x2048-d128-bf16-none"
+    entry = next(e for e in new.results if e["kernel"] == "fa3_wgmma" and e["case_id"] == case)
+    assert entry["extra"]["sm_clock_mhz"] == 1770.0
+    base = copy.deepcopy(new.to_dict())
+    base["uuid"] = "00000000-0000-4000-8000-000000000001"
+    for e in base["results"]:
+        if e["kernel"] == "fa3_wgmma" and e["case_id"] == case:
+            e["samples_ms"] = [x / 1.1 for x in e["samples_ms"]]
+            e["median_ms"] /= 1.1
+            e["extra"]["sm_clock_mhz"] = 1980.0
+    report = compare_records(RunRecord.from_dict(base), new)
+    v = next(v for v in report.verdicts if v.variant == "fa3_wgmma" and v.case_id == case)
+    assert v.verdict == "regression"
+    assert (v.detail["base_clock_mhz"], v.detail["new_clock_mhz"]) == (1980.0, 1770.0)
+    row = next(line for line in report.markdown().splitlines() if case in line)
+    assert row.startswith("| regression | `fa3_wgmma`") and row.endswith("| 1980 -> 1770 |")
+    # Every other pair ran at one clock on both sides: no clock shown, all the same.
+    assert {v.verdict for v in report.verdicts if v.case_id != case or
+            v.variant != "fa3_wgmma"} == {"same"}

@@ -210,6 +210,14 @@ def _compare_entries(base: Sequence[dict[str, Any]], new: dict[str, Any],
         pooled, [float(x) for x in new.get("samples_ms") or []], policy,
         base_median=base_median, new_median=_num(new.get("median_ms")))
     detail["base_runs"] = len(passed_base)
+    # The SM clock the timings ran at (median of their samples), when it was read: a
+    # power-capped chip slows a long, hot timing by up to 16% (the H100 of 2026-12-05 ran
+    # one perf run's timings at 1665-1980 MHz), and a reader must see a change of clock
+    # beside a change of time. Shown, never used to correct the time: a kernel that draws
+    # more power runs slower on every such chip, and that slowdown is real.
+    base_clocks = [c for e in passed_base if (c := _clock(e)) is not None]
+    if base_clocks and (new_clock := _clock(new)) is not None:
+        detail.update(base_clock_mhz=statistics.median(base_clocks), new_clock_mhz=new_clock)
     return Verdict(kernel, case_id, verdict, ratio=ratio, p_value=p,
                    base_median_ms=detail.get("base_median_ms"),
                    new_median_ms=detail.get("new_median_ms"), detail=detail)
@@ -256,15 +264,28 @@ class Report:
                  "missing": 3, "correctness_fixed": 4, "improvement": 5, "inconclusive": 6}
         shown.sort(key=lambda v: (order.get(v.verdict, 9), -(abs((v.ratio or 1.0) - 1.0))))
         if shown:
-            lines += ["", "| verdict | kernel | case | base ms | new ms | ratio | p |",
-                      "|---|---|---|---|---|---|---|"]
+            lines += ["", "| verdict | kernel | case | base ms | new ms | ratio | p | SM MHz |",
+                      "|---|---|---|---|---|---|---|---|"]
             for v in shown[:limit]:
                 lines.append(f"| {v.verdict} | `{v.label}` | `{v.case_id}` | "
                              f"{_fmt(v.base_median_ms)} | {_fmt(v.new_median_ms)} | "
-                             f"{_fmt(v.ratio, '.3f')} | {_fmt(v.p_value, '.2g')} |")
+                             f"{_fmt(v.ratio, '.3f')} | {_fmt(v.p_value, '.2g')} | "
+                             f"{_clocks(v)} |")
             if len(shown) > limit:
                 lines.append(f"\n... and {len(shown) - limit} more")
         return "\n".join(lines) + "\n"
+
+
+def _clock(entry: dict[str, Any]) -> float | None:
+    return _num((entry.get("extra") or {}).get("sm_clock_mhz"))
+
+
+def _clocks(v: Verdict) -> str:
+    """"1980 -> 1770" where both timings' clocks are known and differ by 1% or more."""
+    b, n = v.detail.get("base_clock_mhz"), v.detail.get("new_clock_mhz")
+    if b is None or n is None or abs(n - b) < 0.01 * b:
+        return ""
+    return f"{b:.0f} -> {n:.0f}"
 
 
 def _fmt(x: float | None, spec: str = ".4g") -> str:
