@@ -99,7 +99,8 @@ def test_pandas_row_dtype(dbs: dict[str, str], monkeypatch) -> None:
 
 def test_roofline_real_calibration(dbs: dict[str, str], monkeypatch) -> None:
     url = dbs["results"]
-    run_id = sql(url, "SELECT id FROM runs WHERE grids LIKE '%perf%'")[0][0]
+    run_id = sql(url, "SELECT id FROM runs WHERE grids LIKE '%perf%' "
+                      "AND gpu_model_key = 'nvidia-h200' ORDER BY created_at")[0][0]
     at = app(url, monkeypatch, page="roofline", run=str(run_id))
     caption = texts(at.caption)
     assert "copy 4,251 GB/s" in caption, caption
@@ -117,11 +118,12 @@ def test_roofline_real_calibration(dbs: dict[str, str], monkeypatch) -> None:
 def test_overview_per_grid(dbs: dict[str, str], monkeypatch) -> None:
     at = app(dbs["results"], monkeypatch)
     latest = at.dataframe[0].value
-    # One row per grid of the committed records (all on one GPU and branch).
-    grids = {"+".join(json.loads(f.read_text())["grids"])
-             for f in realdata.RESULTS.glob("*.json")}
-    assert sorted(latest["grid"]) == sorted(grids)
-    assert set(latest["gpu_model_key"]) == {"nvidia-h200"}
+    # One row per GPU model and grid of the committed records (all on one branch): the
+    # H200's grids and the H100's one perf run.
+    recs = [json.loads(f.read_text()) for f in realdata.RESULTS.glob("*.json")]
+    rows = {(r["gpu"]["model_key"], "+".join(r["grids"])) for r in recs}
+    assert sorted(zip(latest["gpu_model_key"], latest["grid"], strict=True)) == sorted(rows)
+    assert ("nvidia-h100-80gb-hbm3", "perf") in rows
 
 
 def test_import_computes_verdicts(dbs: dict[str, str]) -> None:
@@ -278,6 +280,25 @@ def test_compare_opens_on_the_base_run_that_shares_the_runs_cases(dbs: dict[str,
     # The Run page names the same baseline and links the same Compare.
     at = app(url, monkeypatch, page="run", run=str(new))
     assert f"Baseline: run #{base}" in [link.proto.label for link in at.get("page_link")]
+
+
+def test_pickers_open_on_the_gpu_with_the_most_runs(dbs: dict[str, str], monkeypatch) -> None:
+    """The committed records hold one H100 run beside the H200 history. By name the H100
+    sorts first; opened with no link, Compare must still show two runs to compare (the
+    H200's newest and its baseline), and the lone H100 run says there is nothing yet."""
+    url = dbs["results"]
+    gpus = sql(url, "SELECT gpu_model_key, count(*) FROM runs GROUP BY gpu_model_key")
+    assert dict(gpus)["nvidia-h100-80gb-hbm3"] == 1 and dict(gpus)["nvidia-h200"] > 1
+    at = app(url, monkeypatch, page="compare")
+    assert not at.warning
+    gpu = next(s for s in at.selectbox if s.label == "New run's GPU")
+    assert gpu.value == "nvidia-h200" and gpu.options[0] == "NVIDIA H200"
+    base = next(s.value for s in at.selectbox if s.label == "Base run")
+    new = next(s.value for s in at.selectbox if s.label == "New run")
+    assert base != new
+    at = app(url, monkeypatch, page="compare", gpu="nvidia-h100-80gb-hbm3")
+    assert not at.warning
+    assert "only run on this GPU" in texts(at.info)
 
 
 def test_leaderboard_explains_coverage(dbs: dict[str, str], monkeypatch) -> None:

@@ -61,7 +61,7 @@ def pick_gpu(names: dict[str, str], label: str = "GPU", name: str = "gpu", *,
              default: str | None = None, where: Any = st) -> str | None:
     """A GPU picker over model keys (`nvidia-h200`), shown by the name the GPU reports.
     A link may name the GPU either way: `gpu=NVIDIA%20H200` opens `nvidia-h200`."""
-    keys = sorted(names)
+    keys = list(names)  # in the order given: the model with the most runs first
     wanted = param(name)
     if wanted is not None and wanted not in keys:
         alias = {v.strip().lower(): k for k, v in names.items()}
