@@ -85,10 +85,10 @@ def render(ctx: Ctx) -> None:
     new_id = c2.selectbox("New run", new_ids, index=new_ids.index(new_id),
                           format_func=new_labels.get)
     ui.set_params(base=base_id, new=new_id)
-    if base_id == new_id and len(set(base_ids) | set(new_ids)) < 2:
-        st.info("This is the only run on this GPU: nothing to compare it with yet.")
-        return
     if base_id == new_id:
+        if len(set(base_ids) | set(new_ids)) < 2:
+            st.info("This is the only run on this GPU: nothing to compare it with yet.")
+            return
         st.warning("Base and new are the same run; pick two different runs.")
     cross = base_gpu != new_gpu
 

@@ -97,10 +97,9 @@ def gpu_names(engine: Engine) -> dict[str, str]:
     model with the most runs first: the pickers open on it (a team's main runner), not on
     whichever model sorts first by name, which may hold a single run and nothing to compare
     it with."""
-    n = func.count(Run.id)
     stmt = (select(Run.gpu_model_key, func.max(Run.gpu_name))
             .where(Run.gpu_model_key.is_not(None)).group_by(Run.gpu_model_key)
-            .order_by(n.desc(), Run.gpu_model_key))
+            .order_by(func.count(Run.id).desc(), Run.gpu_model_key))
     with engine.connect() as conn:
         return {k: (n or k) for k, n in conn.execute(stmt)}
 
