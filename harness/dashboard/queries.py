@@ -86,12 +86,6 @@ def summary(engine: Engine) -> dict[str, Any]:
             "cases": int(cases), "gpus": int(gpus)}
 
 
-def gpus(engine: Engine) -> list[str]:
-    stmt = select(Run.gpu_model_key).distinct().where(Run.gpu_model_key.is_not(None))
-    with engine.connect() as conn:
-        return sorted(conn.execute(stmt).scalars())
-
-
 def gpu_names(engine: Engine) -> dict[str, str]:
     """GPU model key -> the name the GPU reports (`nvidia-h200` -> `NVIDIA H200`), the
     model with the most runs first: the pickers open on it (a team's main runner), not on
