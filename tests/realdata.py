@@ -4,7 +4,7 @@ Each database is filled the way a user fills one: `fa-harness import` of record 
 The variations are derived from the real records, so every field the dashboard reads
 has the shape real runs give it (calibration keys, GPU model keys, grids, parents):
   - "results": exactly `fa-harness import results/` (every committed run: the H200's
-    history and one run on an H100; the verdicts import computes between them);
+    history and the runs on an H100; the verdicts import computes between them);
   - "history": the first two committed records (the perf and decode runs of 2026-11-29,
     whose run ids 1 and 2 the tests name) plus a child commit whose perf run is slower for one kernel and
     fails one case (import computes the regression verdicts), a decode run with only fp16

@@ -283,12 +283,13 @@ def test_compare_opens_on_the_base_run_that_shares_the_runs_cases(dbs: dict[str,
 
 
 def test_pickers_open_on_the_gpu_with_the_most_runs(dbs: dict[str, str], monkeypatch) -> None:
-    """The committed records hold one H100 run beside the H200 history. By name the H100
-    sorts first; opened with no link, Compare must still show two runs to compare (the
-    H200's newest and its baseline), and the lone H100 run says there is nothing yet."""
+    """The committed records hold a few H100 runs beside the H200 history. By name the
+    H100 sorts first; opened with no link, Compare must open on the H200 (the model with
+    the most runs) with two runs to compare, its newest and its baseline; the H100's
+    runs compare among themselves; a GPU with one run says there is nothing yet."""
     url = dbs["results"]
-    gpus = sql(url, "SELECT gpu_model_key, count(*) FROM runs GROUP BY gpu_model_key")
-    assert dict(gpus)["nvidia-h100-80gb-hbm3"] == 1 and dict(gpus)["nvidia-h200"] > 1
+    gpus = dict(sql(url, "SELECT gpu_model_key, count(*) FROM runs GROUP BY gpu_model_key"))
+    assert 1 < gpus["nvidia-h100-80gb-hbm3"] < gpus["nvidia-h200"]
     at = app(url, monkeypatch, page="compare")
     assert not at.warning
     gpu = next(s for s in at.selectbox if s.label == "New run's GPU")
@@ -297,6 +298,13 @@ def test_pickers_open_on_the_gpu_with_the_most_runs(dbs: dict[str, str], monkeyp
     new = next(s.value for s in at.selectbox if s.label == "New run")
     assert base != new
     at = app(url, monkeypatch, page="compare", gpu="nvidia-h100-80gb-hbm3")
+    assert not at.warning and "only run on this GPU" not in texts(at.info)
+    base = next(s.value for s in at.selectbox if s.label == "Base run")
+    new = next(s.value for s in at.selectbox if s.label == "New run")
+    assert base != new
+    one = dbs["one_grid"]
+    assert sql(one, "SELECT count(*) FROM runs") == [(1,)]
+    at = app(one, monkeypatch, page="compare")
     assert not at.warning
     assert "only run on this GPU" in texts(at.info)
 
