@@ -4,8 +4,10 @@ precision drift, GPU model separation, and the `fa-harness compare` exit codes."
 from __future__ import annotations
 
 import json
+import math
 import random
 
+import numpy as np
 import pytest
 
 from harness.cli import main as cli_main
@@ -222,3 +224,59 @@ def test_a_verdict_shows_the_clocks_its_timings_ran_at_on_a_real_record():
     # Every other pair ran at one clock on both sides: no clock shown, all the same.
     assert {v.verdict for v in report.verdicts if v.case_id != case or
             v.variant != "fa3_wgmma"} == {"same"}
+
+
+def test_a_runs_own_level_range_needs_its_blocks_to_differ():
+    from harness.records.sample_stats import level_range
+
+    rng = np.random.default_rng(5)
+    steady = list(1.0 + 0.015 * rng.standard_normal(200))
+    assert level_range(steady) == 0.0  # one level: blocks apart by chance only
+    by_turns = [x * (1.02 if (i // 50) % 2 == 0 else 1.0) for i, x in
+                enumerate(1.0 + 0.002 * rng.standard_normal(200))]
+    assert level_range(by_turns) == pytest.approx(math.log(1.02), abs=0.002)
+    # Two blocks where four would hold fewer than 5 samples; nothing below 10.
+    assert level_range(by_turns[:12], 5) is not None and level_range(by_turns[:9], 5) is None
+
+
+def _h100_aa_records():
+    from pathlib import Path
+
+    from harness.records.record import RunRecord
+
+    root = Path(__file__).resolve().parents[1] / "results"
+    aa = [RunRecord.read(p) for p in sorted(root.glob("h100-20261206T02*-ci-aa*.json"))]
+    planted = RunRecord.read(root / "h100-20261206" / "ci-planted-2pct-fa2_mma-record.json")
+    return aa, planted
+
+
+def test_a_change_within_a_runs_own_level_range_is_not_called_on_real_h100_runs():
+    # Two `ci` runs of one commit on an H100 (2026-12-06): fa2_mma's d128 bf16 causal case
+    # sat at two levels 2.6% apart by turns within the second run, and the U test called
+    # the 2.1% between the runs' medians certain. Rule 4 holds it: inconclusive, not an
+    # improvement; nothing else of the 62 pairs moves.
+    aa, _ = _h100_aa_records()
+    assert len(aa) == 5
+    report = compare_records(aa[0], aa[1])
+    case = "b8h16-2048x2048-d128-bf16-causal_br"
+    v = next(v for v in report.verdicts if v.variant == "fa2_mma" and v.case_id == case
+             and v.pass_name == "fwd")
+    assert v.ratio < 0.98 and v.p_value < 1e-20 and v.detail["rules"]["intervals"]
+    assert v.verdict == "inconclusive" and not v.detail["rules"]["levels"]
+    assert "own level" in v.detail["reason"] and v.detail["level_range"] > math.log(1.02)
+    assert report.counts() == {"inconclusive": 1, "same": 61}
+
+
+def test_a_planted_slowdown_still_fails_against_real_h100_runs():
+    # The next commit with fa2_mma slowed by 2% (bench/plant_slowdown.py), against the five
+    # A/A runs as its baseline window and noise history: red, on fa2_mma's cases.
+    from harness.records.noise import from_rows
+
+    aa, planted = _h100_aa_records()
+    rows = [(e["kernel"], (r.kernels.get(e["kernel"]) or {}).get("source_hash", ""),
+             e.get("pass", "fwd"), e["case_id"], e["median_ms"], r.gpu.get("uuid", ""))
+            for r in aa for e in r.results if e.get("status") == "passed" and e.get("median_ms")]
+    report = compare_records(aa, planted, noise=from_rows(rows))
+    bad = [v for v in report.verdicts if v.verdict == "regression"]
+    assert report.regressed and len(bad) >= 3 and {v.variant for v in bad} == {"fa2_mma"}
+    assert all(1.01 < v.ratio < 1.02 for v in bad)

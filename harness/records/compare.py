@@ -15,6 +15,18 @@ agree, because each one alone is known to cry wolf:
    statistics, binomial) must not overlap. Medians and order statistics ignore the outlier
    samples that inflate a mean or a standard deviation, which is how identical builds got
    flagged by rules built on means and stdevs (nvbench#316, conbench's z-scores).
+4. each run's own level: the change must exceed how far the level of one run moved while
+   it was timed: the medians of consecutive quarters of its samples, in the order taken
+   (`level_range`), in the new run or the base runs (their median, for a window). Rules 2
+   and 3 take the samples as independent draws around one level; a run whose level moves
+   while it is timed breaks that, and its samples then call any change at that scale
+   certain. On an H100 (2026-12-06, results/h100-20261206) fa2_mma's d128 timings sat at
+   two levels 2% apart by turns within one `ci` run (quarters 0.962, 0.941, 0.941, 0.962
+   ms; SM clock 1980 MHz throughout), and the U test called a 2.1% change between two
+   runs of the same commit certain (p = 4e-45). Quarters, not halves: by turns, a run's
+   two halves can hold both levels alike. On the committed H200 records a run's halves
+   agree to 0.11% (docs/regressions.md), so the rule costs little where runs hold their
+   level; `bench/detection_power.py` measures what it costs where they do not.
 
 When the ratio is beyond the threshold but the other rules do not confirm it, the verdict
 is `inconclusive` (shown, never failing). With too few samples for a test (single medians,
@@ -34,11 +46,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import numpy as np
 from scipy import stats
 
 from harness.records.noise import NoiseModel, judge
 from harness.records.record import RunRecord, entry_pass
+from harness.records.sample_stats import hodges_lehmann_shift, level_bar, median_interval
 
 OK_STATUSES = ("passed", "skipped")
 FAILING_VERDICTS = ("regression", "correctness_regression", "precision_drift")
@@ -96,31 +108,14 @@ class Verdict:
         return asdict(self)
 
 
-def median_interval(samples: Sequence[float], conf: float = 0.95) -> tuple[float, float]:
-    """Distribution-free confidence interval of the median: order statistics x_(l), x_(n+1-l)
-    with l the binomial(n, 1/2) quantile of (1-conf)/2 (the sign-test interval)."""
-    xs = sorted(samples)
-    n = len(xs)
-    if n == 0:
-        raise ValueError("no samples")
-    lo = int(stats.binom.ppf((1.0 - conf) / 2.0, n, 0.5))  # 1-based rank of the lower end
-    lo = max(lo, 1)
-    hi = n + 1 - lo
-    return xs[lo - 1], xs[hi - 1]
-
-
-def hodges_lehmann_shift(base: Sequence[float], new: Sequence[float]) -> float:
-    """Median of all pairwise differences new_i - base_j (the shift estimate that goes
-    with the Mann-Whitney U test)."""
-    diffs = np.subtract.outer(np.asarray(new, dtype=float), np.asarray(base, dtype=float))
-    return float(np.median(diffs))
-
-
 def compare_samples(base: Sequence[float], new: Sequence[float],
                     policy: Policy = DEFAULT_POLICY, *, base_median: float | None = None,
-                    new_median: float | None = None) -> tuple[str, float | None,
-                                                               float | None, dict[str, Any]]:
-    """Timing verdict from raw samples (or medians alone): (verdict, ratio, p, detail)."""
+                    new_median: float | None = None,
+                    level: float | None = None) -> tuple[str, float | None,
+                                                         float | None, dict[str, Any]]:
+    """Timing verdict from raw samples (or medians alone): (verdict, ratio, p, detail).
+    `level`: rule 4's bar in log units (`level_bar`; None: unknown, the rule is not
+    applied)."""
     bm = statistics.median(base) if base else base_median
     nm = statistics.median(new) if new else new_median
     detail: dict[str, Any] = {"n_base": len(base), "n_new": len(new)}
@@ -146,14 +141,20 @@ def compare_samples(base: Sequence[float], new: Sequence[float],
     b_lo, b_hi = median_interval(base, policy.interval_conf)
     n_lo, n_hi = median_interval(new, policy.interval_conf)
     separated = n_lo > b_hi if ratio > 1.0 else n_hi < b_lo
+    held = level is None or (ratio > 0 and abs(math.log(ratio)) > level)
     detail.update(base_interval_ms=[b_lo, b_hi], new_interval_ms=[n_lo, n_hi],
-                  rules={"ratio": beyond, "p_value": p < policy.alpha, "intervals": separated})
+                  rules={"ratio": beyond, "p_value": p < policy.alpha, "intervals": separated,
+                         "levels": held})
+    if level is not None:
+        detail["level_range"] = level
     if not beyond:
         return "same", ratio, p, detail
-    if p < policy.alpha and separated:
+    if p < policy.alpha and separated and held:
         return direction, ratio, p, detail
     detail["reason"] = "ratio beyond threshold, not confirmed by " + " and ".join(
-        name for name, ok in (("the U test", p < policy.alpha), ("the intervals", separated))
+        name for name, ok in (("the U test", p < policy.alpha), ("the intervals", separated),
+                              (f"each run's own level (its quarters up to "
+                               f"{math.expm1(level or 0.0):.2%} apart)", held))
         if not ok)
     return "inconclusive", ratio, p, detail
 
@@ -206,9 +207,14 @@ def _compare_entries(base: Sequence[dict[str, Any]], new: dict[str, Any],
     pooled = [float(x) for e in passed_base for x in (e.get("samples_ms") or [])]
     base_medians = [m for e in passed_base if (m := _num(e.get("median_ms"))) is not None]
     base_median = statistics.median(base_medians) if base_medians and not pooled else None
+    new_samples = [float(x) for x in new.get("samples_ms") or []]
+    # Rule 4 per run, not on the pooled samples: pooled runs follow one another, and the
+    # blocks of the pool would be runs, not one run's level moving.
+    level = level_bar([e.get("samples_ms") or [] for e in passed_base], new_samples,
+                      policy.min_samples)
     verdict, ratio, p, detail = compare_samples(
-        pooled, [float(x) for x in new.get("samples_ms") or []], policy,
-        base_median=base_median, new_median=_num(new.get("median_ms")))
+        pooled, new_samples, policy, base_median=base_median,
+        new_median=_num(new.get("median_ms")), level=level)
     detail["base_runs"] = len(passed_base)
     # The SM clock the timings ran at (median of their samples), when it was read: a
     # power-capped chip slows a long, hot timing by up to 16% (the H100 of 2026-12-05 ran
