@@ -42,3 +42,23 @@ def test_the_summary_names_what_each_candidate_could_flag(tmp_path):
     widest = float(rows["template"].split("the widest: ")[1].split("%")[0])
     assert widest > 5.0
     print(section)
+
+
+def test_the_summary_says_when_the_floors_outgrew_the_budget():
+    # The cold default gate on an H100 (2026-12-06): the owned candidates' floors alone
+    # were estimated at 375 s against the 5-minute budget; the summary says why.
+    from harness.records import gate
+    from harness.records.compare import compare_records
+    from harness.records.gate_summary import summary_markdown
+    from harness.records.record import RunRecord
+
+    cold = RunRecord.read(realdata.RESULTS / "h100-20261206T025023Z-ci-cold.json")
+    plan = cold.env["ci_plan"]
+    assert plan["estimate_s"] > plan["budget_s"] == 300
+    text = summary_markdown(gate.GateOutcome(record=cold, report=compare_records(cold, cold)))
+    line = next(x for x in text.splitlines() if x.startswith("- plan: "))
+    assert "estimate 375 s (over the budget: the owned candidates' floors are never cut)" in line
+    h200 = RunRecord.read(GATE_RUN)
+    assert h200.env["ci_plan"]["estimate_s"] <= h200.env["ci_plan"]["budget_s"]
+    text = summary_markdown(gate.GateOutcome(record=h200, report=compare_records(h200, h200)))
+    assert "over the budget" not in text

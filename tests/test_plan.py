@@ -75,6 +75,11 @@ def test_owned_floors_come_first_and_survive_a_tiny_budget():
     assert "budget" in reasons["fa2_mma"] and "budget" in reasons["sdpa_cudnn"]
     for name in ("mine", "fa2_mma", "sdpa_cudnn"):
         _all_accounted(p, name, timing)
+    # and the plan's first line says why its estimate is past the budget
+    assert p.estimate_s > p.budget_s
+    assert p.lines()[0].endswith("over the budget, the owned candidates' floors are never cut")
+    roomy = P.make_plan(cands, get_grid("smoke"), timing, budget_min=30, owned=["mine"])
+    assert "over the budget" not in roomy.lines()[0]
 
 
 def test_owned_candidates_fill_to_their_target_and_yardsticks_take_a_few():

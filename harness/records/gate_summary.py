@@ -53,8 +53,10 @@ def summary_markdown(out: Any) -> str:
             took.append(f"warm-up {plan['compile_took_s']:.0f} s")
         if plan.get("correctness_took_s") is not None:
             took.append(f"prepared after {plan['correctness_took_s']:.0f} s")
+        over = (" (over the budget: the owned candidates' floors are never cut)"
+                if plan['estimate_s'] > plan['budget_s'] else "")
         lines.append(f"- plan: budget {plan['budget_s'] / 60:g} min, estimate "
-                     f"{plan['estimate_s']:.0f} s, {', '.join(took)}; "
+                     f"{plan['estimate_s']:.0f} s{over}, {', '.join(took)}; "
                      f"{timed} timed case(s)")
         for pass_name, key in (("fwd", "minimum"), ("bwd", "minimum_bwd")):
             for k, n in sorted((plan.get(key) or {}).items()):
