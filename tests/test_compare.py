@@ -268,6 +268,10 @@ def test_a_change_within_a_runs_own_level_range_is_not_called_on_real_h100_runs(
     assert v.verdict == "inconclusive" and not v.detail["rules"]["levels"]
     assert "own level" in v.detail["reason"] and v.detail["level_range"] > math.log(1.02)
     assert report.counts() == {"inconclusive": 1, "same": 61}
+    text = report.markdown()
+    assert text.splitlines()[-1] == (f"- `fa2_mma` `{case}`: ratio beyond threshold, not "
+                                     "confirmed by each run's own level (its quarters up to "
+                                     "2.58% apart)")
 
 
 def test_a_planted_slowdown_still_fails_against_real_h100_runs():

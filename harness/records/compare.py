@@ -279,6 +279,12 @@ class Report:
                              f"{_clocks(v)} |")
             if len(shown) > limit:
                 lines.append(f"\n... and {len(shown) - limit} more")
+            # An open question says which rule left it open: a table row cannot.
+            why = [v for v in shown[:limit] if v.verdict == "inconclusive"
+                   and v.detail.get("reason")]
+            if why:
+                lines += ["", "Why inconclusive:"]
+                lines += [f"- `{v.label}` `{v.case_id}`: {v.detail['reason']}" for v in why]
         return "\n".join(lines) + "\n"
 
 
