@@ -239,6 +239,20 @@ def test_a_runs_own_level_range_needs_its_blocks_to_differ():
     assert level_range(by_turns[:12], 5) is not None and level_range(by_turns[:9], 5) is None
 
 
+def test_a_window_of_base_runs_gives_its_median_level_range():
+    from harness.records.sample_stats import level_bar
+
+    rng = np.random.default_rng(6)
+    steady = [list(1.0 + 0.002 * rng.standard_normal(80)) for _ in range(2)]
+    restless = [x * (1.03 if i < 40 else 1.0) for i, x in enumerate(steady[0])]
+    # One restless run among three base runs does not set the bar; the new run's does.
+    assert level_bar([*steady, restless], steady[1]) == 0.0
+    assert level_bar([*steady, restless], restless) == pytest.approx(math.log(1.03), abs=0.002)
+    assert level_bar([restless, restless], steady[0]) == pytest.approx(math.log(1.03),
+                                                                       abs=0.002)
+    assert level_bar([[1.0] * 3], [1.0] * 4) is None  # too few samples anywhere
+
+
 def _h100_aa_records():
     from pathlib import Path
 
