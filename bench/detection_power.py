@@ -14,8 +14,8 @@ both runs are identical (false alarms, target <= 1%), for
 Noise models: `gauss` (normal), `tailed` (normal plus 5% of samples 5-20% slow: preemption,
 clock dips) and `drift` (gauss plus a per-run offset of 0.5% sd: the run-to-run shift no
 sample count can average away; it bounds what any rule on one pair of runs can do) and
-`levels` (gauss, each quarter of a run's samples at one of two levels 2% apart, by turns:
-what an H100 showed in `ci` runs of 2026-12-06, results/h100-20261206).
+`levels` (gauss, each quarter of a run's samples at one of two levels 2% apart, drawn at
+random: what an H100 showed in `ci` runs of 2026-12-06, results/h100-20261206).
 
     python bench/detection_power.py [--trials 2000] [--seed 1]
 """

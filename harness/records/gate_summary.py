@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.records.plan import OVER_BUDGET
+
 MAX_ROWS = 50
 
 
@@ -53,8 +55,7 @@ def summary_markdown(out: Any) -> str:
             took.append(f"warm-up {plan['compile_took_s']:.0f} s")
         if plan.get("correctness_took_s") is not None:
             took.append(f"prepared after {plan['correctness_took_s']:.0f} s")
-        over = (" (over the budget: the owned candidates' floors are never cut)"
-                if plan['estimate_s'] > plan['budget_s'] else "")
+        over = f" ({OVER_BUDGET})" if plan["estimate_s"] > plan["budget_s"] else ""
         lines.append(f"- plan: budget {plan['budget_s'] / 60:g} min, estimate "
                      f"{plan['estimate_s']:.0f} s{over}, {', '.join(took)}; "
                      f"{timed} timed case(s)")
