@@ -405,32 +405,90 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 
     unsigned kv = 0;   // K/V tiles consumed so far (the producer's count)
     unsigned nq = 0;   // Q tiles consumed so far
+    float o[D / 2];
+    unsigned pf[BN / 16][4];      // P of the previous tile, A-fragments of its PV
+    // The last PV of a work tile is not issued at its end: it rides with the first S of
+    // the next work tile (and its O is written under that S's softmax), so the tensor
+    // cores do not idle through a work tile's tail and the next one's head; at N = 2048
+    // a work tile has only 12 K/V tiles, and that tail and head were a few percent of
+    // it. `pend`: a work tile waits for its last PV; its tile slot, the index of its
+    // last K/V tile, its row max and sum.
+    bool pend = false;
+    unsigned pend_slot = 0, pend_kv = 0;
+    float pm[2], pl[2];
+
+    // O += P V_j, issued.
+    auto issue_pv = [&](unsigned sV) {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            const unsigned va = sV + kk * (16 * 128);
+            if (D == 128) M::rs_n128(o, pf[kk], sw128_desc(va, BN * 128));
+            else M::rs_n64(o, pf[kk], sw128_desc(va, BN * 128));
+        }
+        wgmma_commit();
+    };
+    // O / l and the LSE of the work tile in tile slot `eslot` (the slot is released once
+    // its fields are read).
+    auto epilogue = [&](unsigned eslot, float* l, const float* m) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        }
+        const volatile int* es = tile_slot + 8 * eslot;
+        const int row0 = es[1] + cw * 64 + warp * 16 + g;
+        const int h = es[2];
+        const int b = es[3];
+        mbar_arrive(bar_te + 8u * eslot);
+        char* og = (char*)p.o + 2 * (b * p.o_batch_stride + h * p.o_head_stride);
+        float* lseg = p.lse ? p.lse + ((long long)b * p.heads + h) * p.seqlen_q : nullptr;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + r * 8;
+            if (row >= p.seqlen_q) continue;
+            const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+            unsigned* orow = (unsigned*)(og + 2 * (long long)row * p.o_row_stride);
+#pragma unroll
+            for (int t = 0; t < D / 8; ++t)
+                orow[t * 4 + q4] = pack2<BF16>(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv);
+            if (lseg && q4 == 0)
+                lseg[row] = l[r] > 0.f ? m[r] * FA_LN2 + logf(l[r]) : neg_inf();
+        }
+    };
+    // The pending work tile's last PV alone, then its O.
+    auto flush = [&]() {
+        const unsigned ls = pend_kv % STAGES;
+        mbar_wait(FA3_VFULL(ls), (pend_kv / STAGES) & 1u);
+        wgmma_fence();
+        issue_pv(sV0 + ls * KV_BYTES);
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
+        mbar_arrive(FA3_VEMPTY(ls));
+        epilogue(pend_slot, pl, pm);
+        pend = false;
+    };
+
     for (unsigned tw = 0;; ++tw) {
         const unsigned slot = tw & 1u;
         mbar_wait(bar_tf + 8u * slot, (tw >> 1) & 1u);
         // The tile's fields stay in its slot (read where needed: registers are what the
-        // accumulators need); the slot is released at the end of the tile.
+        // accumulators need); the slot is released by the tile's epilogue.
         const volatile int* ts = tile_slot + 8 * slot;
         const int n_tiles = ts[0];
-        if (n_tiles < 0) break;
-
-        float o[D / 2];
+        if (n_tiles <= 0) {   // no work tile left (-1), or one that sees no key (0)
+            if (pend) flush();
+            if (n_tiles < 0) break;
+            float l0[2] = {0.f, 0.f};
+            const float m0[2] = {neg_inf(), neg_inf()};
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+            for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+            epilogue(slot, l0, m0);   // O = 0, LSE = -inf
+            continue;
+        }
+
         float m_run[2] = {neg_inf(), neg_inf()};
         float l_run[2] = {0.f, 0.f};
-        unsigned pf[BN / 16][4];      // P of the previous tile, A-fragments of its PV
-
-        // O += P V_j, issued.
-        auto issue_pv = [&](unsigned sV) {
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) {
-                const unsigned va = sV + kk * (16 * 128);
-                if (D == 128) M::rs_n128(o, pf[kk], sw128_desc(va, BN * 128));
-                else M::rs_n64(o, pf[kk], sw128_desc(va, BN * 128));
-            }
-            wgmma_commit();
-        };
         // Mask tile j, update the running max and sum, P_j = exp(...) in place of S_j (fp32);
         // alpha rescales O, which the caller applies once the previous PV has retired, and
         // then packs P_j into the A-fragments (the previous tile's are free by then).
@@ -492,56 +550,32 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             }
         };
 
-        if (n_tiles > 0) {
-            if (cw == NC - 1) pass_turn();
-            mbar_wait(bar_q, nq & 1u);
-            float sacc[BN / 2];
-            float alpha[2];
-            // Tile 0: S_0 alone.
-            {
-                const unsigned s = kv % STAGES;
-                mbar_wait(FA3_KFULL(s), (kv / STAGES) & 1u);
+        if (cw == NC - 1) pass_turn();
+        mbar_wait(bar_q, nq & 1u);
+        float sacc[BN / 2];
+        float alpha[2];
+        // Tile 0: S_0, with the pending work tile's last PV when there is one (a copy of
+        // the step each way: a branch between a wgmma's fence and its wait makes ptxas
+        // serialize every wgmma).
+        {
+            const unsigned s = kv % STAGES;
+            mbar_wait(FA3_KFULL(s), (kv / STAGES) & 1u);
+            if (pend) {
+                const unsigned ls = pend_kv % STAGES;
+                mbar_wait(FA3_VFULL(ls), (pend_kv / STAGES) & 1u);
                 wait_turn();
                 wgmma_fence();
                 issue_s(sacc, sK0 + s * KV_BYTES);
+                issue_pv(sV0 + ls * KV_BYTES);
                 if (!(cw == NC - 1 && n_tiles == 1))
                     pass_turn();
-                wgmma_wait<0>();
+                wgmma_wait<1>();
 #pragma unroll
                 for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
                 mbar_arrive(FA3_KEMPTY(s));
                 if (n_tiles == 1) mbar_arrive(bar_qe);   // the tile's last S: Q is free
                 softmax(sacc, 0, alpha);
-                pack_p(sacc);
-            }
-
-            // Tile j: S_j = Q K_j and O += P_{j-1} V_{j-1} in flight together; the softmax
-            // of S_j runs while the PV still does, and O is rescaled once it has retired.
-            for (int j = 1; j < n_tiles; ++j) {
-                const unsigned s = (kv + j) % STAGES;
-                const unsigned ps = (kv + j - 1) % STAGES;
-                mbar_wait(FA3_KFULL(s), ((kv + j) / STAGES) & 1u);
-                mbar_wait(FA3_VFULL(ps), ((kv + j - 1) / STAGES) & 1u);
-                wait_turn();
-                wgmma_fence();
-                issue_s(sacc, sK0 + s * KV_BYTES);
-                issue_pv(sV0 + ps * KV_BYTES);
-                if (!(cw == NC - 1 && j == n_tiles - 1))
-                    pass_turn();
-                wgmma_wait<1>();          // S_j has landed; the PV may still run
-#pragma unroll
-                for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
-                mbar_arrive(FA3_KEMPTY(s));
-                if (j == n_tiles - 1) mbar_arrive(bar_qe);
-                softmax(sacc, j * BN, alpha);
-                // Without this store, ptxas places the PV's wait (below) above the row max,
-                // so the softmax never runs under this consumer's own PV (seen in the SASS).
-                // The stored word depends on every exponential through the row sums, and
-                // ptxas keeps a shared-memory store ahead of a wgmma wait. Measured on the
-                // H200 against the kernel without it: 0.996-1.017x (median 1.008) at d = 128;
-                // at d = 64, where the PV is short and the exponentials dominate, 0.979-1.011x
-                // (median 0.987), so d = 64 goes without (docs/h200-runs.md, 2026-12-04 night).
-                if constexpr (D == 128)
+                if constexpr (D == 128)   // the sink of the loop below, for the same reason
                     asm volatile("st.shared.f32 [%0], %1;\n"
                                  :: "r"(sink), "f"(l_run[0] + l_run[1]) : "memory");
                 wgmma_wait<0>();
@@ -551,52 +585,83 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
                 for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) reg_fence_u(pf[kk][e]);
-                mbar_arrive(FA3_VEMPTY(ps));
+                mbar_arrive(FA3_VEMPTY(ls));
+                epilogue(pend_slot, pl, pm);
+                pend = false;
+            } else {
+                wait_turn();
+                wgmma_fence();
+                issue_s(sacc, sK0 + s * KV_BYTES);
+                if (!(cw == NC - 1 && n_tiles == 1))
+                    pass_turn();
+                wgmma_wait<0>();
 #pragma unroll
-                for (int t = 0; t < D / 8; ++t) {
-                    o[4 * t] *= alpha[0];
-                    o[4 * t + 1] *= alpha[0];
-                    o[4 * t + 2] *= alpha[1];
-                    o[4 * t + 3] *= alpha[1];
-                }
-                pack_p(sacc);
+                for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
+                mbar_arrive(FA3_KEMPTY(s));
+                if (n_tiles == 1) mbar_arrive(bar_qe);
+                softmax(sacc, 0, alpha);
             }
-            // The last tile's PV.
-            const unsigned ls = (kv + n_tiles - 1) % STAGES;
-            mbar_wait(FA3_VFULL(ls), ((kv + n_tiles - 1) / STAGES) & 1u);
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+            pack_p(sacc);
+        }
+
+        // Tile j: S_j = Q K_j and O += P_{j-1} V_{j-1} in flight together; the softmax
+        // of S_j runs while the PV still does, and O is rescaled once it has retired.
+        for (int j = 1; j < n_tiles; ++j) {
+            const unsigned s = (kv + j) % STAGES;
+            const unsigned ps = (kv + j - 1) % STAGES;
+            mbar_wait(FA3_KFULL(s), ((kv + j) / STAGES) & 1u);
+            mbar_wait(FA3_VFULL(ps), ((kv + j - 1) / STAGES) & 1u);
+            wait_turn();
             wgmma_fence();
-            issue_pv(sV0 + ls * KV_BYTES);
+            issue_s(sacc, sK0 + s * KV_BYTES);
+            issue_pv(sV0 + ps * KV_BYTES);
+            if (!(cw == NC - 1 && j == n_tiles - 1))
+                pass_turn();
+            wgmma_wait<1>();          // S_j has landed; the PV may still run
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
+            mbar_arrive(FA3_KEMPTY(s));
+            if (j == n_tiles - 1) mbar_arrive(bar_qe);
+            softmax(sacc, j * BN, alpha);
+            // Without this store, ptxas places the PV's wait (below) above the row max,
+            // so the softmax never runs under this consumer's own PV (seen in the SASS).
+            // The stored word depends on every exponential through the row sums, and
+            // ptxas keeps a shared-memory store ahead of a wgmma wait. Measured on the
+            // H200 against the kernel without it: 0.996-1.017x (median 1.008) at d = 128;
+            // at d = 64, where the PV is short and the exponentials dominate, 0.979-1.011x
+            // (median 0.987), so d = 64 goes without (docs/h200-runs.md, 2026-12-04 night).
+            if constexpr (D == 128)
+                asm volatile("st.shared.f32 [%0], %1;\n"
+                             :: "r"(sink), "f"(l_run[0] + l_run[1]) : "memory");
             wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
-            mbar_arrive(FA3_VEMPTY(ls));
-            kv += n_tiles;
-            ++nq;
-        }
-
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-            l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-        }
-        const int row0 = ts[1] + cw * 64 + warp * 16 + g;
-        const int h = ts[2];
-        const int b = ts[3];
-        mbar_arrive(bar_te + 8u * slot);
-        char* og = (char*)p.o + 2 * (b * p.o_batch_stride + h * p.o_head_stride);
-        float* lseg = p.lse ? p.lse + ((long long)b * p.heads + h) * p.seqlen_q : nullptr;
+            for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = row0 + r * 8;
-            if (row >= p.seqlen_q) continue;
-            const float inv = l_run[r] > 0.f ? 1.f / l_run[r] : 0.f;
-            unsigned* orow = (unsigned*)(og + 2 * (long long)row * p.o_row_stride);
+                for (int e = 0; e < 4; ++e) reg_fence_u(pf[kk][e]);
+            mbar_arrive(FA3_VEMPTY(ps));
 #pragma unroll
-            for (int t = 0; t < D / 8; ++t)
-                orow[t * 4 + q4] = pack2<BF16>(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv);
-            if (lseg && q4 == 0)
-                lseg[row] = l_run[r] > 0.f ? m_run[r] * FA_LN2 + logf(l_run[r]) : neg_inf();
+            for (int t = 0; t < D / 8; ++t) {
+                o[4 * t] *= alpha[0];
+                o[4 * t + 1] *= alpha[0];
+                o[4 * t + 2] *= alpha[1];
+                o[4 * t + 3] *= alpha[1];
+            }
+            pack_p(sacc);
         }
+        // The last tile's PV waits for the next work tile's first S (or the flush).
+        pend = true;
+        pend_slot = slot;
+        pend_kv = kv + n_tiles - 1;
+        pm[0] = m_run[0];
+        pm[1] = m_run[1];
+        pl[0] = l_run[0];
+        pl[1] = l_run[1];
+        kv += n_tiles;
+        ++nq;
     }
 #undef FA3_KFULL
 #undef FA3_VFULL
