@@ -270,7 +270,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 
     // Persistent: a CTA per SM (the manifest's grid) takes work tiles (a 128-row Q block
     // of one head) from a counter until none is left, so the next tile's Q and first K/V
-    // copies run under the current tile's last PV and epilogue, and no CTA is launched per
+    // copies run under the current tile's last steps, and no CTA is launched per
     // tile. Tiles are ordered head by head (the CTAs at work share a head's K/V in L2), Q
     // blocks last to first under a causal mask (longest first); taking them from a counter
     // keeps the CTAs even where the blocks' lengths differ. The producer takes each tile and
