@@ -16,6 +16,7 @@ from harness.core.grids import (
     cases_for,
     full_for,
     get_grid,
+    waves_for,
 )
 
 
@@ -76,3 +77,53 @@ def test_shipped_models_get_their_own_grids():
     assert cases_for("full", a) == full_for(a)
     assert cases_for("smoke", a) == get_grid("smoke")
     assert full_for(a) == full_for(a)  # deterministic
+
+
+class OnGpu(Declares):
+    def __init__(self, **support):
+        super().__init__(**support)
+        self.device = "cuda"
+
+
+def _blocks(case, rows=128):
+    return -(-case.seqlen_q // rows) * case.heads * case.batch
+
+
+def test_a_gpu_candidate_gets_cases_past_two_waves_of_its_ctas():
+    gpu = OnGpu()
+    waves = waves_for(gpu)
+    assert full_for(gpu) == full_for(BROAD) + waves
+    assert [(c.mask, c.head_dim) for c in waves] == [
+        (m, d) for m in (MaskKind.CAUSAL_BR, MaskKind.KEY_PADDING, MaskKind.NONE) for d in (128, 64)]
+    # every CTA of a persistent kernel on a 132-SM GPU takes two or more 128-row blocks
+    assert all(_blocks(c) > 2 * 132 for c in waves)
+    # the rest of the grid never gets there
+    assert max(_blocks(c) for c in full_for(BROAD)) < 2 * 132
+    # both dtypes at each head dim, GQA since it declares GQA
+    assert {(c.dtype, c.head_dim) for c in waves} == {
+        (dt, d) for dt in ("float16", "bfloat16") for d in (64, 128)}
+    assert all(c.kv_heads < c.heads for c in waves)
+
+
+def test_the_waves_put_blocks_without_keys_between_blocks_with_work():
+    import torch
+
+    from harness.core.cases import key_lengths_for, make_inputs, visible
+
+    causal, _, padded, _, _, _ = waves_for(OnGpu())
+    inputs = make_inputs(causal, "cpu")
+    vis = visible(causal, inputs)
+    seen_per_block = [bool(vis[..., r:r + 128, :].any()) for r in range(0, causal.seqlen_q, 128)]
+    assert seen_per_block == [False, True, True]   # the first block of every head is empty
+    lengths = key_lengths_for(padded, torch.Generator().manual_seed(0))
+    assert lengths[-1] == 0 and lengths[0] == padded.seqlen_k
+
+
+def test_cpu_candidates_and_narrow_gpu_candidates_get_only_what_they_run():
+    assert waves_for(BROAD) == []   # a CPU candidate: no CTAs, seconds per case
+    narrow = OnGpu(dtypes=frozenset({"bfloat16"}), head_dims=frozenset({64}),
+                   masks=frozenset({MaskKind.NONE, MaskKind.KEY_PADDING}), gqa=False)
+    waves = waves_for(narrow)
+    assert [c.mask for c in waves] == [MaskKind.KEY_PADDING, MaskKind.NONE]
+    assert all(c.dtype == "bfloat16" and c.head_dim == 64 and c.kv_heads == c.heads
+               for c in waves)

@@ -35,6 +35,16 @@ FULL_SAMPLER_SEED = 20240611
 # Above this many (query, key) pairs per head a full-grid case keeps batch * heads <= 8,
 # so that the CPU models finish the grid in minutes.
 FULL_BIG_PAIRS = 300_000
+# Cases for GPU candidates with more row blocks than two waves of a 132-SM GPU (H100,
+# H200): 96 heads x 3 blocks of 128 query rows (6 of 64), so a persistent kernel's CTA
+# (one per SM, taking blocks from a counter) runs two or more in turn. The rest of the
+# grid has at most 168 blocks of 128 rows, most cases under 20, so a CTA's second block,
+# which inherits the first one's pipeline state, would otherwise go unchecked. Under a
+# bottom-right causal mask the first block of every head sees no key (rows 0-183 of 384
+# against 200 keys), and under key padding the last batch entry none: blocks with nothing
+# to compute fall between blocks with work. (batch, heads, kv_heads with GQA, Nq, Nk).
+WAVES_SHAPE = (4, 24, 8, 384, 200)
+WAVES_MASKS = (MaskKind.CAUSAL_BR, MaskKind.KEY_PADDING, MaskKind.NONE)
 
 
 def _all_pairs() -> list[tuple[int, int]]:
@@ -109,7 +119,8 @@ MHA_CONFIGS = ((2, 2), (4, 4), (8, 8))
 
 
 def full_for(candidate: Candidate) -> list[Case]:
-    """The `full` grid generated from what `candidate` declares (`candidate.supports`).
+    """The `full` grid generated from what `candidate` declares (`candidate.supports`),
+    with `waves_for(candidate)` after it.
 
     Every sequence-length pair it supports (ANCHOR_PAIRS, swapped, and SQUARE_PAIRS) meets
     every mask kind it supports; each such (pair, mask) combination gets k cases, k chosen so
@@ -118,8 +129,9 @@ def full_for(candidate: Candidate) -> list[Case]:
     (MHA, GQA 2 and 3, MQA when it supports GQA; else MHA with 2, 4, 8 heads) and batches
     1, 2, 4. A kernel that declares one dtype, one head dim and one mask gets as many cases
     as one that declares everything, and every combination it declares is reached; the
-    count stays at most FULL_TARGET_CASES plus one round. Large pairs keep batch * heads
-    <= 8, as in `full`. Deterministic: same candidate support, same list."""
+    count stays at most FULL_TARGET_CASES plus one round (and the waves' 6). Large pairs
+    keep batch * heads <= 8, as in `full`. Deterministic: same candidate support, same
+    list."""
     support = candidate.support
     masks = [m for m in MASKS if m in support.masks]
     # Dims and pairs are probed with a case the candidate could otherwise run.
@@ -135,6 +147,34 @@ def full_for(candidate: Candidate) -> list[Case]:
     combos = len(pairs) * len(masks)
     if not combos or not dtype_dims:
         return []
+    return _sampled(candidate, pairs, masks, dtype_dims, layouts) + waves_for(candidate)
+
+
+def waves_for(candidate: Candidate) -> list[Case]:
+    """For a GPU candidate, WAVES_SHAPE under each mask of WAVES_MASKS it supports at each
+    head dim of 64 and 128 it supports, the dtypes taken in turn; none for a CPU candidate,
+    whose runs have no CTAs (and would spend seconds per case)."""
+    if candidate.device != "cuda":
+        return []
+    batch, heads, kv, nq, nk = WAVES_SHAPE
+    if not candidate.support.gqa:
+        kv = heads
+    cases: list[Case] = []
+    for mi, mask in enumerate(WAVES_MASKS):
+        for d in reversed(MAIN_HEAD_DIMS):
+            for k in range(len(DTYPES)):
+                dtype = DTYPES[(len(cases) + mi + k) % 2]
+                case = Case(batch, heads, kv, nq, nk, d, dtype, mask)
+                if candidate.supports(case) is None:
+                    cases.append(case)
+                    break
+    return cases
+
+
+def _sampled(candidate: Candidate, pairs: list[tuple[int, int]], masks: list[MaskKind],
+             dtype_dims: list[tuple[str, int]], layouts: tuple[tuple[int, int], ...]
+             ) -> list[Case]:
+    combos = len(pairs) * len(masks)
     per = max(1, -(-FULL_TARGET_CASES // combos))
     cases: list[Case] = []
     seen: set[Case] = set()
