@@ -12,7 +12,10 @@ every kernel once, by the one timing method (`harness.measure.timing.measure`, w
 shorter stopping rule: --min-time), starting with a different kernel each round. The
 table gives, per case and kernel, the median over the rounds of TFLOP/s and of the time
 ratio against the baseline within each round (the baseline's time over the kernel's:
-above 1, faster than the baseline), with the rounds' lowest and highest ratio.
+above 1, faster than the baseline), with the rounds' lowest and highest ratio, and the
+median SM clock of its turns (NVML; "-" without it): on a power-capped GPU two kernels of
+one round can run 10% apart in clock, and the ratio then says so much about power as
+about the kernel.
 
 Exit status: 0 when every (kernel, case) passed its check, 1 when one did not (it is then
 not timed), 2 on bad arguments (an unknown kernel, no case matching, fewer than 1 round, a
@@ -77,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
 
     failed = False
     w = max(len(n) for n in names)
-    print(f"{'case':40} {'kernel':{w}} {'TFLOP/s':>8} {'/ ' + baseline:>12} {'rounds min-max':>16}")
+    print(f"{'case':40} {'kernel':{w}} {'TFLOP/s':>8} {'MHz':>5} {'/ ' + baseline:>12} "
+          f"{'rounds min-max':>16}")
     for case in cases:
         runnable = []
         for k in kernels:
@@ -98,20 +102,33 @@ def main(argv: list[str] | None = None) -> int:
             out, lse = output_buffers(k, case)
             launches[k.name] = make_launch(k, case, sets, out, lse)
         ms: dict[str, list[float]] = {k.name: [] for k in runnable}
+        mhz: dict[str, list[float]] = {k.name: [] for k in runnable}
         for r in range(args.rounds):
             order = runnable[r % len(runnable):] + runnable[:r % len(runnable)]
             for k in order:
                 t = measure(launches[k.name], n_sets=n_sets, rule=rule)
                 ms[k.name].append(t.median_ms)
+                if t.sm_clock_mhz is not None:
+                    mhz[k.name].append(t.sm_clock_mhz)
         flops = attention_flops(case)
         for k in runnable:
-            tflops = flops / (statistics.median(ms[k.name]) * 1e-3) / 1e12
-            ratio = ""
-            if baseline in ms and k.name != baseline:
-                per = [b / m for b, m in zip(ms[baseline], ms[k.name], strict=True)]
-                ratio = f"{statistics.median(per):12.3f} {min(per):7.3f}-{max(per):<8.3f}"
-            print(f"{case.id:40} {k.name:{w}} {tflops:8.1f} {ratio}", flush=True)
+            base = ms[baseline] if baseline in ms and k.name != baseline else None
+            print(row(case.id, k.name, w, flops, ms[k.name], mhz[k.name], base), flush=True)
     return 1 if failed else 0
+
+
+def row(case_id: str, name: str, width: int, flops: int, ms: list[float],
+        mhz: list[float], base_ms: list[float] | None) -> str:
+    """One line of the table: the rounds' median TFLOP/s, median clock ("-" without
+    NVML), and against the baseline's times of the same rounds the median ratio and its
+    range (none for the baseline itself)."""
+    tflops = flops / (statistics.median(ms) * 1e-3) / 1e12
+    clock = f"{statistics.median(mhz):5.0f}" if mhz else f"{'-':>5}"
+    ratio = ""
+    if base_ms is not None:
+        per = [b / m for b, m in zip(base_ms, ms, strict=True)]
+        ratio = f"{statistics.median(per):12.3f} {min(per):7.3f}-{max(per):<8.3f}"
+    return f"{case_id:40} {name:{width}} {tflops:8.1f} {clock} {ratio}"
 
 
 if __name__ == "__main__":

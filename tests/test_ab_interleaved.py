@@ -20,3 +20,14 @@ def test_bad_arguments_exit_2_with_one_message(capsys):
     for bad in (["--rounds", "0"], ["--min-time", "0"], ["--min-time", "nan"]):
         assert main(["--kernels", "sdpa_math", *bad]) == 2
         assert "--rounds must be at least 1" in capsys.readouterr().err
+
+
+def test_a_row_gives_the_clock_beside_the_ratio_or_a_dash_without_nvml():
+    row = load("ab_interleaved").row
+    base = row("b1-case", "fa3_base", 9, 2 * 10**12, [2.0, 2.2, 2.1], [1980.0, 1980.0], None)
+    assert base.split()[1:] == ["fa3_base", "952.4", "1980"]
+    # the rounds' ratios 2.0/1.9, 2.2/2.0, 2.1/2.2: median 1.053, range 0.955-1.100
+    new = row("b1-case", "fa3_wgmma", 9, 2 * 10**12, [1.9, 2.0, 2.2], [1740.0, 1770.0, 1755.0],
+              [2.0, 2.2, 2.1])
+    assert new.split()[1:] == ["fa3_wgmma", "1000.0", "1755", "1.053", "0.955-1.100"]
+    assert row("b1-case", "x", 9, 10**12, [1.0], [], None).split()[2:] == ["1000.0", "-"]
