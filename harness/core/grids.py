@@ -144,8 +144,7 @@ def full_for(candidate: Candidate) -> list[Case]:
              if candidate.supports(_with(probe, seqlen_q=p[0], seqlen_k=p[1],
                                          dtype=_first(support),
                                          head_dim=dims[0] if dims else 64)) is None]
-    combos = len(pairs) * len(masks)
-    if not combos or not dtype_dims:
+    if not pairs or not masks or not dtype_dims:
         return []
     return _sampled(candidate, pairs, masks, dtype_dims, layouts) + waves_for(candidate)
 
@@ -163,7 +162,7 @@ def waves_for(candidate: Candidate) -> list[Case]:
     for mi, mask in enumerate(WAVES_MASKS):
         for d in reversed(MAIN_HEAD_DIMS):
             for k in range(len(DTYPES)):
-                dtype = DTYPES[(len(cases) + mi + k) % 2]
+                dtype = DTYPES[(len(cases) + mi + k) % len(DTYPES)]
                 case = Case(batch, heads, kv, nq, nk, d, dtype, mask)
                 if candidate.supports(case) is None:
                     cases.append(case)
@@ -174,6 +173,7 @@ def waves_for(candidate: Candidate) -> list[Case]:
 def _sampled(candidate: Candidate, pairs: list[tuple[int, int]], masks: list[MaskKind],
              dtype_dims: list[tuple[str, int]], layouts: tuple[tuple[int, int], ...]
              ) -> list[Case]:
+    """`full_for`'s sampled cases: k rounds over every (pair, mask), as its docstring says."""
     combos = len(pairs) * len(masks)
     per = max(1, -(-FULL_TARGET_CASES // combos))
     cases: list[Case] = []
