@@ -511,11 +511,26 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
                     }
                 }
             }
-            float mx[2] = {neg_inf(), neg_inf()};
+            // At d = 64 the row max and the row sum run in CH = 2 partial chains per row, so
+            // that a chain's next step does not wait for its last (one FMNMX chain of 2 x 16
+            // steps per row pair, each step a wait stall in the SASS): 1.00-1.03x (median
+            // 1.018) over the 12 d = 64 shapes on an H100, where the softmax is most of a
+            // consumer's work; at d = 128, 0.98-1.04x (median 0.996), so it keeps one chain
+            // (docs/h200-runs.md, 2026-12-06, third session).
+            constexpr int CH = D == 64 ? 2 : 1;
+            float mxc[2][CH];
+#pragma unroll
+            for (int c = 0; c < CH; ++c) mxc[0][c] = mxc[1][c] = neg_inf();
 #pragma unroll
             for (int t = 0; t < BN / 8; ++t) {
-                mx[0] = fmaxf(mx[0], fmaxf(sacc[4 * t], sacc[4 * t + 1]));
-                mx[1] = fmaxf(mx[1], fmaxf(sacc[4 * t + 2], sacc[4 * t + 3]));
+                mxc[0][t % CH] = fmaxf(mxc[0][t % CH], fmaxf(sacc[4 * t], sacc[4 * t + 1]));
+                mxc[1][t % CH] = fmaxf(mxc[1][t % CH], fmaxf(sacc[4 * t + 2], sacc[4 * t + 3]));
+            }
+            float mx[2] = {mxc[0][0], mxc[1][0]};
+#pragma unroll
+            for (int c = 1; c < CH; ++c) {
+                mx[0] = fmaxf(mx[0], mxc[0][c]);
+                mx[1] = fmaxf(mx[1], mxc[1][c]);
             }
             float m_use[2];
 #pragma unroll
@@ -528,18 +543,31 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
                 m_run[r] = m_new;
                 l_run[r] *= alpha[r];
             }
+            float ls[2][CH];
+#pragma unroll
+            for (int c = 0; c < CH; ++c) {
+                ls[0][c] = c == 0 ? l_run[0] : 0.f;
+                ls[1][c] = c == 0 ? l_run[1] : 0.f;
+            }
 #pragma unroll
             for (int t = 0; t < BN / 8; ++t) {
                 const float p0 = exp2f(fmaf(sacc[4 * t], p.scale_log2, -m_use[0]));
                 const float p1 = exp2f(fmaf(sacc[4 * t + 1], p.scale_log2, -m_use[0]));
                 const float p2 = exp2f(fmaf(sacc[4 * t + 2], p.scale_log2, -m_use[1]));
                 const float p3 = exp2f(fmaf(sacc[4 * t + 3], p.scale_log2, -m_use[1]));
-                l_run[0] += p0 + p1;
-                l_run[1] += p2 + p3;
+                ls[0][t % CH] += p0 + p1;
+                ls[1][t % CH] += p2 + p3;
                 sacc[4 * t] = p0;
                 sacc[4 * t + 1] = p1;
                 sacc[4 * t + 2] = p2;
                 sacc[4 * t + 3] = p3;
+            }
+            l_run[0] = ls[0][0];
+            l_run[1] = ls[1][0];
+#pragma unroll
+            for (int c = 1; c < CH; ++c) {
+                l_run[0] += ls[0][c];
+                l_run[1] += ls[1][c];
             }
         };
         auto pack_p = [&](const float* sacc) {
