@@ -129,3 +129,34 @@ def test_the_cli_option_helpers_do_not_import_the_cli_package():
                 raise AssertionError(f"{mod.name} imports from the harness.cli package")
     text = (root.parents[1] / "pyproject.toml").read_text()
     assert "harness.cli -> harness.cli._discoveryopt" not in text
+
+
+def test_full_grid_cases_filter_the_candidates_own_grid(tmp_path, capsys):
+    """`run --grid full --cases` filters each candidate's generated grid, which holds cases
+    the shared `full` list does not (a GPU candidate's waves among them): a pattern that
+    only such a case matches runs it instead of being refused."""
+    from harness.candidates import registry
+    from harness.core import grids
+
+    shared = {c.id for c in grids.get_grid("full")}
+    own = [c.id for c in grids.full_for(registry.get_candidate("fa2_model"))]
+    only_own = next(i for i in own if i not in shared)
+    out = tmp_path / "r.json"
+    assert main(["run", "--grid", "full", "--kernels", "fa2_model", "--cases", only_own,
+                 "--no-store", "--no-progress", "--json", str(out)]) == 0
+    import json
+
+    ran = [r["case_id"] for r in json.loads(out.read_text())["results"]]
+    assert ran == [only_own]
+    capsys.readouterr()
+
+
+def test_full_grid_cases_matching_nothing_name_the_candidates(capsys):
+    # fa2_model is a CPU candidate: it has no waves cases.
+    _one_line_exit_2(capsys, ["run", "--grid", "full", "--kernels", "fa2_model", "--cases",
+                              "b4h24*", "--no-store"],
+                     "matches no case of grid full for fa2_model")
+
+
+def test_cases_of_only_commas_are_refused(capsys):
+    _one_line_exit_2(capsys, ["run", "--cases", " , ", "--no-store"], "names no pattern")

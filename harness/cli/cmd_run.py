@@ -110,11 +110,13 @@ def run(args: argparse.Namespace) -> int:
         cases = get_grid(args.grid)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.cases:
-        import fnmatch
-
-        pats = [p.strip() for p in args.cases.split(",") if p.strip()]
-        cases = [c for c in cases if any(fnmatch.fnmatchcase(c.id, p) for p in pats)]
+    pats = [p.strip() for p in (args.cases or "").split(",") if p.strip()]
+    if args.cases and not pats:
+        raise UsageError(f"--cases {args.cases!r} names no pattern")
+    if pats and args.grid != "full":
+        # The full grid is generated per candidate (below), and holds cases the shared
+        # list does not (a GPU candidate's waves), so it is filtered there.
+        cases = [c for c in cases if _matches(c.id, pats)]
         if not cases:
             raise UsageError(f"--cases {args.cases!r} matches no case of grid {args.grid}")
     if args.repeats < 1:
@@ -171,10 +173,12 @@ def run(args: argparse.Namespace) -> int:
             from harness.core.grids import cases_for
 
             def per_candidate(c):  # noqa: ANN001, ANN202 - a Candidate -> its cases
-                return [k for k in cases_for("full", c) if not args.cases or any(
-                    fnmatch.fnmatchcase(k.id, p) for p in args.cases.split(","))]
+                return [k for k in cases_for("full", c) if not pats or _matches(k.id, pats)]
         tty = sys.stdout.isatty()
         counts = {c.name: len(per_candidate(c) if per_candidate else cases) for c in candidates}
+        if pats and not any(counts.values()):
+            raise UsageError(f"--cases {args.cases!r} matches no case of grid full for "
+                             f"{', '.join(counts)}")
         keep = _keeper(args, None if tty else LineReport(counts))
         results = run_correctness(candidates, cases, secret=args.secret,
                                   repeats=args.repeats, cases_for=per_candidate,
@@ -195,6 +199,13 @@ def run(args: argparse.Namespace) -> int:
     if not _record(args, candidates, perf_results or results):
         return EXIT_USAGE  # the database was unreachable (the record is kept in the spool)
     return code
+
+
+def _matches(case_id: str, patterns: list[str]) -> bool:
+    """Whether a case id matches one of the --cases globs."""
+    import fnmatch
+
+    return any(fnmatch.fnmatchcase(case_id, p) for p in patterns)
 
 
 def _print_failures(console: Any, results: list) -> None:
