@@ -178,7 +178,7 @@ def benchmark_device_time(benchmark: Any, candidate: Candidate, case: Case, *,
         warm_up,
     )
 
-    timer = DeviceTimer.get()
+    timer = DeviceTimer.get().begin()
     n = sets_needed(ideal_bytes(case), timer.l2_bytes, mode)
     sets = [make_inputs(case, "cuda", secret=secret, draw=i) for i in range(n)]
     out, lse = output_buffers(candidate, case)

@@ -7,7 +7,8 @@ The method, sample by sample (cold mode, the default):
    everything queued behind it waits on the device while the host keeps queueing. The
    spin has a timeout (`hold_timeout_s`, 2 s, read from %globaltimer) so it can never
    hang the GPU; a sample whose hold expired before release is dropped, because launch
-   latency may then be inside it (after 3 such samples in a row the hold is switched off
+   latency may then be inside it (after 3 such samples in a row, or one launch that held
+   the host past the timeout, the hold is switched off for the rest of that measurement
    and the method string says so: the launch itself synchronises the host).
 2. Queue an L2 flush: a memset of a buffer sized from the device's L2 (2 x L2 size: 120
    MiB on an H200 with 60 MiB L2), not a fixed 256 MiB.
@@ -214,15 +215,26 @@ class DeviceTimer:
         self.clock_note = (f"drop SM clock < {THROTTLE_FRACTION:.0%} of "
                            f"{self.reference_clock_mhz} MHz" if self.reference_clock_mhz
                            else f"no clock filter: {clock_problem or 'no reference clock'}")
-        self._hold: _StreamHold | None = None
-        self.hold_note = "no hold (disabled)"
+        self._hold_kernel: _StreamHold | None = None
+        self._hold_note = "no hold (disabled)"
         if hold:
             try:
-                self._hold = _StreamHold(self.index, hold_timeout_s)
-                self.hold_note = "stream held by flag-spin kernel"
+                self._hold_kernel = _StreamHold(self.index, hold_timeout_s)
+                self._hold_note = "stream held by flag-spin kernel"
             except Exception as e:  # no CuPy, no NVRTC, no UVA: time without the hold
-                self.hold_note = f"no hold ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
+                self._hold_note = f"no hold ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
+        self.begin()
+
+    def begin(self) -> DeviceTimer:
+        """Start a measurement: the hold back on where this device has one. A launch that
+        blocks the host switches the hold off (`sample`) for the measurement it is in,
+        not for the process: the timer is shared by every measurement on the device, and
+        a later candidate (or submission) timed with the hold off would have launch
+        latency inside its samples."""
+        self._hold = self._hold_kernel
+        self.hold_note = self._hold_note
         self._expired_in_a_row = 0
+        return self
 
     @classmethod
     def get(cls, device_index: int | None = None, *, hold: bool = True) -> DeviceTimer:
@@ -303,7 +315,7 @@ def measure(
         raise ValueError(f"timing mode must be 'cold' or 'warm', not {mode!r}")
     n_sets = max(1, int(n_sets))
     rule = rule or StopRule()
-    timer = DeviceTimer.get(device_index, hold=hold)
+    timer = DeviceTimer.get(device_index, hold=hold).begin()
     warm_up(launch, n_sets, min_count=warmup_count, min_time_s=warmup_s)
     flush = mode == "cold"
     run = sample_until_stable(lambda i: timer.sample(launch, i % n_sets, flush=flush), rule,

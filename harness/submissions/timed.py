@@ -120,7 +120,7 @@ class CudaCallTimer:
     def __init__(self) -> None:
         from harness.measure.timing import DeviceTimer
 
-        self.timer = DeviceTimer.get()
+        self.timer = DeviceTimer.get().begin()   # one per scored candidate
         self._e0 = torch.cuda.Event(enable_timing=True)
         self._e1 = torch.cuda.Event(enable_timing=True)
         self.reference_clock_mhz = self.timer.reference_clock_mhz
