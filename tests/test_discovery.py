@@ -295,3 +295,39 @@ def test_ownership_when_fa_harness_itself_is_the_project(monkeypatch):
     fake = Path("/venv/lib/python3.12/site-packages/harness/kernels")
     monkeypatch.setattr(discovery, "KERNELS_ROOT", fake)
     assert not discovery.harness_is_the_project(Path("/venv/lib/python3.12/site-packages"))
+
+
+def test_a_later_command_with_other_folders_discovers_again(tmp_path, monkeypatch):
+    """One process, several commands (the pytest plugin, a test suite running `ci` in
+    process): each command's folders are searched, not the first one's candidates reused
+    from the cache. Before, a `ci --kernels-dir DIR` after any discovery in the same
+    process refused DIR's variants as unknown."""
+    def names() -> set[str]:
+        return {c.name for c in registry.discover()}
+
+    assert "mine" not in names()
+    variant(tmp_path / "k", "mine")
+    discovery.configure([str(tmp_path / "k")])
+    assert "mine" in names()
+    discovery.configure([])
+    assert "mine" not in names()
+    monkeypatch.setenv(discovery.ENV_KERNELS, str(tmp_path / "k"))
+    assert "mine" in names()
+    monkeypatch.delenv(discovery.ENV_KERNELS)
+    (tmp_path / "team").mkdir()
+    (tmp_path / "team" / "pyproject.toml").write_text(
+        '[tool.fa-harness]\nkernels-dirs = ["../k"]\n')
+    monkeypatch.chdir(tmp_path / "team")
+    assert "mine" in names()
+
+
+def test_a_later_command_reports_only_its_own_load_errors(tmp_path):
+    broken = tmp_path / "broken"
+    (broken / "bad").mkdir(parents=True)
+    (broken / "bad" / "manifest.toml").write_text("name = \"bad\"\n[supports\n")
+    discovery.configure([str(broken)])
+    registry.discover()
+    assert registry.load_errors(), "the broken manifest was not reported"
+    discovery.configure([])
+    registry.discover()
+    assert not registry.load_errors()

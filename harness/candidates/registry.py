@@ -23,6 +23,7 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import logging
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ SOURCES = {
 }
 
 _cache: dict[tuple[str, ...], list[Candidate]] = {}
+_where_cached: tuple[str, ...] | None = None
 _load_errors: list[Any] = []
 _notes: list[str] = []
 
@@ -87,13 +89,31 @@ def kernels_root() -> Path:
     return Path(__file__).resolve().parents[1] / "kernels"
 
 
+def _where() -> tuple[str, ...]:
+    """What discovery searches besides the package: the command line's folders and Python
+    candidates (`discovery.configure`), FA_HARNESS_KERNELS and the working directory (its
+    pyproject.toml)."""
+    from harness.candidates import discovery
+
+    cfg = discovery.current()
+    return (*cfg.kernels_dirs, "|", *cfg.candidates, "|",
+            os.environ.get(discovery.ENV_KERNELS, ""), os.getcwd())
+
+
 def discover(kinds: Iterable[str] = DEFAULT_KINDS) -> list[Candidate]:
     """Candidates of the given kinds, sorted by name (a stable order for pytest-xdist).
-    Cached per process; `clear_cache()` forgets."""
+    Cached per process for one set of places searched (`_where`): a later command in the
+    same process with another --kernels-dir (the pytest plugin, a test) discovers again,
+    its load errors and notes its own. `clear_cache()` forgets."""
+    global _where_cached
     kinds = tuple(kinds)
     unknown = [k for k in kinds if k not in SOURCES]
     if unknown:
         raise ValueError(f"unknown candidate kind(s) {unknown}; known: {', '.join(SOURCES)}")
+    where = _where()
+    if where != _where_cached:
+        clear_cache()
+        _where_cached = where
     if kinds not in _cache:
         found: dict[str, Candidate] = {}
         for kind in kinds:
