@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     w = max(len(n) for n in names)
     print(f"{'case':40} {'kernel':{w}} {'TFLOP/s':>8} {'MHz':>5} {'/ ' + baseline:>12} "
           f"{'rounds min-max':>16}")
+    medians: dict[str, list[tuple[int, float]]] = {}   # kernel -> (head dim, median ratio)
     for case in cases:
         runnable = []
         for k in kernels:
@@ -114,7 +115,32 @@ def main(argv: list[str] | None = None) -> int:
         for k in runnable:
             base = ms[baseline] if baseline in ms and k.name != baseline else None
             print(row(case.id, k.name, w, flops, ms[k.name], mhz[k.name], base), flush=True)
+            if base is not None:
+                medians.setdefault(k.name, []).append(
+                    (case.head_dim, statistics.median(b / m for b, m in
+                                                      zip(base, ms[k.name], strict=True))))
+    for line in summary(medians, baseline):
+        print(line)
     return 1 if failed else 0
+
+
+def summary(medians: dict[str, list[tuple[int, float]]], baseline: str) -> list[str]:
+    """Under the table, per kernel: the median over the cases of each case's median ratio
+    to the baseline, their range and how many are at or above 1, over every case and per
+    head dim (one case moves by more than 1% between rounds on a power-capped GPU; the
+    median over cases is what an A/B decides on)."""
+    if not medians:
+        return []
+    lines = [f"over the cases, each case's median / {baseline}: median (range), >= 1.0"]
+    for name, got in medians.items():
+        dims = sorted({d for d, _ in got})
+        groups = [("all", [r for _, r in got])]
+        if len(dims) > 1:
+            groups += [(f"d{d}", [r for dd, r in got if dd == d]) for d in dims]
+        for label, rs in groups:
+            lines.append(f"  {name} {label} ({len(rs)}): {statistics.median(rs):.3f} "
+                         f"({min(rs):.3f}-{max(rs):.3f}), {sum(r >= 1.0 for r in rs)} >= 1.0")
+    return lines
 
 
 def row(case_id: str, name: str, width: int, flops: int, ms: list[float],
