@@ -73,6 +73,45 @@ def test_fa3_wgmma_softmax_runs_under_its_own_pv():
             assert exps >= keys // 2, (name, f"{exps} MUFU.EX2 before the PV's wait")
 
 
+def _longest_max_chain(text: str) -> int:
+    """The longest run of FMNMX into one register that reads its own last value (a row
+    max's dependency chain), any other write to the register ending the run."""
+    import re
+
+    run: dict[str, int] = {}
+    best = 0
+    for ln in text.splitlines():
+        m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s+([^;]*);", ln)
+        if not m:
+            continue
+        args = [a.strip() for a in m.group(2).split(",")]
+        if not args or not re.fullmatch(r"R\d+", args[0]):
+            continue
+        dst = args[0]
+        if m.group(1).startswith("FMNMX") and dst in args[1:3]:
+            run[dst] = run.get(dst, 0) + 1
+            best = max(best, run[dst])
+        else:
+            run[dst] = 0
+    return best
+
+
+@needs_tools
+def test_fa3_wgmma_d64_row_max_runs_in_two_chains():
+    # At d = 64 each thread's row max over a 128-key tile is 16 steps; in one chain each
+    # step waits for the last (a "wait" stall per step), in two it is 8 and a combine
+    # (1.018x over the 12 d = 64 perf shapes on an H100). d = 128 keeps one chain of 22
+    # (no gain measured there); the check is that ptxas did not fold d = 64's back into one.
+    for name, text in _sass("fa3_wgmma").items():
+        if "_fwd_" not in name:
+            continue
+        longest = _longest_max_chain(text)
+        if name.endswith("d64"):
+            assert longest <= 10, (name, longest)
+        else:
+            assert longest >= 16, (name, longest, "the parser no longer sees the chain")
+
+
 @needs_tools
 def test_fa3_wgmma_runs_on_warpgroup_mma_without_local_memory():
     spec = load_variant_dir(KERNELS_ROOT / "fa3_wgmma")
