@@ -26,7 +26,7 @@ TEST_FILE = '''
 import pytest
 
 from harness.core.cases import Case
-from harness.measure.perf import benchmark_device_time
+from harness.measure.bench_fixture import benchmark_device_time
 from harness.candidates.registry import get_candidate
 from harness.measure.timing import DEVICE_CLOCK
 

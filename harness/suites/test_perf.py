@@ -31,7 +31,7 @@ def test_perf(benchmark, fa_candidate, fa_case, fa_check):
     import torch
 
     from harness.core.iomodel import ideal_bytes
-    from harness.measure.perf import benchmark_device_time
+    from harness.measure.bench_fixture import benchmark_device_time
 
     if not torch.cuda.is_available():
         pytest.skip("the perf suite needs a CUDA GPU")
