@@ -71,3 +71,15 @@ def test_version(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("fa-harness ") and out.count("\n") == 1
+
+
+def test_a_candidate_line_fits_80_columns():
+    from harness.execution.report import candidate_line
+
+    short = candidate_line("fa2_model", {"passed": 25}, 0.73, "b2h4-64x64-d64-fp16-none")
+    assert short == "ok   fa2_model: passed 25; worst error ratio 0.73 (b2h4-64x64-d64-fp16-none)"
+    long = candidate_line("flex_attention", {"passed": 25}, 1.12,
+                          "b1h4-256x256-d128-bf16-causal_br")
+    assert long.splitlines() == ["ok   flex_attention: passed 25",
+                                 "     worst error ratio 1.12 (b1h4-256x256-d128-bf16-causal_br)"]
+    assert all(len(ln) <= 80 for ln in (short + "\n" + long).splitlines())

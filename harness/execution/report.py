@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from harness.core.results import CaseResult, Status
 
 FAILING = (Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.ERROR, Status.INVALID)
+LINE_WIDTH = 80
 
 
 @dataclass
@@ -36,7 +37,9 @@ def candidate_line(name: str, counts: Mapping[str, int], worst_ratio: float | No
     bad = sum(counts.get(s.value, 0) for s in FAILING)
     head = f"{'FAIL' if bad else 'ok  '} {name}{label}: {parts or 'no cases'}"
     if worst_ratio is not None:
-        head += f"; worst error ratio {worst_ratio:.2f} ({worst_case})"
+        worst = f"worst error ratio {worst_ratio:.2f} ({worst_case})"
+        # A CI log at 80 columns: a long name and case id go on a second, indented line.
+        head += f"; {worst}" if len(head) + 2 + len(worst) <= LINE_WIDTH else f"\n     {worst}"
     return head
 
 
