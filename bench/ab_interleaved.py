@@ -117,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             print(row(case.id, k.name, w, flops, ms[k.name], mhz[k.name], base), flush=True)
             if base is not None:
                 medians.setdefault(k.name, []).append(
-                    (case.head_dim, statistics.median(b / m for b, m in
-                                                      zip(base, ms[k.name], strict=True))))
+                    (case.head_dim, statistics.median(per_round(base, ms[k.name]))))
     for line in summary(medians, baseline):
         print(line)
     return 1 if failed else 0
@@ -143,6 +142,11 @@ def summary(medians: dict[str, list[tuple[int, float]]], baseline: str) -> list[
     return lines
 
 
+def per_round(base_ms: list[float], ms: list[float]) -> list[float]:
+    """Each round's time ratio, the baseline's over the kernel's (> 1: faster)."""
+    return [b / m for b, m in zip(base_ms, ms, strict=True)]
+
+
 def row(case_id: str, name: str, width: int, flops: int, ms: list[float],
         mhz: list[float], base_ms: list[float] | None) -> str:
     """One line of the table: the rounds' median TFLOP/s, median clock ("-" without
@@ -152,7 +156,7 @@ def row(case_id: str, name: str, width: int, flops: int, ms: list[float],
     clock = f"{statistics.median(mhz):5.0f}" if mhz else f"{'-':>5}"
     ratio = ""
     if base_ms is not None:
-        per = [b / m for b, m in zip(base_ms, ms, strict=True)]
+        per = per_round(base_ms, ms)
         ratio = f"{statistics.median(per):12.3f} {min(per):7.3f}-{max(per):<8.3f}"
     return f"{case_id:40} {name:{width}} {tflops:8.1f} {clock} {ratio}"
 
