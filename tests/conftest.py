@@ -27,6 +27,14 @@ def _local_pg_answers() -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from harness.candidates.discovery import unregistered_note
+
+    # Without the package's metadata the shipped Python candidates and this suite's
+    # pytest plugin (both entry points) are missing, and dozens of tests would fail one
+    # by one with a StopIteration or KeyError instead of this one line.
+    note = unregistered_note()
+    if note is not None:
+        raise pytest.UsageError(f"the tests need fa-harness installed: {note}")
     if PG_ENV not in os.environ and _local_pg_answers():
         os.environ[PG_ENV] = LOCAL_PG
 

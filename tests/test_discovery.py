@@ -331,3 +331,32 @@ def test_a_later_command_reports_only_its_own_load_errors(tmp_path):
     discovery.configure([])
     registry.discover()
     assert not registry.load_errors()
+
+
+def test_a_source_tree_never_installed_says_why_its_python_candidates_are_missing(
+        monkeypatch, capsys):
+    """Imported from a checkout on PYTHONPATH without `pip install`, the harness has no
+    entry points, so flex_attention and triton_fa2 vanish; `kernels` (and `run`, `ci`, the
+    pytest plugin, which print the registry's notes) says why instead of listing fewer."""
+    import importlib.metadata as md
+
+    from harness.cli import main
+
+    assert discovery.unregistered_note() is None   # this test environment installed it
+    real = md.distribution
+
+    def no_harness(name):
+        if name == discovery.DIST_NAME:
+            raise md.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(md, "distribution", no_harness)
+    monkeypatch.setattr(md, "entry_points", lambda **kw: [])
+    registry.clear_cache()
+    monkeypatch.setattr(registry, "_where_cached", None)
+    assert main(["kernels"]) == 0
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert "flex_attention" not in out
+    assert "fa-harness is not installed" in " ".join(out.split())
+    assert "pip install -e ." in out
+    registry.clear_cache()

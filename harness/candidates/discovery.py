@@ -339,6 +339,21 @@ def python_candidates() -> tuple[list, list[str]]:
     return found.candidates, found.errors
 
 
+def unregistered_note() -> str | None:
+    """Why the shipped Python candidates are missing, when they are: fa-harness imported
+    from a source tree that was never installed (no package metadata) has no entry
+    points, and its own Python candidates are registered only by entry points."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution(DIST_NAME)
+    except PackageNotFoundError:
+        return (f"{DIST_NAME} is not installed (no package metadata), so its entry points, "
+                f"its own Python candidates among them, are not discovered: run "
+                f"`pip install -e .` in its source tree")
+    return None
+
+
 def variant_path(name: str, cwd: Path | None = None) -> Path | None:
     """The folder (or single .cu file) of the discovered variant called `name`, else None.
     A Python candidate of that name is a DiscoveryError: submissions are CUDA source."""

@@ -74,6 +74,13 @@ def _from_source(kind: str) -> list[Candidate]:
             _notes.append(note)
             log.info(note)
         return []
+    if kind == "python":
+        from harness.candidates.discovery import unregistered_note
+
+        note = unregistered_note()
+        if note is not None and note not in _notes:
+            _notes.append(note)
+            log.info(note)
     if kind in ("cuda", "python"):
         found, errors = func()
         for err in errors:

@@ -124,6 +124,7 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
             raise GateUsageError(str(exc)) from None
     pool = registry.discover()
     broken = registry.load_errors()
+    notes += registry.notes()   # e.g. a source tree never installed: no entry points
     pats = opts.kernels or []
 
     def named(name: str) -> bool:
