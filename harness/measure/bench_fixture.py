@@ -93,5 +93,3 @@ def benchmark_device_time(benchmark: Any, candidate: Candidate, case: Case, *,
     })
     return timing
 
-
-# ---------------------------------------------------------------- derived numbers
