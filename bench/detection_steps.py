@@ -42,9 +42,14 @@ normalised series moves by the whole step, its yardstick not at all.
 SDPA peers, which it times as yardsticks and never flags); most of the noisiest band's
 series are the peers' short decode shapes.
 
+`--records GLOB` pools other records (`h100-*.json`: the H100 runs); `--per-chip` keys each
+series by the GPU's uuid as well, so its residuals are what one chip's runs moved by: the
+noise of a team's fixed runner, where the committed history mixes a new chip almost every
+run.
+
     python bench/detection_steps.py [--trials 1000] [--length 30] [--seed N]
         [--exclude-median-points] [--yardstick NAME] [--common-mode] [--per-candidate]
-        [--source-changes Q] [--judged] [--json FILE]
+        [--source-changes Q] [--judged] [--records GLOB] [--per-chip] [--json FILE]
 """
 
 from __future__ import annotations
@@ -94,7 +99,8 @@ def _yardstick_names(rec: dict, yardstick: str, kernel: str) -> list[str]:
         yardstick == "others" or kinds[k] == "peer" or k.startswith("sdpa_"))]
 
 
-def timed_series(results: Path, yardstick: str | None = None, *, judged: bool = False
+def timed_series(results: Path, yardstick: str | None = None, *, judged: bool = False,
+                 pattern: str = "h200-*.json", per_chip: bool = False
                  ) -> dict[tuple, list[tuple[str, float, float]]]:
     """Like with like: (candidate, source, pass, case, timing mode, grids, kind of run) ->
     [(created_at, median, yardstick median)], oldest first. With `yardstick` (a peer's
@@ -103,9 +109,11 @@ def timed_series(results: Path, yardstick: str | None = None, *, judged: bool = 
     holds which yardsticks at which source hashes (an unchanged yardstick: a series
     normalised by a yardstick whose code changed would show that change as a step);
     without one the yardstick median is 1. `judged`: only the candidates the gate
-    judges, not the SDPA peers (yardsticks: harness.candidates.registry.owned)."""
+    judges, not the SDPA peers (yardsticks: harness.candidates.registry.owned).
+    `pattern`: the records read (file names under `results`); `per_chip`: the key also
+    holds the GPU's uuid, so a series is one chip's runs (a fixed runner)."""
     series: dict[tuple, list[tuple[str, float, float]]] = {}
-    for p in sorted(results.glob("h200-*.json")):
+    for p in sorted(results.glob(pattern)):
         rec = json.loads(p.read_text())
         entries = _entries(rec)
         kinds = {k: (v or {}).get("kind") for k, v in (rec.get("kernels") or {}).items()}
@@ -121,8 +129,9 @@ def timed_series(results: Path, yardstick: str | None = None, *, judged: bool = 
                 ys = [entries[(n, pass_name, case, mode)] for n in names]
                 yard = math.exp(statistics.fmean(math.log(y) for y, _ in ys))
                 ident = tuple((n, h) for n, (_, h) in zip(names, ys, strict=True))
+            chip = (rec.get("gpu") or {}).get("uuid") if per_chip else None
             key = (kernel, src, pass_name, case, mode, tuple(rec.get("grids") or ()),
-                   rec.get("source"), ident)
+                   rec.get("source"), chip, ident)
             series.setdefault(key, []).append((rec["created_at"], m, yard))
     return {k: sorted(v) for k, v in series.items() if len(v) >= 3}
 
@@ -133,12 +142,14 @@ def band_of(spread: float) -> str:
 
 def residual_pools(results: Path, *, exclude_median_points: bool = False,
                    yardstick: str | None = None, normalised: bool = False,
-                   judged: bool = False) -> dict[str, list[float]]:
+                   judged: bool = False, pattern: str = "h200-*.json",
+                   per_chip: bool = False) -> dict[str, list[float]]:
     """Each band's pooled log residuals (module doc). `normalised`: of the candidate's
     median over its yardstick's in the same run; the band is the raw series' spread
     either way, so the raw and normalised pools of one yardstick hold the same series."""
     pools: dict[str, list[float]] = {name: [] for *_, name in BANDS}
-    for pts in timed_series(results, yardstick, judged=judged).values():
+    for pts in timed_series(results, yardstick, judged=judged, pattern=pattern,
+                            per_chip=per_chip).values():
         raw = [m for _, m, _ in pts]
         meds = [m / y for _, m, y in pts] if normalised else raw
         logs = [math.log(m) for m in meds]
@@ -150,7 +161,8 @@ def residual_pools(results: Path, *, exclude_median_points: bool = False,
     return pools
 
 
-def candidate_pools(results: Path, *, min_cases: int = MIN_CASES, judged: bool = False
+def candidate_pools(results: Path, *, min_cases: int = MIN_CASES, judged: bool = False,
+                    pattern: str = "h200-*.json", per_chip: bool = False
                     ) -> dict[str, list[float]]:
     """Each band's pooled residuals of candidates, not cases: per (candidate, source,
     pass, timing mode, grids, kind of run) timed in at least 3 runs, the mean over its
@@ -160,7 +172,8 @@ def candidate_pools(results: Path, *, min_cases: int = MIN_CASES, judged: bool =
     median spread of the cases themselves, so a band holds the candidates whose cases
     are that noisy. A run counts with the cases it timed (at least `min_cases`)."""
     groups: dict[tuple, dict[str, list[tuple[str, float]]]] = {}
-    for key, pts in timed_series(results, judged=judged).items():
+    for key, pts in timed_series(results, judged=judged, pattern=pattern,
+                                 per_chip=per_chip).items():
         logs = [math.log(m) for _, m, _ in pts]
         mid = statistics.median(logs)
         groups.setdefault(key[:3] + key[4:], {})[key[3]] = [
@@ -367,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--judged", action="store_true",
                     help="only the series of candidates the gate judges, not the SDPA "
                          "peers (yardsticks it never flags)")
+    ap.add_argument("--records", default="h200-*.json", metavar="GLOB",
+                    help="the records under results/ whose noise is pooled")
+    ap.add_argument("--per-chip", action="store_true",
+                    help="a series is one chip's runs (a fixed runner), not every run "
+                         "of the GPU model")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
@@ -384,11 +402,12 @@ def main(argv: list[str] | None = None) -> int:
     for label, normalised in variants:
         pools = residual_pools(results, exclude_median_points=args.exclude_median_points,
                                yardstick=args.yardstick, normalised=normalised,
-                               judged=args.judged)
+                               judged=args.judged, pattern=args.records,
+                               per_chip=args.per_chip)
         rows += _table(pools, label, args, rng)
     if args.per_candidate:
-        rows += _table(candidate_pools(results, judged=args.judged), ", per candidate",
-                       args, rng)
+        rows += _table(candidate_pools(results, judged=args.judged, pattern=args.records,
+                                       per_chip=args.per_chip), ", per candidate", args, rng)
     if args.json:
         Path(args.json).write_text(json.dumps({"trials": args.trials, "length": args.length,
                                                "seed": args.seed, "yardstick": args.yardstick,

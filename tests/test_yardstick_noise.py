@@ -89,6 +89,22 @@ def test_a_yardstick_whose_code_changed_starts_a_new_series(bench, tmp_path):
     assert all(y == 1.0 for pts in raw.values() for _, _, y in pts)
 
 
+def test_per_chip_series_keep_each_gpu_apart(bench, tmp_path):
+    """--per-chip: six runs, three on each of two chips, are two series of each case (a
+    fixed runner's noise), one series without it (the GPU model's)."""
+    _runs(tmp_path, [1.0, 1.01, 0.99, 1.0, 1.01, 0.99])
+    for i, p in enumerate(sorted(tmp_path.glob("h200-derived-*.json"))):
+        rec = json.loads(p.read_text())
+        rec["gpu"] = dict(rec.get("gpu") or {}, uuid=f"GPU-chip-{i % 2}")
+        p.write_text(json.dumps(rec))
+    per_chip = _fa2(bench.timed_series(tmp_path, per_chip=True))
+    assert per_chip and all(len(pts) == 3 for pts in per_chip.values())
+    assert {k[-2] for k in per_chip} == {"GPU-chip-0", "GPU-chip-1"}
+    model = _fa2(bench.timed_series(tmp_path))
+    assert model and all(len(pts) == 6 and k[-2] is None for k, pts in model.items())
+    assert not _fa2(bench.timed_series(tmp_path, pattern="h100-*.json"))
+
+
 def test_runs_without_the_yardstick_fall_back_to_the_raw_series(bench):
     """Only the runs that timed the yardstick on that case are in its series; the raw
     pools (no yardstick) keep every run, and with a yardstick both pools hold the same
