@@ -1,7 +1,7 @@
 """Regression detection between a run and its baseline, per (kernel, case, GPU model).
 
-A timing change is a `regression` (or `improvement`) only when three independent rules
-agree, because each one alone is known to cry wolf:
+A timing change is a `regression` (or `improvement`) only when these rules agree, because
+each one alone is known to cry wolf:
 
 1. practical size: the estimated ratio new / base is beyond 1 +- `threshold` (2%;
    with a noise model, per case from its run-to-run history: `NoiseModel.threshold`);
@@ -29,6 +29,9 @@ agree, because each one alone is known to cry wolf:
    on perf shapes whose runs moved 1.8-9.6% within themselves, become inconclusive (11 of
    them the SDPA peers', whose code did not change). `bench/detection_power.py` measures
    what the rule costs (docs/regressions.md).
+
+5. the clock (`_clock_explains`): with no run-to-run spread to judge by, a change that the
+   change of SM clock between the two timings explains is left open.
 
 When the ratio is beyond the threshold but the other rules do not confirm it, the verdict
 is `inconclusive` (shown, never failing). With too few samples for a test (single medians,
@@ -221,8 +224,9 @@ def _compare_entries(base: Sequence[dict[str, Any]], new: dict[str, Any],
     # The SM clock the timings ran at (median of their samples), when it was read: a
     # power-capped chip slows a long, hot timing by up to 16% (the H100 of 2026-12-05 ran
     # one perf run's timings at 1665-1980 MHz), and a reader must see a change of clock
-    # beside a change of time. Shown, never used to correct the time: a kernel that draws
-    # more power runs slower on every such chip, and that slowdown is real.
+    # beside a change of time. Never used to correct the time (a kernel that draws more
+    # power runs slower on every such chip, and that slowdown is real); without a
+    # run-to-run history, a change the clock explains is left open (rule 5).
     base_clocks = [c for e in passed_base if (c := _clock(e)) is not None]
     if base_clocks and (new_clock := _clock(new)) is not None:
         detail.update(base_clock_mhz=statistics.median(base_clocks), new_clock_mhz=new_clock)
@@ -294,6 +298,31 @@ def _clock(entry: dict[str, Any]) -> float | None:
     return _num((entry.get("extra") or {}).get("sm_clock_mhz"))
 
 
+def _clock_explains(v: Verdict) -> None:
+    """Rule 5: without a run-to-run spread to judge by (no noise model, or too little
+    history), a timing change that the change of SM clock between the two timings
+    explains is `inconclusive`: one that is no larger than the clocks' ratio and goes its
+    way (clock down and slower, or up and faster; time at most inversely proportional to
+    the clock). Two runs alone cannot tell a kernel that draws more power from a chip whose
+    power and thermal state moved the clock. On an H100 (2026-12-06, results/h100-20261206)
+    five `ci` runs of one commit on one chip timed fa3_wgmma's d128 N2048 bf16 case at
+    1815-1935 MHz, and the second run, with one run of history, called a 4.7% improvement
+    at 1815 -> 1935 MHz certain (p = 3e-127). With a spread known, the noise model judges:
+    runs of one chip whose clocks moved are in that spread, and a change beyond it counts,
+    whatever the clock did."""
+    if v.verdict not in ("regression", "improvement") or "run_to_run_spread" in v.detail:
+        return
+    b, n = v.detail.get("base_clock_mhz"), v.detail.get("new_clock_mhz")
+    if not b or not n or v.ratio is None or v.ratio <= 0 or abs(n - b) < 0.01 * b:
+        return
+    size, clock = math.log(v.ratio), math.log(b / n)   # both > 0: slower, clock down
+    if size * clock > 0 and abs(size) <= abs(clock):
+        v.detail["reason"] = (f"the SM clock moved {b:.0f} -> {n:.0f} MHz, which explains "
+                              f"a change of up to {math.expm1(abs(clock)):.1%}, and no "
+                              "run-to-run history says how far this timing moves with it")
+        v.verdict = "inconclusive"
+
+
 def _clocks(v: Verdict) -> str:
     """"1980 -> 1770" where both timings' clocks are known and differ by 1% or more."""
     b, n = v.detail.get("base_clock_mhz"), v.detail.get("new_clock_mhz")
@@ -347,6 +376,7 @@ def compare_records(base: RunRecord | Sequence[RunRecord], new: RunRecord,
                               noise.history(k, across), v.detail, practical=policy.threshold,
                               seen=noise.seen_range(k, source),
                               new_median=entry.get("median_ms"), across=across)
+        _clock_explains(v)
         v.base_uuid = next((b.uuid for b, ix in zip(bases, indexes, strict=True) if k in ix),
                            None)
         verdicts.append(v)
