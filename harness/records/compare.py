@@ -317,9 +317,9 @@ def _clock_explains(v: Verdict) -> None:
         return
     size, clock = math.log(v.ratio), math.log(b / n)   # both > 0: slower, clock down
     if size * clock > 0 and abs(size) <= abs(clock):
-        v.detail["reason"] = (f"the SM clock moved {b:.0f} -> {n:.0f} MHz, which explains "
-                              f"a change of up to {math.expm1(abs(clock)):.1%}, and no "
-                              "run-to-run history says how far this timing moves with it")
+        v.detail["reason"] = (f"the SM clock moved {b:.0f} -> {n:.0f} MHz (up to "
+                              f"{math.expm1(abs(clock)):.1%} of time); no run-to-run "
+                              "history to judge by")
         v.verdict = "inconclusive"
 
 
