@@ -270,18 +270,30 @@ def test_a_window_of_base_runs_gives_its_median_level_range():
     assert level_bar([[1.0] * 3], [1.0] * 4) is None  # too few samples anywhere
 
 
-def _h100_aa_records():
+def _h100_aa_records(runs: str = "h100-20261206T02*-ci-aa*.json",
+                     planted: str = "h100-20261206-ci-planted-2pct-fa2_mma-record.json"):
+    """Five committed A/A `ci` records of one commit (`runs`, under results/) and the next
+    commit's with fa2_mma slowed 2% (`planted`, under tests/data/: not under results/,
+    since `fa-harness import results/` would take its slowed fa2_mma into the project's
+    history)."""
     from pathlib import Path
 
     from harness.records.record import RunRecord
 
     root = Path(__file__).resolve().parents[1] / "results"
-    aa = [RunRecord.read(p) for p in sorted(root.glob("h100-20261206T02*-ci-aa*.json"))]
-    # Not under results/: `fa-harness import results/` would take its slowed fa2_mma into
-    # the project's history.
-    planted = RunRecord.read(Path(__file__).parent / "data"
-                             / "h100-20261206-ci-planted-2pct-fa2_mma-record.json")
-    return aa, planted
+    aa = [RunRecord.read(p) for p in sorted(root.glob(runs))]
+    return aa, RunRecord.read(Path(__file__).parent / "data" / planted)
+
+
+def _history(records):
+    """The noise model the gate would read from `records` (their passed, timed entries)."""
+    from harness.records.noise import from_rows
+
+    return from_rows([(e["kernel"], (r.kernels.get(e["kernel"]) or {}).get("source_hash", ""),
+                       e.get("pass", "fwd"), e["case_id"], e["median_ms"],
+                       r.gpu.get("uuid", ""))
+                      for r in records for e in r.results
+                      if e.get("status") == "passed" and e.get("median_ms")])
 
 
 def test_a_change_within_a_runs_own_level_range_is_not_called_on_real_h100_runs():
@@ -308,28 +320,15 @@ def test_a_change_within_a_runs_own_level_range_is_not_called_on_real_h100_runs(
 def test_a_planted_slowdown_still_fails_against_real_h100_runs():
     # The next commit with fa2_mma slowed by 2% (bench/plant_slowdown.py), against the five
     # A/A runs as its baseline window and noise history: red, on fa2_mma's cases.
-    from harness.records.noise import from_rows
-
     aa, planted = _h100_aa_records()
-    rows = [(e["kernel"], (r.kernels.get(e["kernel"]) or {}).get("source_hash", ""),
-             e.get("pass", "fwd"), e["case_id"], e["median_ms"], r.gpu.get("uuid", ""))
-            for r in aa for e in r.results if e.get("status") == "passed" and e.get("median_ms")]
-    report = compare_records(aa, planted, noise=from_rows(rows))
+    report = compare_records(aa, planted, noise=_history(aa))
     bad = [v for v in report.verdicts if v.verdict == "regression"]
     assert report.regressed and len(bad) >= 3 and {v.variant for v in bad} == {"fa2_mma"}
     assert all(1.01 < v.ratio < 1.02 for v in bad)
 
 
-def _h100_aa_records_d4e29db():
-    from pathlib import Path
-
-    from harness.records.record import RunRecord
-
-    root = Path(__file__).resolve().parents[1] / "results"
-    aa = [RunRecord.read(p) for p in sorted(root.glob("h100-20261206T1[34]*-ci-aa*.json"))]
-    planted = RunRecord.read(Path(__file__).parent / "data"
-                             / "h100-20261206-ci-planted-2pct-fa2_mma-d4e29db-record.json")
-    return aa, planted
+D4E29DB = ("h100-20261206T1[34]*-ci-aa*.json",
+           "h100-20261206-ci-planted-2pct-fa2_mma-d4e29db-record.json")
 
 
 def test_a_change_the_clock_explains_is_left_open_without_history_on_real_h100_runs():
@@ -337,7 +336,7 @@ def test_a_change_the_clock_explains_is_left_open_without_history_on_real_h100_r
     # second, with the first as its only history, timed fa3_wgmma's d128 N2048 bf16 case
     # 4.7% faster with the SM clock at 1935 MHz instead of 1815, and the samples called it
     # certain. Rule 5 leaves it open; the runs' other verdicts do not move.
-    aa, _ = _h100_aa_records_d4e29db()
+    aa, _ = _h100_aa_records(*D4E29DB)
     assert len(aa) == 5 and len({r.gpu["uuid"] for r in aa}) == 1
     report = compare_records(aa[0], aa[1])
     case = "b8h16-2048x2048-d128-bf16-none"
@@ -356,13 +355,8 @@ def test_a_change_the_clock_explains_is_left_open_without_history_on_real_h100_r
 def test_a_planted_slowdown_fails_against_five_real_h100_runs_of_one_chip():
     # fa2_mma slowed by 2% in the next commit, judged against the five A/A runs as window
     # and noise history: red on fa2_mma's cases alone, fa3_wgmma's clock-moved cases not.
-    from harness.records.noise import from_rows
-
-    aa, planted = _h100_aa_records_d4e29db()
-    rows = [(e["kernel"], (r.kernels.get(e["kernel"]) or {}).get("source_hash", ""),
-             e.get("pass", "fwd"), e["case_id"], e["median_ms"], r.gpu.get("uuid", ""))
-            for r in aa for e in r.results if e.get("status") == "passed" and e.get("median_ms")]
-    report = compare_records(aa, planted, noise=from_rows(rows))
+    aa, planted = _h100_aa_records(*D4E29DB)
+    report = compare_records(aa, planted, noise=_history(aa))
     bad = [v for v in report.verdicts if v.verdict == "regression"]
     assert report.regressed and len(bad) >= 4 and {v.variant for v in bad} == {"fa2_mma"}
     assert all(1.01 < v.ratio < 1.03 for v in bad)
