@@ -72,6 +72,7 @@ from harness.records.steps import MIN_CASES, find_steps  # noqa: E402
 
 BANDS = ((0.0, 0.005, "spread < 0.5%"), (0.005, 0.015, "0.5-1.5%"), (0.015, 1.0, "> 1.5%"))
 STEPS = (0.0, 0.01, 0.02, 0.03, 0.05)
+RECORDS = "h200-*.json"  # the records pooled unless --records names others
 NEAR = 3  # a change point this close to the planted commit is the detector's try at it
 
 
@@ -100,7 +101,7 @@ def _yardstick_names(rec: dict, yardstick: str, kernel: str) -> list[str]:
 
 
 def timed_series(results: Path, yardstick: str | None = None, *, judged: bool = False,
-                 pattern: str = "h200-*.json", per_chip: bool = False
+                 pattern: str = RECORDS, per_chip: bool = False
                  ) -> dict[tuple, list[tuple[str, float, float]]]:
     """Like with like: (candidate, source, pass, case, timing mode, grids, kind of run) ->
     [(created_at, median, yardstick median)], oldest first. With `yardstick` (a peer's
@@ -142,7 +143,7 @@ def band_of(spread: float) -> str:
 
 def residual_pools(results: Path, *, exclude_median_points: bool = False,
                    yardstick: str | None = None, normalised: bool = False,
-                   judged: bool = False, pattern: str = "h200-*.json",
+                   judged: bool = False, pattern: str = RECORDS,
                    per_chip: bool = False) -> dict[str, list[float]]:
     """Each band's pooled log residuals (module doc). `normalised`: of the candidate's
     median over its yardstick's in the same run; the band is the raw series' spread
@@ -162,7 +163,7 @@ def residual_pools(results: Path, *, exclude_median_points: bool = False,
 
 
 def candidate_pools(results: Path, *, min_cases: int = MIN_CASES, judged: bool = False,
-                    pattern: str = "h200-*.json", per_chip: bool = False
+                    pattern: str = RECORDS, per_chip: bool = False
                     ) -> dict[str, list[float]]:
     """Each band's pooled residuals of candidates, not cases: per (candidate, source,
     pass, timing mode, grids, kind of run) timed in at least 3 runs, the mean over its
@@ -194,7 +195,7 @@ def candidate_pools(results: Path, *, min_cases: int = MIN_CASES, judged: bool =
     return pools
 
 
-def spreads(results: Path, yardstick: str
+def spreads(results: Path, yardstick: str, pattern: str = RECORDS
             ) -> dict[str, list[tuple[float, float, float, list[tuple[float, float]]]]]:
     """Per band (of the raw spread), each series that has the yardstick: its run-to-run
     spread raw, normalised and the yardstick's own (harness.records.noise.relative_spread),
@@ -202,7 +203,7 @@ def spreads(results: Path, yardstick: str
     candidate only where the two residuals are correlated: the variance of the ratio's is
     var(c) + var(y) - 2 cov(c, y)."""
     out: dict[str, list] = {name: [] for *_, name in BANDS}
-    for pts in timed_series(results, yardstick).values():
+    for pts in timed_series(results, yardstick, pattern=pattern).values():
         raw = relative_spread([m for _, m, _ in pts]) or 0.0
         c = [math.log(m) for _, m, _ in pts]
         y = [math.log(v) for _, _, v in pts]
@@ -213,14 +214,14 @@ def spreads(results: Path, yardstick: str
     return out
 
 
-def _spread_table(results: Path, yardstick: str) -> None:
+def _spread_table(results: Path, yardstick: str, pattern: str = RECORDS) -> None:
     import numpy as np
 
     print(f"| noise band (raw spread) | series | run-to-run spread, median: raw "
           f"| / {yardstick} | the yardstick's own | lower normalised "
           f"| correlation of residuals |")
     print("|---|---|---|---|---|---|---|")
-    for band, rows in spreads(results, yardstick).items():
+    for band, rows in spreads(results, yardstick, pattern).items():
         if not rows:
             continue
         res = np.array([r for *_, rs in rows for r in rs])
@@ -232,7 +233,7 @@ def _spread_table(results: Path, yardstick: str) -> None:
     print()
 
 
-def common_mode(results: Path) -> dict[str, Any]:
+def common_mode(results: Path, pattern: str = RECORDS) -> dict[str, Any]:
     """Is the run-to-run noise common to the kernels of a run? From the log residuals of
     the raw series (about each series' median): the correlation of two kernels' residuals
     on the same case in the same run (every pair, and pairs whose medians both exceed
@@ -243,7 +244,7 @@ def common_mode(results: Path) -> dict[str, Any]:
     least 20 samples), the noise that timing longer in the same process would average."""
     import numpy as np
 
-    recs = [json.loads(p.read_text()) for p in sorted(results.glob("h200-*.json"))]
+    recs = [json.loads(p.read_text()) for p in sorted(results.glob(pattern))]
     gpu = {r["created_at"]: (r.get("gpu") or {}).get("uuid") for r in recs}
     samples = {(r["created_at"], e["kernel"], e.get("pass") or "fwd", e["case_id"],
                 e.get("timing_mode")): e.get("samples_ms") or []
@@ -253,7 +254,7 @@ def common_mode(results: Path) -> dict[str, Any]:
     chips: dict[str, dict[bool, list[float]]] = {name: {False: [], True: []}
                                                 for *_, name in BANDS}
     halves: dict[str, list[float]] = {name: [] for *_, name in BANDS}
-    for key, pts in timed_series(results).items():
+    for key, pts in timed_series(results, pattern=pattern).items():
         logs = [math.log(m) for _, m, _ in pts]
         mid = statistics.median(logs)
         for when, _, _ in pts:
@@ -287,8 +288,8 @@ def common_mode(results: Path) -> dict[str, Any]:
                       for b, d in chips.items()}}
 
 
-def _print_common_mode(results: Path) -> None:
-    cm = common_mode(results)
+def _print_common_mode(results: Path, pattern: str = RECORDS) -> None:
+    cm = common_mode(results, pattern)
     effects = list(cm["run_effect"].values())
     print(f"correlation of two kernels' residuals, same case, same run: "
           f"{cm['correlation']:.3f} ({cm['pairs']} pairs); both over 0.1 ms: "
@@ -380,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--judged", action="store_true",
                     help="only the series of candidates the gate judges, not the SDPA "
                          "peers (yardsticks it never flags)")
-    ap.add_argument("--records", default="h200-*.json", metavar="GLOB",
+    ap.add_argument("--records", default=RECORDS, metavar="GLOB",
                     help="the records under results/ whose noise is pooled")
     ap.add_argument("--per-chip", action="store_true",
                     help="a series is one chip's runs (a fixed runner), not every run "
@@ -390,9 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     results = ROOT / "results"
     if args.common_mode:
-        _print_common_mode(results)
+        _print_common_mode(results, args.records)
     if args.yardstick:
-        _spread_table(results, args.yardstick)
+        _spread_table(results, args.yardstick, args.records)
     variants = [("", False)] if not args.yardstick else \
         [(", raw", False), (f", / {args.yardstick}", True)]
     print("| noise band | residuals | step | detected within 2 commits "

@@ -234,13 +234,7 @@ def test_a_verdict_shows_the_clocks_its_timings_ran_at_on_a_real_record():
 def _quiet_history(rec):
     """A noise model in which every timed (candidate, pass, case) of `rec` was measured in
     four earlier runs of one chip within 0.3% of one another."""
-    from harness.records.noise import from_rows
-
-    rows = [(e["kernel"], (rec.kernels.get(e["kernel"]) or {}).get("source_hash", ""),
-             e.get("pass", "fwd"), e["case_id"], e["median_ms"] * f, "GPU-earlier")
-            for f in (1.0, 1.003, 0.998, 1.001)
-            for e in rec.results if e.get("status") == "passed" and e.get("median_ms")]
-    return from_rows(rows)
+    return _history([rec], factors=(1.0, 1.003, 0.998, 1.001), device="GPU-earlier")
 
 
 def test_a_runs_own_level_range_needs_its_blocks_to_differ():
@@ -285,14 +279,16 @@ def _h100_aa_records(runs: str = "h100-20261206T02*-ci-aa*.json",
     return aa, RunRecord.read(Path(__file__).parent / "data" / planted)
 
 
-def _history(records):
-    """The noise model the gate would read from `records` (their passed, timed entries)."""
+def _history(records, *, factors=(1.0,), device=None):
+    """The noise model the gate would read from `records` (their passed, timed entries);
+    `factors`: each record's medians once per factor, as if timed that much slower in a run
+    of its own; `device`: a GPU uuid for all of them instead of each record's."""
     from harness.records.noise import from_rows
 
     return from_rows([(e["kernel"], (r.kernels.get(e["kernel"]) or {}).get("source_hash", ""),
-                       e.get("pass", "fwd"), e["case_id"], e["median_ms"],
-                       r.gpu.get("uuid", ""))
-                      for r in records for e in r.results
+                       e.get("pass", "fwd"), e["case_id"], e["median_ms"] * f,
+                       device or r.gpu.get("uuid", ""))
+                      for r in records for f in factors for e in r.results
                       if e.get("status") == "passed" and e.get("median_ms")])
 
 
