@@ -27,6 +27,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    true,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -301,8 +302,54 @@ class SubmissionPass(Base):
     )
 
 
+ALERT_STATES = ("open", "acknowledged", "accepted", "recovered", "withdrawn")
+ALERT_KINDS = ("timing", "correctness")
+
+
+class AlertRow(Base):
+    """One step of a (GPU model, variant, pass) from the commit it began at, and its
+    triage: the per-case verdicts in `comparisons` flag, an alert is what a person acts
+    on (migration 0006). `harness.records.alerts` writes and reads it."""
+
+    __tablename__ = "alerts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_model_key: Mapped[str] = mapped_column(String(128))
+    variant: Mapped[str] = mapped_column(String(255))
+    pass_name: Mapped[str] = mapped_column(String(8), default="fwd", server_default="fwd")
+    kind: Mapped[str] = mapped_column(String(16))
+    # The flagging verdict: "regression", "correctness_regression" or "precision_drift".
+    verdict: Mapped[str] = mapped_column(String(32))
+    # False for a yardstick (the SDPA peers, a shipped variant): never fails the gate.
+    owned: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    state: Mapped[str] = mapped_column(String(16), default="open", server_default="open")
+    first_bad_commit: Mapped[str | None] = mapped_column(String(64))
+    last_good_commit: Mapped[str | None] = mapped_column(String(64))
+    first_run_id: Mapped[int | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="SET NULL"))
+    last_run_id: Mapped[int | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="SET NULL"))
+    # Runs after the first that flagged it again: 0 is not yet confirmed.
+    confirmations: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    cases: Mapped[list[Any] | None]
+    worst_ratio: Mapped[float | None]
+    worst_case: Mapped[str | None] = mapped_column(String(128))
+    who: Mapped[str | None] = mapped_column(String(255))
+    reason: Mapped[str | None] = mapped_column(Text)
+    link: Mapped[str | None] = mapped_column(Text)
+    culprit_commit: Mapped[str | None] = mapped_column(String(64))
+    detail: Mapped[dict[str, Any] | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        Index("ix_alerts_state_gpu", "state", "gpu_model_key"),
+        Index("ix_alerts_series", "gpu_model_key", "variant", "pass_name"),
+    )
+
+
 __all__ = [
-    "ApiToken", "Base", "CaseRow", "Comparison", "JSONType", "RUN_SOURCES", "Result", "Run",
+    "ALERT_KINDS", "ALERT_STATES", "AlertRow", "ApiToken", "Base", "CaseRow", "Comparison", "JSONType", "RUN_SOURCES", "Result", "Run",
     "SUBMISSION_STATUSES", "SUBMISSION_VERDICTS", "Submission", "SubmissionPass",
     "UTCDateTime", "VERDICTS", "Variant", "utcnow",
 ]
