@@ -33,6 +33,7 @@ def all_models() -> list[ModelCandidate]:
 
 
 def named_planted_bugs() -> list[ModelCandidate]:
-    """The planted bugs `--kernels bug_*` can name: the dense ones and the serving ones
-    (which only the serving grid exposes)."""
-    return [*planted_bugs(), *planted_serving_bugs()]
+    """The planted bugs `--kernels bug_*` can name: the dense ones, the serving ones
+    (which only the serving grid exposes) and the backward's (`bug_bwd_*`, whose forward
+    is right: `--backward` exposes them)."""
+    return [*planted_bugs(), *planted_serving_bugs(), *planted_backward_bugs()]

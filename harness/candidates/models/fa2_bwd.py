@@ -51,7 +51,7 @@ class FA2Backward:
         counter.write("D", n_rows * T.F32_BYTES)
         heads = self.kv_heads(case)
         scale = self.ds_scale(case)
-        dq_acc = torch.zeros(case.batch, case.heads, case.seqlen_q, d)
+        dq_acc = self.dq_accumulator(case)
         dk_heads = torch.zeros(case.batch, case.heads, case.seqlen_k, d)
         dv_heads = torch.zeros(case.batch, case.heads, case.seqlen_k, d)
         q_tiles = self.query_tiles(case)
@@ -125,6 +125,11 @@ class FA2Backward:
         """P = exp(S - LSE) with the -inf guard: LSE = -inf (no visible key) gives P = 0."""
         live = torch.isfinite(lse)
         return torch.exp(s - torch.where(live, lse, 0.0)[..., None]) * live[..., None]
+
+    def dq_accumulator(self, case: Case) -> torch.Tensor:
+        """The float32 dQ accumulator (B, H, Nq, d), zeroed for this call (the GPU kernel's
+        pre-pass zeroes its workspace on every call)."""
+        return torch.zeros(case.batch, case.heads, case.seqlen_q, case.head_dim)
 
     def accumulate_dq(self, acc: torch.Tensor, rows: tuple[int, int], update: torch.Tensor,
                       key_start: int) -> None:

@@ -5,12 +5,13 @@ catch them). tests/test_planted_bwd.py holds each to the cases that expose it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from harness.candidates.models import tiles as T
 from harness.candidates.models.fa2 import FA2Model
+from harness.core.candidate import Support
 from harness.core.cases import Case, GradInputs
 
 
@@ -92,6 +93,28 @@ class LostDQUpdate(FA2Model):
         super().accumulate_dq(acc, rows, update, key_start)
 
 
+@dataclass
+class FirstCallOnly(FA2Model):
+    """dQ accumulated into a workspace the backward never zeroes itself: it relies on the
+    harness zeroing a variant's workspaces when a case's state is made (once per case,
+    harness.candidates.cuda_candidate), so the first call on a case is right and every
+    later one adds the previous calls' dQ to its own. It declares its backward
+    nondeterministic (dQ by atomics), so a difference between calls is only noted: only
+    judging every call against the oracle catches it."""
+
+    name: str = "bug_bwd_first_call_only"
+    support: Support = field(default_factory=lambda: Support(
+        masked_lse="-inf", backward=True, backward_deterministic=False))
+    # (case, accumulator): made zeroed when the case changes, as the harness's workspaces.
+    _workspace: tuple[Case, torch.Tensor] | None = field(default=None, repr=False,
+                                                          compare=False)
+
+    def dq_accumulator(self, case: Case) -> torch.Tensor:
+        if self._workspace is None or self._workspace[0] != case:
+            self._workspace = (case, super().dq_accumulator(case))
+        return self._workspace[1]
+
+
 def planted_backward_bugs() -> list[FA2Model]:
     return [DroppedDelta(), MissingScaleInDS(), GroupNotSummed(), CausalNotRecomputed(),
-            NaNOnMaskedRows(), LostDQUpdate()]
+            NaNOnMaskedRows(), LostDQUpdate(), FirstCallOnly()]
