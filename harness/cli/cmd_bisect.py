@@ -20,15 +20,17 @@ Exit codes:
      that could not be measured); the range it narrowed to is printed
   2  bad input: no git, not a repository, uncommitted changes, a range that is not one
      (the good commit not an ancestor of the bad one), an unknown alert, case or kernel
+  3  not measured: no working CUDA GPU on this runner
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from harness.cli._dbopt import add_db_option
-from harness.cli.errors import EXIT_FAIL, EXIT_OK, UsageError
+from harness.cli.errors import EXIT_FAIL, EXIT_NOT_MEASURED, EXIT_OK, UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,6 +69,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     from harness.records.bisect import DEFAULT_MAX_BUILDS
     from harness.records.bisect_run import (
         DEFAULT_MAX_MINUTES,
+        BisectNotMeasured,
         BisectRequest,
         BisectUsageError,
         run_bisect,
@@ -88,6 +91,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         out = run_bisect(req, log=lambda line: print(line, flush=True))
     except BisectUsageError as exc:
         raise UsageError(str(exc)) from None
+    except BisectNotMeasured as exc:
+        print(f"fa-harness bisect: not measured: {exc}", file=sys.stderr)
+        return EXIT_NOT_MEASURED
     for line in out.lines():
         print(line)
     return EXIT_OK if out.result.exact else EXIT_FAIL

@@ -18,17 +18,28 @@ Exit codes:
      (no GPU, unavailable) or got fewer timed cases than its floor; also --require-gpu on
      a runner without a working GPU
 An unreachable database does not lose the run: the record stays in the spool and the
-summary says so."""
+summary says so.
+
+`--bisect [MINUTES]`: when the run opened (or confirmed) an alert of a team candidate
+whose range spans several commits, `fa-harness bisect --alert ID` runs on it here, within
+MINUTES (default 30), and the alert then names the first bad commit. The exit code stays
+the gate's."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.cli._dbopt import add_db_option
 from harness.cli._discoveryopt import add_discovery_options
 from harness.cli.errors import EXIT_NOT_MEASURED, UsageError
+
+if TYPE_CHECKING:
+    from harness.records.gate import GateOptions, GateOutcome
+
+DEFAULT_BISECT_MINUTES = 30.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,6 +88,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--record", type=Path, default=None,
                    help="also write the run record here (e.g. a CI artifact)")
     p.add_argument("--secret", type=int, default=0, help="input secret (0: public inputs)")
+    p.add_argument("--bisect", type=float, nargs="?", const=DEFAULT_BISECT_MINUTES,
+                   default=None, metavar="MINUTES",
+                   help="bisect the ranged alerts this run opened, within MINUTES (default "
+                        f"{DEFAULT_BISECT_MINUTES:g}); the alert then names one commit")
     add_db_option(p)
     add_discovery_options(p)
     p.set_defaults(func=cmd_ci)
@@ -102,6 +117,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--secret must be >= 0, got {args.secret}")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.bisect is not None and not args.bisect > 0:
+        raise UsageError(f"--bisect must be > 0 minutes, got {args.bisect:g}")
     for name in ("timing_min", "timing_cases"):
         v = getattr(args, name)
         if v is not None and v < 0:
@@ -121,7 +138,8 @@ def cmd_ci(args: argparse.Namespace) -> int:
                        budget_min=args.budget, min_time_s=args.min_time,
                        timeout_s=args.timeout, baseline_run=args.baseline,
                        require_gpu=args.require_gpu, sanitize=args.sanitize, jobs=args.jobs,
-                       timing_min=args.timing_min, timing_cases=args.timing_cases)
+                       timing_min=args.timing_min, timing_cases=args.timing_cases,
+                       bisect_minutes=args.bisect)
     try:
         out = run_gate(opts, log=lambda line: print(line, flush=True))
     except GateUsageError as exc:
@@ -130,4 +148,28 @@ def cmd_ci(args: argparse.Namespace) -> int:
         print(f"fa-harness ci: not measured: {exc}", file=sys.stderr)
         return EXIT_NOT_MEASURED
     print(out.summary)
+    if opts.bisect_minutes is not None:
+        _bisect(out, opts, args)
     return out.exit_code
+
+
+def _bisect(out: GateOutcome, opts: GateOptions, args: argparse.Namespace) -> None:
+    """`--bisect`: the ranged alerts of this run bisected; the lines printed and added
+    to the step summary under the gate's."""
+    import os
+
+    from harness.records.bisect_run import bisect_after_gate
+
+    lines = bisect_after_gate(out, db_url=opts.db_url, max_minutes=opts.bisect_minutes or 0.0,
+                              min_time_s=opts.min_time_s, timeout_s=opts.timeout_s,
+                              kernels_dirs=list(args.kernels_dirs),
+                              log=lambda line: print(line, flush=True))
+    if not lines:
+        lines = ["bisect: no alert of this run spans several commits"]
+    for line in lines:
+        print(line)
+    target = opts.summary or (Path(os.environ["GITHUB_STEP_SUMMARY"])
+                              if os.environ.get("GITHUB_STEP_SUMMARY") else None)
+    if target is not None:
+        with open(target, "a", encoding="utf-8") as f:
+            f.write("\n### Bisect\n\n```\n" + "\n".join(lines) + "\n```\n")

@@ -106,6 +106,14 @@ class WorktreeMeasure:
                                         for d in env[ENV_KERNELS].split(":") if d)
         return env
 
+    def ready(self) -> str | None:
+        """Why nothing can be timed on this machine (no working CUDA GPU), else None:
+        said before any worktree is made."""
+        from harness.records.gate_run import gpu_state
+
+        gpu, why = gpu_state()
+        return None if gpu else f"no working CUDA GPU here ({why}): bisect times commits"
+
     def __call__(self, commit: str) -> dict[str, float]:
         record = self._run_child(self._checkout(commit), commit)
         if record is None:
@@ -168,7 +176,7 @@ def child(argv: Sequence[str] | None = None) -> int:
     from harness.candidates import registry
     from harness.candidates.discovery import DiscoveryError, configure
     from harness.core.cases import Case
-    from harness.measure.perf import run_perf
+    from harness.measure.perf import PerfUnavailable, run_perf
     from harness.records.gate_options import GateUsageError
     from harness.records.gate_run import select_candidates
     from harness.records.record import RunRecord, environment
@@ -195,10 +203,14 @@ def child(argv: Sequence[str] | None = None) -> int:
         return 2
     notes: list[str] = []
     calibration = calibration_object(notes)
-    results = run_perf(cands, cases, calibration=calibration, timeout_s=args.timeout,
-                       timing={"rule": {"min_time_s": args.min_time}},
-                       backward=args.pass_name == "bwd",
-                       log=lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        results = run_perf(cands, cases, calibration=calibration, timeout_s=args.timeout,
+                           timing={"rule": {"min_time_s": args.min_time}},
+                           backward=args.pass_name == "bwd",
+                           log=lambda line: print(line, file=sys.stderr, flush=True))
+    except PerfUnavailable as exc:
+        print(f"{args.commit[:12]}: {exc}", file=sys.stderr)
+        return 3
     env = environment()
     env["bisect_notes"] = notes
     meta = {"source": "ci", "grids": [BACKFILL_GRID], "commit": args.commit,

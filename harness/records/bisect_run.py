@@ -38,6 +38,10 @@ class BisectUsageError(ValueError):
     """A request that cannot be bisected: one line, exit code 2."""
 
 
+class BisectNotMeasured(RuntimeError):
+    """Nothing can be timed on this runner (no working GPU): one line, exit code 3."""
+
+
 @dataclass
 class BisectRequest:
     repo: Path = field(default_factory=Path.cwd)
@@ -262,6 +266,9 @@ def run_bisect(req: BisectRequest, *, measure: Callable[[str], Any] | None = Non
             store=_storer(req.db_url) if req.store else None,
             backfill={"alert": p.alert.id if p.alert is not None else None,
                       "range": [p.commits[0], p.commits[-1]]}, log=log)
+        why = owned.ready()
+        if why:
+            raise BisectNotMeasured(why)
         measure = owned
     seconds = req.max_minutes * 60.0 if req.max_minutes and math.isfinite(req.max_minutes) \
         else None
@@ -344,6 +351,6 @@ def bisect_after_gate(out: Any, *, db_url: str | None, max_minutes: float,
             if len(p.commits) <= 2:
                 continue  # one commit apart: the alert names it already
             lines += run_bisect(req, prepared=p, log=log).lines()
-        except BisectUsageError as exc:
+        except (BisectUsageError, BisectNotMeasured) as exc:
             lines.append(f"bisect: alert {a.id}: {exc}")
     return lines
