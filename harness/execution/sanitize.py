@@ -15,6 +15,13 @@ copied: host backtraces and library paths are dropped.
 
 The same tools are the CI gate's sanitizer tier (`fa-harness ci --sanitize fast|full`,
 `TIERS`) on the team's own variants, built there as the gate builds them (`trusted`).
+
+The passes (`passes`): the forward's launches, the backward's, or both, case by case
+(`sanitize_target --backward`, `--no-forward`). The gate's tier and `fa-harness run
+--sanitize` run both for a variant that declares a backward (`variant_passes`), so a
+backward that writes past its buffers is seen wherever a forward's would be; the
+submission worker sanitizes the backward on its own (harness.submissions.scoring_bwd), so
+that the backward's finding is the backward's verdict, never the forward's.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from harness.execution.sanitize_report import SanitizeReport, ToolReport, parse
 __all__ = ["SanitizeReport", "ToolReport", "parse", "sanitize", "sanitizer_path", "TIERS"]
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
+PASSES = ("fwd", "bwd")
 ENV_VAR = "FA_HARNESS_COMPUTE_SANITIZER"
 DEFAULT_TIMEOUT_S = 120.0
 # racecheck's report: "analysis" (the races, analysed), "hazard" (every hazard), "all".
@@ -123,7 +131,13 @@ def _supports_padding(sanitizer: str) -> bool:
 
 
 def command(sanitizer: str, tool: str, variant_path: str, cases: list[Case], *,
-            trusted: bool = False, name: str | None = None) -> list[str]:
+            trusted: bool = False, name: str | None = None,
+            passes: tuple[str, ...] = ("fwd",)) -> list[str]:
+    """The compute-sanitizer command line of one tool on `cases`, running the launches of
+    `passes` ("fwd", "bwd" or both) of the variant."""
+    bad = [x for x in passes if x not in PASSES]
+    if bad or not passes:
+        raise ValueError(f"passes must be some of {PASSES}, got {passes!r}")
     cmd = [sanitizer, "--tool", tool, "--error-exitcode", "99", "--print-limit", "20",
            "--show-backtrace", "device", "--target-processes", "all"]
     if tool == "racecheck":
@@ -139,12 +153,17 @@ def command(sanitizer: str, tool: str, variant_path: str, cases: list[Case], *,
               "--variant", variant_path, "--cases", ",".join(c.id for c in cases)]
     if name:  # one of the folder's [[flavor]]s
         target += ["--name", name]
+    if "bwd" in passes:
+        target += ["--backward"]
+    if "fwd" not in passes:
+        target += ["--no-forward"]
     return cmd + target + (["--trusted"] if trusted else [])
 
 
 def run_tool(tool: str, variant_path: str, cases: list[Case], names: set[str],
              timeout_s: float = DEFAULT_TIMEOUT_S, sanitizer: str | None = None, *,
-             trusted: bool = False, name: str | None = None) -> ToolReport:
+             trusted: bool = False, name: str | None = None,
+             passes: tuple[str, ...] = ("fwd",)) -> ToolReport:
     exe = sanitizer or sanitizer_path()
     if exe is None:
         return ToolReport(tool, "unavailable", 0, "compute-sanitizer not found")
@@ -152,7 +171,7 @@ def run_tool(tool: str, variant_path: str, cases: list[Case], names: set[str],
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     try:
         proc = subprocess.run(command(exe, tool, variant_path, cases, trusted=trusted,
-                                      name=name),
+                                      name=name, passes=passes),
                               capture_output=True, text=True, timeout=timeout_s,
                               stdin=subprocess.DEVNULL, env=env)
     except subprocess.TimeoutExpired:
@@ -184,11 +203,12 @@ TIERS = {"full": Tier(TOOLS, 6, 3), "fast": Tier(("memcheck", "initcheck", "race
 def sanitize(variant_path: str, support: Support, names: set[str], *,
              tools: tuple[str, ...] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
              sanitizer: str | None = None, tier: str = "full",
-             trusted: bool = False, name: str | None = None) -> SanitizeReport:
+             trusted: bool = False, name: str | None = None,
+             passes: tuple[str, ...] = ("fwd",)) -> SanitizeReport:
     """The tier's tools on `sanitizer_cases(support)` (racecheck on `racecheck_cases`),
     in parallel. `trusted`: the team's own source, built with NVRTC in the target as the
     gate builds it (not in the submission sandbox). `name`: the folder's `[[flavor]]` of
-    that name instead of the variant itself."""
+    that name instead of the variant itself. `passes`: the module doc."""
     spec_t = TIERS[tier]
     tools = tools or spec_t.tools
     exe = sanitizer or sanitizer_path()
@@ -204,7 +224,7 @@ def sanitize(variant_path: str, support: Support, names: set[str], *,
 
     def one(t: str) -> ToolReport:
         return run_tool(t, variant_path, race if t == "racecheck" else cases, names,
-                        timeout_s, exe, trusted=trusted, name=name)
+                        timeout_s, exe, trusted=trusted, name=name, passes=passes)
 
     with ThreadPoolExecutor(max_workers=len(tools)) as pool:
         reports = list(pool.map(one, tools))
@@ -251,6 +271,12 @@ def source_names(candidate: Any) -> set[str]:
     return {label.rsplit("/", 1)[-1] for label in labels}
 
 
+def variant_passes(candidate: Any) -> tuple[str, ...]:
+    """The passes the gate's tier and `run --sanitize` check: the backward's too when the
+    variant declares one."""
+    return PASSES if getattr(candidate.support, "backward", False) else ("fwd",)
+
+
 @dataclass
 class SanitizeOutcome:
     """One variant through one tier: its one line, and whether it fails the run (a
@@ -277,12 +303,15 @@ def sanitize_variants(candidates: list[Any], *, tier: str = "full", trusted: boo
         if exe is None:
             return SanitizeOutcome(cand.name, f"sanitize {cand.name}: compute-sanitizer not "
                                    "found, not run", False)
+        passes = variant_passes(cand)
         rep = sanitize(path, cand.support, source_names(cand), sanitizer=exe, tier=tier,
-                       trusted=trusted, timeout_s=timeout_s, name=cand.name)
+                       trusted=trusted, timeout_s=timeout_s, name=cand.name, passes=passes)
         if rep.status == "clean":
             tools = ", ".join(t.tool for t in rep.tools)
+            what = "forward and backward" if "bwd" in passes else "forward"
             return SanitizeOutcome(cand.name, f"sanitize {cand.name}: clean ({tools}; "
-                                   f"{len(rep.cases)} case(s), {rep.wall_s:.1f} s)", False, rep)
+                                   f"{len(rep.cases)} case(s), {what}, {rep.wall_s:.1f} s)",
+                                   False, rep)
         bad = rep.finding or rep.unchecked
         return SanitizeOutcome(cand.name, f"sanitize {cand.name}: "
                                f"{bad.summary if bad else rep.status}", True, rep)
@@ -295,5 +324,6 @@ def sanitize_variants(candidates: list[Any], *, tier: str = "full", trusted: boo
 
 def sanitize_candidates(candidates: list[Any]) -> list[tuple[str, bool]]:
     """`fa-harness run --sanitize`: one line per CUDA candidate, and whether it had a
-    finding (a failed or timed-out tool counts as one); every tool (the full tier)."""
+    finding (a failed or timed-out tool counts as one); every tool (the full tier), on
+    the backward too where one is declared."""
     return [(o.line, o.failed) for o in sanitize_variants(candidates, tier="full")]

@@ -1,14 +1,17 @@
 """The program compute-sanitizer runs: a submission on a few cases, once each.
 
     python -m harness.execution.sanitize_target --variant PATH --cases ID[,ID...] [--trusted]
-        [--backward]
+        [--backward [--no-forward]]
 
 The variant is built with nvcc in the compile sandbox (as the worker builds it) with
 `-lineinfo`, so findings name the submission's source line; with `--trusted` (the CI
 gate's tier, on the team's own source) it is built with NVRTC as the gate builds it. Inputs are drawn as for any
 case; outputs go to the harness's guarded buffers. `--backward` runs the variant's
-`[backward]` launches (after its forward) into guarded dQ, dK, dV buffers. Exit 0 when every launch returned, 1
-when a launch raised (the sanitizer's report says why), 2 on bad input.
+`[backward]` launches (after its forward; without it, `--no-forward`) into guarded dQ, dK,
+dV buffers, on each case its backward supports, with the O and LSE the backward check gives
+it (harness.core.check_grad.grad_inputs), and twice per case, as the check calls it: the
+second call finds the workspaces the first left. Exit 0 when every launch returned, 1 when
+a launch raised (the sanitizer's report says why), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -27,7 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", help="the folder's [[flavor]] of this name")
     ap.add_argument("--backward", action="store_true",
                     help="also run the manifest's [backward] launches on each case")
+    ap.add_argument("--no-forward", action="store_true",
+                    help="with --backward: the backward's launches only")
     args = ap.parse_args(argv)
+    if args.no_forward and not args.backward:
+        print("sanitize_target: --no-forward needs --backward", file=sys.stderr)
+        return 2
 
     import torch
 
@@ -52,13 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         if cand.supports(case):
             continue
-        inputs = make_inputs(case, "cuda")
-        bufs = OutputBuffers.allocate(case, "cuda", cand.support.writes_lse)
-        bufs.poison()
         try:
-            cand.run(case, inputs, bufs.out, bufs.lse)
-            torch.cuda.synchronize()
-            if args.backward and cand.support.backward:
+            if not args.no_forward:
+                inputs = make_inputs(case, "cuda")
+                bufs = OutputBuffers.allocate(case, "cuda", cand.support.writes_lse)
+                bufs.poison()
+                cand.run(case, inputs, bufs.out, bufs.lse)
+                torch.cuda.synchronize()
+            if args.backward and cand.support.backward and \
+                    cand.supports_backward(case) is None:
                 _backward(cand, case)
         except Exception as e:  # noqa: BLE001 - reported, the sanitizer has the detail
             print(f"sanitize_target: {case.id}: {type(e).__name__}: "
@@ -75,9 +85,10 @@ def _backward(cand, case) -> None:  # noqa: ANN001 - a CudaVariant, a Case
 
     inputs = grad_inputs(case, cand, "cuda")
     bufs = GradBuffers.allocate(case, "cuda")
-    bufs.poison()
-    cand.run_backward(case, inputs, *bufs.grads)
-    torch.cuda.synchronize()
+    for _ in range(2):  # the module doc: the second call finds the first one's workspaces
+        bufs.poison()
+        cand.run_backward(case, inputs, *bufs.grads)
+        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":

@@ -13,19 +13,26 @@ The backward's stages mirror the forward's:
    input and into dO: dQ, dK and dV against the float64 gradient oracle (computed after
    the kernel ran, kept on the CPU) with the backward's tolerance rule; each case run
    `race_repeats` times and compared bitwise when the manifest declares the backward
-   deterministic. Any failure: `incorrect`, failing cases listed; an unusable CUDA
-   context afterwards: `crashed`.
-2. Speed on the `perf-bwd` grid, the submission's backward and the baseline's backward
+   deterministic (and at least twice, every call judged against the oracle). Any failure:
+   `incorrect`, failing cases listed; an unusable CUDA context afterwards: `crashed`, its
+   message naming the sanitizer's finding when there is one (as the forward's).
+2. compute-sanitizer on the backward's launches alone (harness.execution.sanitize,
+   `passes=("bwd",)`), wherever the forward is sanitized (the worker passes the forward's
+   stage as `sanitizer`): memcheck, racecheck, initcheck and synccheck on a few small
+   cases, each called twice. A finding, or a tool that could not finish: `incorrect`; a
+   missing tool is recorded as not run. The forward's launches are left out, so the
+   forward's finding never becomes the backward's.
+3. Speed on the `perf-bwd` grid, the submission's backward and the baseline's backward
    timed in the same run by the same routine (harness.submissions.timed_bwd: fresh secret
    inputs and dO per call, poisoned gradient buffers, a same-stream poison count, guards,
    inputs unchanged, every gradient finite, dQ rows and dK/dV keys of a secret sample
    against the float64 oracle). A failed check: `incorrect`. A time below the physical
    floor of the backward (its FLOPs and ideal bytes, harness.submissions.floor) is
    `invalid`; below the runner's measured ceilings only, the case is marked `suspicious`.
-3. Score = geometric mean over the perf-bwd cases both support of baseline median /
+4. Score = geometric mean over the perf-bwd cases both support of baseline median /
    submission median, ranked as the forward's (full coverage first).
 The same bounds as the forward, counted afresh for the backward: `slow_cut_factor` and
-`gpu_budget_s`. compute-sanitizer runs on the forward only; the detail says so.
+`gpu_budget_s`.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from harness.submissions.floor import device_name, floors, judge
 from harness.submissions.scoring import (
     Progress,
     ScoreReport,
+    _diagnosed,
     check_cases,
     context_usable,
     score_candidate,
@@ -82,15 +90,54 @@ def score_passes(candidate: Candidate, options: ScoringOptions, *, secret: int,
         if progress is not None:
             progress(st, case)
 
+    bwd_sanitizer = (backward_sanitizer(candidate, options, variant_path)
+                     if sanitizer is not None else None)
     try:
         report.backward = score_backward(candidate, options, secret=secret,
-                                         baseline=baseline, progress=track, timer=timer)
+                                         baseline=baseline, progress=track, timer=timer,
+                                         sanitizer=bwd_sanitizer)
     except Exception as e:  # noqa: BLE001 - the backward's fault is the backward's verdict
+        from harness.core.faults import is_cuda_fatal
+
         text = (str(e).strip().splitlines() or [""])[0][:1000]
         report.backward = ScoreReport("crashed", f"{type(e).__name__} during {stage[0]}: "
                                       f"{text}")
+        if is_cuda_fatal(text):  # the sanitizer names the access, as for the forward
+            report.backward = _diagnosed(report.backward, bwd_sanitizer, progress)
     _public(report.backward)
     return report
+
+
+def backward_sanitizer(candidate: Candidate, options: ScoringOptions,
+                       variant_path: str | None) -> Callable[[], Any] | None:
+    """The backward's sanitizer stage (module doc, stage 2): the tools on the backward's
+    launches alone, as the forward's stage runs them (in the sandbox-built cubin)."""
+    if variant_path is None:
+        return None
+    from harness.execution import sanitize as san
+
+    def run() -> Any:
+        return san.sanitize(variant_path, candidate.support, san.source_names(candidate),
+                            timeout_s=options.sanitize_timeout_s, passes=("bwd",))
+    return run
+
+
+def _sanitized(sanitizer: Callable[[], Any], progress: Progress,
+               detail: dict[str, Any]) -> ScoreReport | None:
+    """Stage 2 of the module doc: None when clean (or the tool is missing), else the
+    verdict that ends scoring."""
+    progress("sanitize", "backward")
+    rep = sanitizer()
+    detail["sanitizer"] = rep.to_dict()
+    bad = rep.finding or rep.unchecked
+    if bad is None:
+        return None
+    msg = (bad.summary if rep.finding is not None else
+           f"compute-sanitizer {bad.tool} could not check the backward "
+           f"({bad.summary or bad.status}); it is not scored unchecked")
+    return ScoreReport("incorrect", f"backward: {msg}", detail=detail,
+                       failing_cases=[{"case": "compute-sanitizer", "status": "failed",
+                                       "message": msg}])
 
 
 def _public(report: ScoreReport) -> None:
@@ -104,9 +151,11 @@ def _public(report: ScoreReport) -> None:
 
 def score_backward(candidate: Candidate, options: ScoringOptions, *, secret: int,
                    baseline: Candidate | None = None, progress: Progress | None = None,
-                   timer: CallTimer | None = None) -> ScoreReport:
+                   timer: CallTimer | None = None,
+                   sanitizer: Callable[[], Any] | None = None) -> ScoreReport:
     """The backward's verdict and score (module doc); never raises for the candidate's
-    fault short of an unusable CUDA context."""
+    fault short of an unusable CUDA context. `sanitizer`: the backward's sanitizer stage
+    (`backward_sanitizer`), None where compute-sanitizer does not run."""
     from harness.core.check_grad import check_backward_case
     from harness.core.grids import cases_for, get_grid
 
@@ -116,7 +165,7 @@ def score_backward(candidate: Candidate, options: ScoringOptions, *, secret: int
         "pass": "bwd", "gpu_budget_s": options.gpu_budget_s,
         "options": {k: v for k, v in options.to_dict().items() if k not in CASE_LISTS},
         "sanitizer": {"status": "not run",
-                      "reason": "compute-sanitizer runs the forward's launches only"}}
+                      "reason": "compute-sanitizer does not run on this worker"}}
     started = time.monotonic()
 
     def over_budget() -> bool:
@@ -130,7 +179,12 @@ def score_backward(candidate: Candidate, options: ScoringOptions, *, secret: int
         options=options, detail=detail, progress=progress, over_budget=over_budget,
         stage="check-bwd", what="backward ", who="the backward")
     if report is not None:
-        return report
+        return _diagnosed(report, sanitizer, progress) if report.verdict == "crashed" \
+            else report
+    if sanitizer is not None:
+        report = _sanitized(sanitizer, progress, detail)
+        if report is not None:
+            return report
 
     if baseline is None:
         from harness.candidates.registry import get_candidate
