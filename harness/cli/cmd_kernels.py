@@ -53,23 +53,45 @@ def _fmt_set(values, all_values=None) -> str:
     return ",".join(str(getattr(v, "value", v)) for v in vals)
 
 
+def _backward(c, dtypes: str, head_dims: str) -> dict:
+    """What a candidate declares of its backward. It is declared over the forward's
+    support (a manifest's `[backward]`, a Python candidate's `backward`), so its dtypes and
+    head dims are the forward's; a case it refuses beyond that is skipped with the reason
+    (`Candidate.supports_backward`: a library backend tries it)."""
+    s = c.support
+    if not s.backward:
+        return {"supported": False, "deterministic": None, "dtypes": None,
+                "head_dims": None}
+    return {"supported": True, "deterministic": s.backward_deterministic, "dtypes": dtypes,
+            "head_dims": head_dims}
+
+
+def _bwd_cell(b: dict) -> str:
+    if not b["supported"]:
+        return "no"
+    return "det" if b["deterministic"] else "nondet"
+
+
 def describe(c) -> dict:
     """What a candidate declares, as plain data (the table's and --json's rows)."""
     from harness.candidates.registry import origin, owned, unavailable_reason
     from harness.core.cases import DTYPE_SHORT, MaskKind
 
     s = c.support
+    dtypes = ",".join(DTYPE_SHORT.get(d, d) for d in sorted(s.dtypes))
     return {
         "name": c.name, "kind": c.kind, "device": c.device, "algorithm": c.algorithm,
         "origin": origin(c),
         # what the CI gate makes of it: the team's own (timed with a floor) or a yardstick
         "role": "owned" if owned(c) else "yardstick",
-        "dtypes": ",".join(DTYPE_SHORT.get(d, d) for d in sorted(s.dtypes)),
+        "dtypes": dtypes,
         "head_dims": _fmt_set(s.head_dims),
         "masks": _fmt_set(s.masks, MaskKind),
         "gqa": s.gqa,
         "lse": (f"yes ({s.masked_lse} masked)" if s.writes_lse else "no"),
         "deterministic": s.deterministic,
+        # dQ, dK, dV: whether it has one, whether its repeats are bitwise equal
+        "backward": _backward(c, dtypes, _fmt_set(s.head_dims)),
         "isolate": c.isolate,
         "tiles": dict(c.tiles),
         "available": unavailable_reason(c) or "yes",
@@ -170,6 +192,17 @@ def wide_console():
     return console()
 
 
+def _origin_cell(origin: str, narrow: bool) -> str:
+    """The shipped variants' folder is the same for all (--json has the paths); in a
+    narrow table every origin is its source alone (a kernels folder's path, an entry
+    point's module are in the "from" lines under the table)."""
+    if origin.startswith("shipped:"):
+        return "shipped"
+    if narrow:
+        return origin.split(": ", 1)[0].split(" (", 1)[0]
+    return origin
+
+
 def _print_table(rows: list[dict], errors: list[str], notes: list[str],
                  srcs: list[str] = ()) -> None:
     from rich.table import Table
@@ -177,22 +210,26 @@ def _print_table(rows: list[dict], errors: list[str], notes: list[str],
     console = wide_console()
     t = Table(title="candidates")
     cols: tuple[str, ...] = ("name", "kind", "role", "device", "algorithm", "dtypes",
-                             "head_dims", "masks", "gqa", "lse", "available", "origin")
-    # Eleven columns do not fit a narrow terminal: keep the whole names and what decides
-    # a run (kind, availability, origin), and say where the rest is.
+                             "head_dims", "masks", "gqa", "lse", "bwd", "available",
+                             "origin")
+    # Thirteen columns do not fit a narrow terminal: keep the whole names and what decides
+    # a run (kind, backward, availability, origin), and say where the rest is.
     narrow = console.width < 140
     if narrow:
-        cols = ("name", "kind", "role", "available", "origin")
+        cols = ("name", "kind", "role", "bwd", "available", "origin")
         t.caption = "what each supports: a wider terminal, or --json"
+    # bwd: no backward, or one whose repeats are bitwise equal (det) or not (nondet); it
+    # runs the forward's dtypes and head dims.
     for col in cols:  # names stay whole; the long lists fold
-        t.add_column(col.replace("_", " "), no_wrap=col in ("name", "kind", "role", "device"),
-                     overflow="fold")
+        t.add_column(col.replace("_", " "),
+                     no_wrap=col in ("name", "kind", "role", "device", "bwd"), overflow="fold")
     for r in rows:
         avail = r["available"]
         cells = {**r, "available": "yes" if avail == "yes" else
                  "no (needs CUDA)" if avail.startswith("needs a CUDA GPU") else f"no: {avail}",
                  # The shipped variants' folder is the same for all; --json has the paths.
-                 "origin": "shipped" if r["origin"].startswith("shipped:") else r["origin"]}
+                 "origin": _origin_cell(r["origin"], narrow),
+                 "bwd": _bwd_cell(r["backward"])}
         t.add_row(*(("yes" if cells[c] else "no") if isinstance(cells[c], bool)
                     else escape(str(cells[c])) for c in cols))
     console.print(t)
