@@ -48,7 +48,27 @@ struct FaParams {
     long long o_batch_stride, o_head_stride, o_row_stride;
     long long mask_batch_stride, mask_row_stride;  // 0 broadcasts
     // The backward's (null in a forward launch): dO is read, dQ, dK, dV written; o and
-    // lse then hold the forward's O and LSE, which the backward only reads.
+    // lse then hold the forward's O and LSE, which the backward only reads. What a
+    // backward launch receives (harness/core/check_grad.py, harness/candidates/
+    // cuda_candidate.py):
+    // - o and lse are the harness's, never the variant's own forward output: the float64
+    //   oracle's O rounded to the case dtype and its LSE in float32 (the correctness
+    //   check, the submissions' timed calls, compute-sanitizer), or the same-precision
+    //   naive implementation's (the perf run's timed calls). lse is (B, H, Nq) contiguous
+    //   and never null in a backward launch, even for a variant whose forward writes none.
+    // - lse is in natural log, LSE_i = ln sum_j exp(scale * q_i . k_j), as the forward
+    //   writes it: scale_log2 is only for an exp2-based softmax, so a backward using exp2
+    //   computes P = exp2(s * scale_log2 - lse * log2(e)). A row that sees no key has
+    //   lse = -inf (+inf when the manifest declares masked_lse = "+inf"); its dQ must be
+    //   exactly 0.
+    // - dq, dk and dv are poisoned (NaN) before every call: every element must be written
+    //   (a key no query sees gets dK = dV = 0); under GQA each K/V head's dK and dV are
+    //   summed over its group.
+    // - workspace[] holds the [[backward.workspace]] buffers (not the forward's), zeroed
+    //   once when the harness first runs a case (again for a new case or stream), not
+    //   before each call: the harness calls a backward at least twice per case and judges
+    //   every call, so what a launch accumulates there (a dQ accumulator) it zeroes itself
+    //   on every call, as fa_bwd_pre does.
     const void* dout;
     void* dq;
     void* dk;
