@@ -16,8 +16,14 @@ culprit named is the true first bad commit. Per band the table gives the fractio
 (with its 95% Wilson interval), the fraction that named a wrong commit, that named none
 (a bound hit), and the mean builds and measurements per alert.
 
+The search's settings can be changed to see what each one is worth: `--end-runs`
+(timings of each end, 3), `--min-runs` (of each commit between before it is classified,
+1), `--repeats` (most timings of one commit, 3), `--z`, `--trim` (of either tail of the
+per-case values, 0.2; 0 is the plain geometric mean), `--no-pool`.
+
     python bench/bisect_exactness.py [--trials 2000] [--seed 1] [--max-builds 10]
-        [--z 2.0] [--repeats 3] [--no-pool] [--common 0.0]
+        [--z 2.0] [--repeats 3] [--end-runs 3] [--min-runs 1] [--trim 0.2] [--no-pool]
+        [--common 0.0]
 """
 
 from __future__ import annotations
@@ -69,7 +75,8 @@ def trial(rng: random.Random, step: float, spread: float, args: argparse.Namespa
         return {c: v * slow * math.exp(scale * t2(rng) + shift) for c, v in cases.items()}
 
     res = bisect_range(commits, measure, max_builds=args.max_builds, z=args.z,
-                       max_repeats=args.repeats, pool=not args.no_pool, end_runs=args.end_runs)
+                       max_repeats=args.repeats, pool=not args.no_pool, end_runs=args.end_runs,
+                       min_runs=args.min_runs)
     outcome = ("exact" if res.culprit == commits[culprit] else
                "wrong" if res.culprit is not None else "none")
     return outcome, res.builds, calls
@@ -85,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-pool", action="store_true")
     ap.add_argument("--common", type=float, default=0.0)
     ap.add_argument("--end-runs", type=int, default=3)
+    ap.add_argument("--min-runs", type=int, default=1)
     ap.add_argument("--trim", type=float, default=None)
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
@@ -92,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         import harness.records.bisect as core
         core.TRIM = args.trim
     print(f"{args.trials} alerts per band; range 2-8 commits, 8-16 cases, t2 noise; "
-          f"max builds {args.max_builds}, z {args.z:g}, repeats {args.repeats}"
+          f"max builds {args.max_builds}, z {args.z:g}, repeats {args.repeats}, "
+          f"end runs {args.end_runs}, min runs {args.min_runs}"
           + (", no pooling" if args.no_pool else "")
           + (f", common-mode spread {args.common:.1%}" if args.common else ""))
     print("| step | spread | exact | 95% interval | wrong | none | builds | measurements |")

@@ -203,3 +203,13 @@ def test_noisy_steps_are_named_exactly_most_of_the_time():
         res = bisect_range(commits(n), measure)
         exact += res.culprit == commits(n)[culprit]
     assert exact >= 55, exact
+
+
+def test_min_runs_times_each_commit_between_that_often_before_a_verdict():
+    calls: list[str] = []
+    cs = commits(6)
+    res = bisect_range(cs, stepped(3, calls=calls), min_runs=2, end_runs=1)
+    between = [c for c in calls if c not in (cs[0], cs[-1])]
+    assert res.culprit == cs[3]
+    assert all(between.count(c) == 2 for c in set(between))
+    assert len(res.tested) == len(set(between))  # one verdict per commit, after 2 runs

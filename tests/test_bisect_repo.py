@@ -353,3 +353,15 @@ def test_ci_bisect_bisects_the_ranged_alert_the_run_opened(team_repo, no_gpu_nee
 def test_ci_bisect_minutes_must_be_positive(capsys):
     rc = cli_main(["ci", "--bisect", "0"])
     assert rc == 2 and "--bisect must be > 0 minutes" in capsys.readouterr().err
+
+
+def test_bad_bounds_are_usage_errors(team_repo, capsys):
+    repo, commits = team_repo
+    base = ["--good", commits[0], "--kernel", KERNEL, "--cases", case_ids(1)[0],
+            "--repo", str(repo)]
+    for extra, msg in ((["--runs", "9"], "--runs must be 1 to 5"),
+                       (["--end-runs", "0"], "--end-runs must be >= 1"),
+                       (["--max-minutes", "0"], "--max-minutes must be > 0"),
+                       (["--max-builds", "2"], "--max-builds 2: the two ends")):
+        rc, err = run_cli([*base, *extra], capsys)
+        assert rc == 2 and msg in err, (extra, err)

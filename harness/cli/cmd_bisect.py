@@ -32,6 +32,8 @@ from pathlib import Path
 from harness.cli._dbopt import add_db_option
 from harness.cli.errors import EXIT_FAIL, EXIT_NOT_MEASURED, EXIT_OK, UsageError
 
+MAX_RUNS = 5  # --runs: more is a benchmark, not a bisection
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bisect", help="find the first bad commit of a ranged timing alert")
@@ -49,6 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default 10)")
     p.add_argument("--max-minutes", type=float, default=None, metavar="M",
                    help="no timing starts once this is spent (default 60)")
+    p.add_argument("--end-runs", type=int, default=None, metavar="N",
+                   help="timings of each end of the range (default 3)")
+    p.add_argument("--runs", type=int, default=None, metavar="N",
+                   help="timings of a commit between before it is classified (default 1; "
+                        "more where whole runs of this runner shift: docs/regressions.md)")
     p.add_argument("--min-time", type=float, default=0.2, metavar="S",
                    help="sampling time per timed case (default 0.2 s, as ci)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
@@ -66,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
-    from harness.records.bisect import DEFAULT_MAX_BUILDS
+    from harness.records.bisect import DEFAULT_MAX_BUILDS, END_RUNS, MIN_RUNS
     from harness.records.bisect_run import (
         DEFAULT_MAX_MINUTES,
         BisectNotMeasured,
@@ -79,6 +86,12 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     max_minutes = DEFAULT_MAX_MINUTES if args.max_minutes is None else args.max_minutes
     if not max_minutes > 0:
         raise UsageError(f"--max-minutes must be > 0, got {max_minutes:g}")
+    end_runs = END_RUNS if args.end_runs is None else args.end_runs
+    min_runs = MIN_RUNS if args.runs is None else args.runs
+    if end_runs < 1:
+        raise UsageError(f"--end-runs must be >= 1, got {end_runs}")
+    if not 1 <= min_runs <= MAX_RUNS:
+        raise UsageError(f"--runs must be 1 to {MAX_RUNS}, got {min_runs}")
     for name, v in (("--min-time", args.min_time), ("--timeout", args.timeout)):
         if not v > 0:
             raise UsageError(f"{name} must be > 0 s, got {v:g}")
@@ -86,7 +99,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
                         kernel=args.kernel, cases=args.cases, db_url=args.db,
                         max_builds=max_builds, max_minutes=max_minutes,
                         min_time_s=args.min_time, timeout_s=args.timeout,
-                        kernels_dirs=args.bisect_kernels_dirs, store=not args.no_store)
+                        kernels_dirs=args.bisect_kernels_dirs, store=not args.no_store,
+                        end_runs=end_runs, min_runs=min_runs)
     try:
         out = run_bisect(req, log=lambda line: print(line, flush=True))
     except BisectUsageError as exc:

@@ -15,7 +15,7 @@ The method:
    driver, the chip), and only levels measured now, on the same runner, tell a commit's
    level apart from that drift. Every commit is classified against these two levels,
    so their noise is in every verdict: with one run each, 2% steps at 1.5% per-case
-   spread were named exactly 92% of the time, with three 98% (the benchmark below).
+   spread were named exactly 91.5% of the time, with three 97.5% (the benchmark below).
 2. **Binary search.** The middle untested commit of the open range is measured and
    classified good or bad; the range halves. A commit that cannot be measured (it does
    not build, a case fails) is `skip`ped and its nearest untested neighbour is tried
@@ -26,11 +26,15 @@ The method:
    of one case is heavy tailed, Student t with about 2 degrees of freedom on the project's
    H200 and H100 histories, and one case 10% off must not decide a 2% step). The commit
    is bad when that mean is above 0, good below, and `unclear` when it lies within `Z`
-   standard errors of 0 (the spread of the per-case values over the cases, robust, over
-   the square root of their number): it is timed once more, its medians pooled with the
-   earlier ones (per case, the median of its runs), up to `MAX_REPEATS` times; then the
-   nearer level decides. The ratio reported is the trimmed geometric mean over the cases
-   of the commit's median over the good level's.
+   standard errors of 0: it is timed once more, its medians pooled with the earlier
+   ones (per case, the median of its runs), up to `MAX_REPEATS` times; then the nearer
+   level decides. The standard error is the larger of the spread of the per-case values
+   over the cases (robust) over the square root of their number, and what a shift of a
+   whole run (every case at once, which that spread cannot see) does to the commit's
+   runs and both levels: `run_spread`, from the repeated runs of the ends. A commit is
+   timed `min_runs` times (default `MIN_RUNS`) before its first classification. The
+   ratio reported is the trimmed geometric mean over the cases of the commit's median
+   over the good level's.
 4. **Pooling.** A commit classified good joins the good level (per case, the median over
    the good level's runs), one classified bad the bad level: later classifications of the
    same search stand on more runs.
@@ -60,6 +64,7 @@ TRIM = 0.2  # of either tail of the per-case values (module doc, 3)
 Z = 2.0  # standard errors from the midpoint within which a commit is unclear
 MAX_REPEATS = 3  # measurements of one commit before the nearer level decides
 END_RUNS = 3  # measurements of each end when its level is not given
+MIN_RUNS = 1  # measurements of a commit between before it is classified
 MIN_CASES = 3  # cases measured at the commit and both levels for a classification
 DEFAULT_MAX_BUILDS = 10
 
@@ -134,11 +139,28 @@ class Classified:
     z: float
 
 
+def run_spread(levels: Sequence[Sequence[Level]]) -> float:
+    """The spread of one run's level as a whole: per group of runs of one commit (the
+    ends), each run's trimmed mean over the cases of its log medians less the group's
+    per-case medians; their pooled standard deviation. 0 with no group of two runs."""
+    ss, df = 0.0, 0
+    for runs in levels:
+        mid = _logs(runs)
+        if len(runs) < 2 or len(mid) < MIN_CASES:
+            continue
+        shifts = [trimmed_mean([math.log(r[c]) - mid[c] for c in mid]) for r in runs]
+        mean = statistics.fmean(shifts)
+        ss += sum((x - mean) ** 2 for x in shifts)
+        df += len(shifts) - 1
+    return math.sqrt(ss / df) if df else 0.0
+
+
 def classify(runs: Sequence[Level], good: Sequence[Level], bad: Sequence[Level], *,
-             z: float = Z, decide: bool = False) -> Classified | None:
+             z: float = Z, decide: bool = False, run_sd: float = 0.0) -> Classified | None:
     """Where a commit measured `runs` times lies between the two levels (module doc, 3);
     None when fewer than MIN_CASES cases are common to all. `decide`: no `unclear`, the
-    nearer level wins."""
+    nearer level wins. `run_sd` (`run_spread`): how much a run moves as a whole, which
+    the spread over the cases cannot see; the standard error is the larger of the two."""
     m, g, b = _logs(runs), _logs(good), _logs(bad)
     cases = sorted(set(m) & set(g) & set(b))
     if len(cases) < MIN_CASES:
@@ -148,6 +170,9 @@ def classify(runs: Sequence[Level], good: Sequence[Level], bad: Sequence[Level],
     d = [sign * (m[c] - (g[c] + b[c]) / 2.0) for c in cases]
     mean = trimmed_mean(d)
     se = _robust_sd(d) / math.sqrt(len(d))
+    # A whole run's shift moves the commit's runs and both levels' (the midpoint is
+    # the mean of the two, each the median of its runs): its share of the variance.
+    se = max(se, run_sd * math.sqrt(1 / len(runs) + 0.25 / len(good) + 0.25 / len(bad)))
     zval = mean / se if se > 0 else math.copysign(math.inf, mean)
     ratio = math.exp(trimmed_mean([m[c] - g[c] for c in cases]))
     position = 0.5 + sign * mean / step if step else 0.5
@@ -160,7 +185,7 @@ def bisect_range(commits: Sequence[str], measure: Measure, *,
                  bad_level: Level | Sequence[Level] | None = None,
                  max_builds: int = DEFAULT_MAX_BUILDS, max_seconds: float | None = None,
                  max_repeats: int = MAX_REPEATS, z: float = Z, pool: bool = True,
-                 end_runs: int = END_RUNS,
+                 end_runs: int = END_RUNS, min_runs: int = MIN_RUNS,
                  clock: Callable[[], float] = time.monotonic,
                  log: Callable[[str], None] | None = None) -> BisectResult:
     """The first bad commit of `commits` (oldest first: the last good commit, the commits
@@ -176,6 +201,7 @@ def bisect_range(commits: Sequence[str], measure: Measure, *,
     if len(set(commits)) != len(commits):
         raise BisectError("a commit appears twice in the range")
     say = log or (lambda _line: None)
+    max_repeats = max(max_repeats, min_runs + 1)  # one timing more after the first verdict
     start = clock()
     durations: list[float] = []
     runs: dict[str, list[Level]] = {}
@@ -216,6 +242,7 @@ def bisect_range(commits: Sequence[str], measure: Measure, *,
             say(f"{name} {end[:12]}: measured ({len(runs[end][-1])} case(s))")
     good = good or list(runs[commits[0]])
     bad = bad or list(runs[commits[-1]])
+    spread = run_spread([good, bad])
     first = classify(bad, good, bad, decide=True)
     if first is None:
         raise BisectError(f"fewer than {MIN_CASES} cases measured at both ends")
@@ -242,7 +269,10 @@ def bisect_range(commits: Sequence[str], measure: Measure, *,
                 break
             if not timed(commit):
                 break
-            verdict = classify(runs[commit], good, bad, z=z, decide=n == max_repeats - 1)
+            if len(runs[commit]) < min_runs and n < max_repeats - 1:
+                continue
+            verdict = classify(runs[commit], good, bad, z=z, decide=n == max_repeats - 1,
+                               run_sd=spread)
             if verdict is None:
                 break
             out.tested.append(Tested(commit, verdict.verdict, verdict.ratio,

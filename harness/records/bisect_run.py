@@ -27,7 +27,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from harness.records.bisect import DEFAULT_MAX_BUILDS, BisectError, BisectResult, bisect_range
+from harness.records.bisect import (
+    DEFAULT_MAX_BUILDS,
+    END_RUNS,
+    MIN_RUNS,
+    BisectError,
+    BisectResult,
+    bisect_range,
+)
 from harness.records.bisect_git import GitError
 
 DEFAULT_MAX_MINUTES = 60.0
@@ -57,6 +64,8 @@ class BisectRequest:
     timeout_s: float = 60.0
     kernels_dirs: list[str] = field(default_factory=list)
     store: bool = True
+    end_runs: int = END_RUNS  # timings of each end
+    min_runs: int = MIN_RUNS  # timings of a commit between before it is classified
 
 
 @dataclass
@@ -278,7 +287,8 @@ def run_bisect(req: BisectRequest, *, measure: Callable[[str], Any] | None = Non
     try:
         with interrupts_as_keyboard():
             result = bisect_range(p.commits, measure, max_builds=req.max_builds,
-                                  max_seconds=seconds, log=lambda line: log(f"  {line}"))
+                                  max_seconds=seconds, end_runs=req.end_runs,
+                                  min_runs=req.min_runs, log=lambda line: log(f"  {line}"))
     except BisectError as exc:
         raise BisectUsageError(str(exc)) from None
     finally:
