@@ -26,7 +26,10 @@ SIZE_NAMES: frozenset[str] = frozenset({
 FUNCTIONS: dict[str, int] = {"ceil_div": 2, "min": -2, "max": -2}  # -2: two or more args
 
 # Guard against absurd inputs (a 10 kB expression, a 1e300 literal): sizes fit in 63 bits.
+# An expression is evaluated at every case of the scoring grids (hundreds), so its size
+# bounds that work too: the manifest bounds how many there are (harness.candidates.manifest).
 MAX_EXPR_CHARS = 400
+MAX_EXPR_NODES = 128  # names, literals, operators and calls; the shipped kernels need < 60
 MAX_VALUE = (1 << 63) - 1
 
 
@@ -41,6 +44,7 @@ class Expr:
     text: str
     tree: ast.expr = field(repr=False, compare=False)
     names: frozenset[str] = frozenset()
+    nodes: int = field(default=1, compare=False)  # the work of one evaluation
 
     def evaluate(self, env: Mapping[str, int]) -> int:
         missing = sorted(n for n in self.names if n not in env)
@@ -71,6 +75,9 @@ def parse_expr(text: str | int, allowed_names: Iterable[str] | None = None) -> E
         raise ExprError(f"syntax error in {src!r}: {e.msg}") from None
     names: set[str] = set()
     _check(tree, src, names)
+    nodes = sum(1 for n in ast.walk(tree) if isinstance(n, ast.expr))
+    if nodes > MAX_EXPR_NODES:
+        raise ExprError(f"expression of {nodes} terms (at most {MAX_EXPR_NODES}) in {src!r}")
     if allowed_names is not None:
         allowed = set(allowed_names)
         unknown = sorted(names - allowed)
@@ -78,7 +85,7 @@ def parse_expr(text: str | int, allowed_names: Iterable[str] | None = None) -> E
             raise ExprError(
                 f"unknown name {unknown[0]!r} in {src!r} (known: {', '.join(sorted(allowed))})"
             )
-    return Expr(src, tree, frozenset(names))
+    return Expr(src, tree, frozenset(names), nodes)
 
 
 def _check(node: ast.AST, src: str, names: set[str]) -> None:

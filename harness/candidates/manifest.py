@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from harness.candidates.expr import FUNCTIONS, SIZE_NAMES, Expr, ExprError, parse_expr
 from harness.candidates.manifest_fields import (
     _bool,
+    _bounded,
     _Ctx,
     _int,
     _keys,
@@ -63,6 +64,17 @@ from harness.candidates.variant_spec import (
 )
 from harness.core.cases import DTYPES, Layout, MaskKind
 
+# Counts a manifest may not exceed: a submission's size expressions are evaluated at every
+# case of the scoring grids, and each list multiplies some work (entries, sources read),
+# so no legal manifest may make loading or validating slow. The shipped kernels use a
+# fraction of each (fa3_wgmma: 5 launches, about 200 expression terms).
+MAX_LAUNCHES = 16  # per pass (forward, backward)
+MAX_EXPR_TERMS = 2048  # names, literals, operators and calls of all size expressions
+MAX_TILES = 64
+MAX_FLAVORS = 16
+MAX_COMPILE_OPTIONS = 32
+MAX_SOURCES = 16
+
 # ------------------------------------------------------------------------------------
 # Validation
 # ------------------------------------------------------------------------------------
@@ -70,9 +82,14 @@ from harness.core.cases import DTYPES, Layout, MaskKind
 
 def _expr(ctx: _Ctx, v: Any, where: str, names: frozenset[str]) -> Expr:
     try:
-        return parse_expr(v, names)
-    except ExprError as e:
-        raise ctx.fail(where, str(e)) from None
+        e = parse_expr(v, names)
+    except ExprError as err:
+        raise ctx.fail(where, str(err)) from None
+    ctx.expr_nodes += e.nodes
+    if ctx.expr_nodes > MAX_EXPR_TERMS:
+        raise ctx.fail(where, f"the size expressions of a manifest may have at most "
+                       f"{MAX_EXPR_TERMS} terms in all")
+    return e
 
 
 def _dims(ctx: _Ctx, v: Any, where: str, names: frozenset[str]) -> tuple[Expr, Expr, Expr]:
@@ -95,7 +112,7 @@ def _check_options(ctx: _Ctx, options: tuple[str, ...], where: str) -> None:
 
 def _flavors(ctx: _Ctx, raw: Any, name: str, has_backward: bool) -> tuple[FlavorSpec, ...]:
     out: list[FlavorSpec] = []
-    for i, t in enumerate(_list(ctx, raw, "flavor")):
+    for i, t in enumerate(_bounded(ctx, raw, "flavor", MAX_FLAVORS)):
         w = f"flavor[{i}]"
         _keys(ctx, t, w, FLAVOR_REQUIRED, FLAVOR_OPTIONAL)
         fname = _str(ctx, t["name"], f"{w}.name")
@@ -105,8 +122,9 @@ def _flavors(ctx: _Ctx, raw: Any, name: str, has_backward: bool) -> tuple[Flavor
         if fname in (f.name for f in out):
             raise ctx.fail(f"{w}.name", f"{fname!r} is declared twice")
         opts = tuple(_str(ctx, o, f"{w}.compile_options[{j}]")
-                     for j, o in enumerate(_list(ctx, t["compile_options"],
-                                                 f"{w}.compile_options")))
+                     for j, o in enumerate(_bounded(ctx, t["compile_options"],
+                                                    f"{w}.compile_options",
+                                                    MAX_COMPILE_OPTIONS)))
         _check_options(ctx, opts, f"{w}.compile_options")
         det = _bool(ctx, t["deterministic"], f"{w}.deterministic") \
             if "deterministic" in t else None
@@ -152,8 +170,9 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
         raise ctx.fail("arch", f"{arch!r} must look like \"sm_90a\" or be empty")
 
     options = tuple(_str(ctx, o, f"compile_options[{i}]") for i, o in
-                    enumerate(_list(ctx, data.get("compile_options", []),
-                                    "compile_options", nonempty=False)))
+                    enumerate(_bounded(ctx, data.get("compile_options", []),
+                                       "compile_options", MAX_COMPILE_OPTIONS,
+                                       nonempty=False)))
     _check_options(ctx, options, "compile_options")
     deterministic = _bool(ctx, data.get("deterministic", True), "deterministic")
 
@@ -184,6 +203,8 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
     raw_tiles = data.get("tiles", {})
     if not isinstance(raw_tiles, dict):
         raise ctx.fail("tiles", f"must be a table, got {_tname(raw_tiles)}")
+    if len(raw_tiles) > MAX_TILES:
+        raise ctx.fail("tiles", f"at most {MAX_TILES} tiles, got {len(raw_tiles)}")
     for k, v in raw_tiles.items():
         if not IDENT_RE.match(k) or k in SIZE_NAMES or k in FUNCTIONS:
             raise ctx.fail(f"tiles.{k}", "tile names must be identifiers that are not size "
@@ -216,7 +237,8 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
         texts.append((fpath.name, ftext))
     else:
         sources = tuple(_str(ctx, s, f"sources[{i}]") for i, s in
-                        enumerate(_list(ctx, data["sources"], "sources")))
+                        enumerate(_bounded(ctx, data["sources"], "sources", MAX_SOURCES,
+                                           unique=True)))
         for i, s in enumerate(sources):
             if "/" in s or "\\" in s or s.startswith(".") or not s.endswith((".cu", ".cuh")):
                 raise ctx.fail(f"sources[{i}]", f"{s!r} must be a .cu/.cuh file name inside "
@@ -297,7 +319,7 @@ def _tensor_maps(ctx: _Ctx, raw: Any, names: frozenset[str], key: str = "tensor_
 def _launches(ctx: _Ctx, raw: Any, where0: str, names: frozenset[str],
               supports: SupportSpec) -> tuple[LaunchSpec, ...]:
     launches: list[LaunchSpec] = []
-    for i, launch in enumerate(_list(ctx, raw, where0)):
+    for i, launch in enumerate(_bounded(ctx, raw, where0, MAX_LAUNCHES)):
         where = f"{where0}[{i}]"
         _keys(ctx, launch, where, LAUNCH_REQUIRED, LAUNCH_OPTIONAL)
         entry = _str(ctx, launch["entry"], f"{where}.entry")
@@ -335,7 +357,7 @@ E = TypeVar("E", bound=StrEnum)
 def _enum_list(ctx: _Ctx, raw: Any, where: str, enum: type[E], what: str) -> list[E]:
     """A list of strings, each a value of `enum`; one message naming the bad entry."""
     out: list[E] = []
-    for i, item in enumerate(_list(ctx, raw, where)):
+    for i, item in enumerate(_bounded(ctx, raw, where, len(enum), unique=True)):
         s = _str(ctx, item, f"{where}[{i}]")
         try:
             out.append(enum(s))
@@ -348,7 +370,8 @@ def _enum_list(ctx: _Ctx, raw: Any, where: str, enum: type[E], what: str) -> lis
 def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
     _keys(ctx, table, "supports", SUPPORTS_REQUIRED, SUPPORTS_OPTIONAL)
     dtypes = tuple(_str(ctx, d, f"supports.dtypes[{i}]") for i, d in
-                   enumerate(_list(ctx, table["dtypes"], "supports.dtypes")))
+                   enumerate(_bounded(ctx, table["dtypes"], "supports.dtypes", len(DTYPES),
+                                      unique=True)))
     for i, d in enumerate(dtypes):
         if d not in DTYPES:
             raise ctx.fail(f"supports.dtypes[{i}]", f"unknown dtype {d!r} "
@@ -366,7 +389,8 @@ def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
         head_dims = None
     elif isinstance(raw_dims, list):
         head_dims = tuple(_int(ctx, d, f"supports.head_dims[{i}]", 1)
-                          for i, d in enumerate(_list(ctx, raw_dims, "supports.head_dims")))
+                          for i, d in enumerate(_bounded(ctx, raw_dims, "supports.head_dims",
+                                                         MAX_HEAD_DIM, unique=True)))
         for i, d in enumerate(head_dims):
             if d > max_head_dim:
                 raise ctx.fail(f"supports.head_dims[{i}]", f"{d} > {max_head_dim}")

@@ -13,6 +13,7 @@ class _Ctx:
     def __init__(self, path: Path, variant: str):
         self.path = path
         self.variant = variant
+        self.expr_nodes = 0  # of every size expression read so far (manifest's bound)
 
     def fail(self, where: str, message: str) -> VariantError:
         return VariantError(LoadError(str(self.path), where, message, self.variant))
@@ -65,3 +66,18 @@ def _list(ctx: _Ctx, v: Any, where: str, nonempty: bool = True) -> list[Any]:
     if nonempty and not v:
         raise ctx.fail(where, "must not be empty")
     return v
+
+
+def _bounded(ctx: _Ctx, v: Any, where: str, most: int, *, nonempty: bool = True,
+             unique: bool = False) -> list[Any]:
+    """A list of at most `most` items (without repeats when `unique`)."""
+    items = _list(ctx, v, where, nonempty=nonempty)
+    if len(items) > most:
+        raise ctx.fail(where, f"at most {most} entries, got {len(items)}")
+    if unique:
+        seen: list[Any] = []
+        for i, x in enumerate(items):
+            if x in seen:
+                raise ctx.fail(f"{where}[{i}]", f"{x!r} is listed twice")
+            seen.append(x)
+    return items

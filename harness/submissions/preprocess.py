@@ -2,32 +2,40 @@
 
 The submission's sources are preprocessed by nvcc itself, in the sandbox
 (`harness.candidates.sandbox`), as one translation unit: the harness's header from the
-sandbox's private folder, then every source, then the entry checks. nvcc runs twice, once as
-the host pass and once with `__CUDA_ARCH__` set (the device pass), both with GCC's `-dI`
-(every `#include` directive processed, as the preprocessor spelled it after line splices and
-macro expansion) and `-dD` (every `#define` / `#undef` where it happened). The line markers
-of the output say which file each directive came from, so the rules below are decided from
-what the compiler did, not from reading the text:
+sandbox's private folder, then every source, then the entry checks. nvcc runs once per
+architecture the submission is built for (`-E` with exactly the build's `-arch` /
+`-gencode`, standard and options, so `__CUDA_ARCH__` and an `sm_90a` build's
+`__CUDA_ARCH_FEAT_SM90_ALL` are what the build sees), with GCC's `-dI` (every `#include`
+directive processed, as the preprocessor spelled it after line splices and macro
+expansion) and `-dD` (every `#define` / `#undef` where it happened).
 
-* a directive `#include` in a submission file must be `#include "fa_harness.h"`, and the
-  only file a submission file may enter is the harness's header;
+Which output came from which submission file is not read from the output's line markers
+(a submission could write its own): the translation unit puts a `#pragma` holding a
+random nonce before and after each source's `#include`, and everything between one
+source's pair is that source's. Within it:
+
+* `#include` only of "fa_harness.h" (the header is already in, so nothing is entered:
+  any line marker that enters a file, or names another file than the source itself,
+  refuses the submission);
 * no `#define` / `#undef` of the header's names (FA_*, fa_*, FaParams, __FA*);
-* `#pragma` only `unroll` / `nounroll`;
-* no `#line` that names a file (it would pass the submission's lines off as the header's).
+* `#pragma` only `unroll` / `nounroll`.
 
-The text is still scanned, after the compiler's own line splicing, for the spellings that
-ask the file system a question without including anything (`__has_include`,
-`#pragma GCC dependency`, `_Pragma`): inside the sandbox they would see only its empty root,
-but a kernel has no use for them.
+`#line` directives and linemarkers in the text are refused before this, by
+`harness.submissions.line_directives`. The text is also scanned, after the compiler's own
+line splicing, for the spellings that ask the file system a question without including
+anything (`__has_include`, `#pragma GCC dependency`, `_Pragma`): inside the sandbox they
+would see only its empty root, but a kernel has no use for them.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from harness.candidates import sandbox
+from harness.submissions.budget import Budget
 from harness.submissions.diagnostics import compile_message
 
 TU_NAME = "fa+tu.cu"  # not a valid submission file name, so it cannot collide
@@ -65,46 +73,17 @@ def check_spellings(name: str, text: str) -> Finding | None:
     return None
 
 
-def translation_unit(sources: list[str], entries: list[str]) -> str:
+def translation_unit(sources: list[str], entries: list[str], nonce: str) -> str:
     lines = [f'#include "{HEADER_NAME}"']
-    lines += [f'#include "{s}"' for s in sources]
+    for i, name in enumerate(sources):
+        lines += [f"#pragma {_sentinel(nonce, 'begin', i)}", f'#include "{name}"',
+                  f"#pragma {_sentinel(nonce, 'end', i)}"]
     lines += [f"FA_CHECK_ENTRY({e});" for e in entries]
     return "\n".join(lines) + "\n"
 
 
-def _walk(text: str, names: set[str]) -> Iterator[tuple[str, str, int, str]]:
-    """(kind, file, line, payload) events of preprocessed output, for submission files only:
-    ("enter", line, file entered from it) and ("directive", line, directive text)."""
-    stack: list[str] = []
-    line = 0
-    for raw in text.splitlines():
-        m = _MARKER.match(raw)
-        if m:
-            num, path, flags = int(m.group(1)), m.group(2), m.group(3).split()
-            parent = stack[-1] if stack else ""
-            if "1" in flags:
-                if _base(parent) in names:
-                    yield "enter", _base(parent), line, path
-                stack.append(path)
-            elif "2" in flags:
-                while stack and stack[-1] != path:
-                    stack.pop()
-                if not stack:
-                    stack.append(path)
-            elif stack:
-                if path != stack[-1] and _base(stack[-1]) in names:
-                    # `#line N "name"` in a submission file: what follows would be taken
-                    # for another file's text (the header's, say) and escape these checks.
-                    yield "rename", _base(stack[-1]), line, path
-                    return
-                stack[-1] = path
-            else:
-                stack.append(path)
-            line = num
-            continue
-        if stack and _base(stack[-1]) in names and raw.lstrip().startswith("#"):
-            yield "directive", _base(stack[-1]), line, raw
-        line += 1
+def _sentinel(nonce: str, what: str, i: int) -> str:
+    return f"fa_harness_{nonce}_{what}_{i}"
 
 
 def _base(path: str) -> str:
@@ -114,19 +93,80 @@ def _base(path: str) -> str:
     return name if folder == "/src" or folder.endswith("/fa-sandbox-src") else path
 
 
-def check_preprocessed(text: str, names: set[str]) -> Finding | None:
-    """The rules of the module doc on one pass's output."""
-    for kind, file, line, payload in _walk(text, names):
-        if kind == "rename":
-            return Finding(file, line, "#line may not name a file (it would make the "
-                           "submission's lines look like another file's)")
-        if kind == "enter":
-            if _base(payload) != HEADER_NAME:
-                return Finding(file, line,
-                               'includes a file other than "fa_harness.h" (submissions may '
-                               'include only the harness header)')
+def _regions(text: str, sources: list[str], nonce: str
+             ) -> Iterator[tuple[str, int, str] | Finding]:
+    """(source, line, output line) for every output line between a source's two sentinel
+    pragmas, whatever the line markers in between say (less the translation unit's own
+    lines: its `#include` of the source, the marker entering it and the one returning
+    from it); a Finding when the sentinels are not all there. Line numbers follow the
+    markers, for messages only."""
+    begins = {f"#pragma {_sentinel(nonce, 'begin', i)}": i for i in range(len(sources))}
+    ends = {f"#pragma {_sentinel(nonce, 'end', i)}": i for i in range(len(sources))}
+    seen: list[int] = []
+    current: int | None = None
+    region: list[str] = []
+    for raw in text.splitlines():
+        key = raw.strip()
+        if current is None:
+            if key in begins:
+                current, region = begins[key], []
             continue
-        m = _DIRECTIVE.match(payload)
+        if key not in ends or ends[key] != current:
+            region.append(raw)
+            continue
+        name = sources[current]
+        seen.append(current)
+        current = None
+        lines = _own_lines(region, name)
+        line = 1
+        for raw_line in lines:
+            yield name, line, raw_line
+            m = _MARKER.match(raw_line)
+            line = int(m.group(1)) if m else line + 1
+    if seen != list(range(len(sources))):
+        yield Finding(TU_NAME, 0, "the preprocessor's output does not hold every source "
+                      "between the harness's markers, so the submission cannot be checked")
+
+
+def _own_lines(region: list[str], name: str) -> list[str]:
+    """A region less the translation unit's lines around the source's own."""
+    lo, hi = 0, len(region)
+    if lo < hi and region[lo].strip() == f'#include "{name}"':
+        lo += 1
+    while lo < hi and (m := _MARKER.match(region[lo])) and _base(m.group(2)) == TU_NAME \
+            and not m.group(3).split():
+        lo += 1
+    if lo < hi and (m := _MARKER.match(region[lo])) and _base(m.group(2)) == name \
+            and m.group(3).split() == ["1"]:
+        lo += 1
+    while hi > lo and (m := _MARKER.match(region[hi - 1])) and _base(m.group(2)) == TU_NAME \
+            and m.group(3).split() == ["2"]:
+        hi -= 1
+    return region[lo:hi]
+
+
+def check_preprocessed(text: str, sources: list[str], nonce: str) -> Finding | None:
+    """The rules of the module doc on one pass's output."""
+    for item in _regions(text, sources, nonce):
+        if isinstance(item, Finding):
+            return item
+        file, line, raw = item
+        marker = _MARKER.match(raw)
+        if marker:
+            path, flags = marker.group(2), marker.group(3).split()
+            if "1" in flags:
+                # The header is in before any source, so no `#include` a source may write
+                # enters a file: this is another include, or a linemarker posing as one.
+                return Finding(file, line, f"the compiler enters another file here (an "
+                               f"#include other than \"{HEADER_NAME}\", or a linemarker): "
+                               f"submissions may include only the harness header")
+            # Flags 3 and 4 on the source's own name: a system header's macro expanded
+            # here (GCC marks its tokens so); anything else renames the text.
+            if not set(flags) <= {"3", "4"} or _base(path) != file:
+                return Finding(file, line, "a #line directive or linemarker makes the "
+                               "compiler take the following text for another file's")
+            continue
+        m = _DIRECTIVE.match(raw)
         if not m:
             continue
         directive, rest = m.group(1), m.group(2).strip()
@@ -150,39 +190,47 @@ def check_preprocessed(text: str, names: set[str]) -> Finding | None:
 
 
 def preprocess_check(files: dict[str, str], sources: list[str], entries: list[str],
-                     options: list[str], header: str, *, arch: str = "sm_90",
-                     timeout_s: float = 60.0) -> str | None:
-    """None when the submission passes, else the one-line (or few-line) refusal."""
+                     options: list[str], header: str, *, archs: list[str],
+                     budget: Budget | None = None, timeout_s: float = 60.0) -> str | None:
+    """None when the submission passes for every arch in `archs` (the `-arch` values the
+    build uses, `harness.candidates.nvcc.arch_for`), else the one-line (or few-line)
+    refusal."""
     for name in sources:
         f = check_spellings(name, files[name])
         if f:
             return str(f)
     from harness.candidates.compile import nvcc_path
+    from harness.candidates.nvcc import CXX_STD, arch_flags
 
     nvcc = nvcc_path()
     if nvcc is None:
         return "nvcc not found on PATH: the submission cannot be checked here"
+    budget = budget or Budget()
     tool = sandbox.toolchain_root(nvcc)
+    # Unknown to the submission, so its text cannot pose as a sentinel.
+    nonce = secrets.token_hex(16)
     tree = {n: files[n] for n in sources}
     tree[HEADER_NAME] = header
-    tree[TU_NAME] = translation_unit(sources, entries)
-    names = set(sources)
-    cc = arch.removeprefix("sm_").rstrip("a")
-    limits = sandbox.Limits(wall_s=timeout_s, cpu_s=max(1, int(timeout_s)),
-                            memory_bytes=2 << 30, output_bytes=16 << 20)
-    for pass_name, extra in (("host", []), ("device", ["-Xcompiler", f"-D__CUDA_ARCH__={cc}0"])):
-        argv = [str(tool / "bin" / "nvcc"), "-E", f"-arch={arch}", "-std=c++17",
-                "-Xcompiler", "-dD", "-Xcompiler", "-dI", *extra, *options,
-                "-o", f"/out/{pass_name}.ii", f"/src/{TU_NAME}"]
-        res = sandbox.run(argv, sources=tree, toolchain=tool, limits=limits,
+    tree[TU_NAME] = translation_unit(sources, entries, nonce)
+    for arch in archs:
+        step = f"preprocessing for {arch}"
+        for_arch = f" (for {arch})" if len(archs) > 1 else ""
+        # The build's own flags (`nvcc -cubin`, harness.candidates.sandboxed_compile),
+        # with -E: the same single device pass, so the same macros are defined.
+        argv = [str(tool / "bin" / "nvcc"), "-E", "-cubin", *arch_flags(arch), CXX_STD,
+                "-Xcompiler", "-dD", "-Xcompiler", "-dI", *options,
+                "-o", "/out/pp.ii", f"/src/{TU_NAME}"]
+        res = sandbox.run(argv, sources=tree, toolchain=tool,
+                          limits=budget.limits(step, timeout_s, output_bytes=64 << 20),
                           require_isolation=True)
-        if res.timed_out or res.killed_by:
-            return (f"preprocessing stopped: over the {res.killed_by or 'wall clock'} limit "
-                    f"of the sandbox")
-        out = res.files.get(f"{pass_name}.ii")
+        stopped = budget.stopped(res, step)
+        if stopped:
+            return str(stopped)
+        out = res.files.get("pp.ii")
         if res.returncode != 0 or out is None:
-            return compile_message(res.output, names, what="preprocessing failed")
-        finding = check_preprocessed(out.decode("utf-8", "replace"), names)
+            return compile_message(res.output, set(sources), files, public=[header],
+                                   what=f"preprocessing failed{for_arch}")
+        finding = check_preprocessed(out.decode("utf-8", "replace"), sources, nonce)
         if finding:
-            return str(finding)
+            return f"{finding}{for_arch}"
     return None

@@ -7,8 +7,12 @@ submission ever runs; the manifest's sizes are integer expressions parsed by `ha
 (never `eval`).
 
 Everything below is checked here, on any machine (nvcc is enough, no GPU needed), before a
-submission may enter the queue. The first problem found rejects it with one message:
+submission may enter the queue, within one time and memory budget for the whole
+validation (`harness.submissions.budget`). The first problem found rejects it with one
+message:
 
+0. no `#line` directive or linemarker in any source (`harness.submissions.line_directives`):
+   what a file includes, defines and is blamed for is decided by file and line;
 1. files: at most `MAX_FILES` plain files, no sub-folders or links, names of letters,
    digits and `._-`, suffixes .cu/.cuh/.toml/.md/.txt, at most `MAX_FILE_BYTES` each and
    `MAX_TOTAL_BYTES` in all (sizes are read from the file system before any content is),
@@ -18,7 +22,9 @@ submission may enter the queue. The first problem found rejects it with one mess
    trigraph spellings of `#`; no redefinition of the header's names (FA_*, fa_*, FaParams)
    and no use of the entry-signature check's internals; no device-side launches or device
    runtime calls (dynamic parallelism);
-3. the manifest, by the project's variant loader (schema, types, expressions, entries);
+3. the manifest, by the project's variant loader (schema, types, expressions and their
+   counts, entries); a variant that needs a GPU newer than every build target
+   (`BUILD_TARGETS`) is refused, since nothing of it would be compiled or judged;
 4. compile options from a whitelist (no -rdc, -I, -include, no -D of harness names) and
    an `arch` from a short list;
 5. launch limits (harness.submissions.limits), with every expression evaluated at every
@@ -27,8 +33,9 @@ submission may enter the queue. The first problem found rejects it with one mess
    dynamic shared memory at most the Hopper opt-in maximum (227 KiB), workspace at most
    `MAX_WORKSPACE_BYTES`; a `[backward]`, which is scored too, is held to the same limits
    at every case of the full and perf-bwd grids, its own launches and workspaces;
-6. an nvcc compile of every entry (the backward's too: one module holds both) with the
-   entry-signature check, under a time limit.
+6. per build target, with the build's own `-arch`: what the preprocessor included and
+   defined (`harness.submissions.preprocess`), then an nvcc compile of every entry (the
+   backward's too: one module holds both) with the entry-signature check.
 
 A rejected submission is stored as status `done`, verdict `rejected`, with the message
 (and its source, when the source was within the size limits), so the submitter and the
@@ -48,7 +55,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.cases import Case, Layout
+from harness.submissions.budget import Budget
 from harness.submissions.limits import BWD_GRIDS, check_launch_limits, limit_cases
+from harness.submissions.line_directives import find_line_directive
 from harness.submissions.sources import (
     _SUB_NAME_OK,
     COMPILE_TIMEOUT_S,
@@ -77,6 +86,13 @@ __all__ = [
     "limit_cases", "pack_path", "pack_upload", "read_manifest", "submit_files", "store",
     "validate", "default_submitter",
 ]
+
+
+# What submissions are built for: the GPUs they are scored on (H100, H200). The worker
+# builds for its device's own capability (harness.candidates.sandboxed_compile), and
+# validation checks and compiles for each of these, with the arch the build picks
+# (`harness.candidates.nvcc.arch_for`: a manifest's sm_90a for sm_90).
+BUILD_TARGETS: tuple[str, ...] = ("sm_90",)
 
 
 @dataclass
@@ -159,54 +175,94 @@ def load_candidate(files: dict[str, str], workdir: Path) -> Any:
 # --------------------------------------------------------------------------- compile
 
 
-def compile_check(spec: Any, timeout_s: float = COMPILE_TIMEOUT_S) -> None:
-    """What the preprocessor includes and defines (`harness.submissions.preprocess`), then
-    an nvcc compile of the full source (header, sources, one signature check per entry) for
-    sm_90, both in the sandbox and under its limits; every entry must be in the cubin. No
-    GPU needed. Messages come from the submission's own files only."""
+def build_archs(spec: Any) -> list[str]:
+    """The `-arch` of each build target the variant can be built for, or a refusal saying
+    that no target reaches the capability it needs."""
+    from harness.candidates.nvcc import arch_for, unsupported_reason
+
+    archs = [a for t in BUILD_TARGETS if (a := arch_for(spec, t)) is not None]
+    if not archs:
+        raise Rejected(f"manifest: the variant {unsupported_reason(spec)}, but submissions "
+                       f"are built and scored for {', '.join(BUILD_TARGETS)} only: nothing "
+                       f"of it would be compiled or judged")
+    return archs
+
+
+def compile_check(spec: Any, timeout_s: float = COMPILE_TIMEOUT_S,
+                  budget: Budget | None = None) -> None:
+    """For every build target: what the preprocessor includes and defines
+    (`harness.submissions.preprocess`), then an nvcc compile of the full source (header,
+    sources, one signature check per entry), both in the sandbox with the build's own
+    arch and under the budget's limits; every entry must be in the cubin. No GPU needed.
+    Messages come from positions in the submission's own files only."""
     from harness.candidates.sandbox import SandboxUnavailable
     from harness.candidates.sandboxed_compile import compile_spec_sandboxed
     from harness.candidates.variant_spec import header_path
-    from harness.submissions.diagnostics import compile_message
+    from harness.submissions.diagnostics import compile_message, entry_check_texts
     from harness.submissions.preprocess import preprocess_check
 
+    budget = budget or Budget()
+    header = header_path().read_text()
+    # What the compiler may quote besides the submission: the public header and what its
+    # entry checks say.
+    public = [header, *entry_check_texts(header, spec.entry_names())]
     labels = [label for label, _ in spec.source_texts]
     names = [label.rsplit("/", 1)[-1] for label in labels]
     texts = dict(zip(names, (t for _, t in spec.source_texts), strict=True))
+    shown = {**texts, **dict(spec.source_texts)}
+    archs = build_archs(spec)
     try:
         why = preprocess_check(texts, names, spec.entry_names(), list(spec.compile_options),
-                               header_path().read_text(), arch="sm_90",
+                               header, archs=archs, budget=budget,
                                timeout_s=min(timeout_s, 60.0))
         if why:
             raise Rejected(why)
-        reports = compile_spec_sandboxed(spec, "sm_90", timeout_s)
+        for target in BUILD_TARGETS:
+            step = f"the compile for {target}"
+            reports = compile_spec_sandboxed(spec, target, budget.seconds_for(step, timeout_s))
+            for report in reports:
+                if report.ok:
+                    continue
+                entry = f" ({report.entry})" if report.entry else ""
+                if report.message.startswith("nvcc stopped"):
+                    if budget.binding:
+                        raise budget.exceeded(step)
+                    raise Rejected(f"compile failed{entry}: {report.message}")
+                if report.message.startswith("entry point missing"):
+                    raise Rejected(f"compile failed{entry}: {report.message}")
+                raise Rejected(compile_message(report.message, [*labels, *names], shown,
+                                               public=public, what=f"compile failed{entry}"))
     except SandboxUnavailable as e:
         raise CannotCheck(f"this machine cannot check submissions: {e}; nothing was "
                           "recorded") from None
-    for report in reports:
-        if not report.ok:
-            entry = f" ({report.entry})" if report.entry else ""
-            if report.message.startswith(("nvcc stopped", "entry point missing")):
-                raise Rejected(f"compile failed{entry}: {report.message}")
-            raise Rejected(compile_message(report.message, [*labels, *names],
-                                           what=f"compile failed{entry}"))
 
 
 # --------------------------------------------------------------------------- validation
 
 
 def validate(files: dict[str, str], *, compile_timeout_s: float = COMPILE_TIMEOUT_S,
-             compile_sources: bool = True, cases: list[Case] | None = None) -> Validated:
-    """Run every check of the module doc; raises `Rejected` on the first problem."""
+             compile_sources: bool = True, cases: list[Case] | None = None,
+             budget: Budget | None = None) -> Validated:
+    """Run every check of the module doc within `budget` (by default a fresh
+    `harness.submissions.budget.Budget`); raises `Rejected` on the first problem."""
+    budget = budget or Budget()
     check_files(files)
-    for fname, text in files.items():
-        if fname.endswith(SOURCE_SUFFIXES):
-            check_source(fname, text)
+    sources = [n for n in files if n.endswith(SOURCE_SUFFIXES)]
+    for fname in sources:
+        found = find_line_directive(fname, files[fname])
+        if found:
+            raise Rejected(str(found))
+    for fname in sources:
+        check_source(fname, files[fname])
+    budget.check("the source checks")
     manifest = read_manifest(files)
     check_compile_options(manifest.get("compile_options") or [], str(manifest.get("arch", "")))
+    budget.check("reading the manifest")
     workdir = Path(tempfile.mkdtemp(prefix="fa-submit-"))
     try:
         spec = load_spec(files, workdir)
+        budget.check("loading the manifest")
+        build_archs(spec)
         sup = spec.supports
         if tuple(sup.layouts) != (Layout.DENSE,) or sup.window:
             # The scored grids are dense and windowless: a declared serving layout would
@@ -214,7 +270,9 @@ def validate(files: dict[str, str], *, compile_timeout_s: float = COMPILE_TIMEOU
             raise Rejected("manifest: [supports] layouts/window: submissions are scored on "
                            "dense cases without a window; declare layouts = [\"dense\"] "
                            "and no window")
-        limits = check_launch_limits(spec, cases if cases is not None else limit_cases())
+        step = "the launch limits"
+        limits = check_launch_limits(
+            spec, budget.each(cases if cases is not None else limit_cases(), step))
         if limits["cases_checked"] == 0:
             raise Rejected("the submission supports none of the scoring grids' cases "
                            "(check [supports]: dtypes, head_dims, masks)")
@@ -222,9 +280,10 @@ def validate(files: dict[str, str], *, compile_timeout_s: float = COMPILE_TIMEOU
             # The backward is scored too (harness.submissions.scoring_bwd), on the full
             # and perf-bwd grids: its launches are held to the same limits there.
             limits["backward"] = check_launch_limits(
-                spec, cases if cases is not None else limit_cases(BWD_GRIDS), backward=True)
+                spec, budget.each(cases if cases is not None else limit_cases(BWD_GRIDS),
+                                  f"{step} of the backward"), backward=True)
         if compile_sources:
-            compile_check(spec, compile_timeout_s)
+            compile_check(spec, compile_timeout_s, budget)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return Validated(name=manifest["name"], files=files, manifest=manifest,
