@@ -372,12 +372,11 @@ def test_rare_lookups_seek_their_index_on_sqlite(db: str, tmp_path: Path) -> Non
     """Flagged verdicts and backward passes are rare, but ANALYZE tells SQLite's planner
     only averages: on a million-result history it sees a verdict value as a sixth of the
     comparisons and the one pass name as every result, and scanned both tables. With
-    those statistics the History's and the alert list's lookups still seek the index."""
+    those statistics the History's lookups still seek the index (the alert list reads the
+    few rows of `alerts`, harness.records.alerts)."""
     import sqlite3
 
     from sqlalchemy import event
-
-    from harness.dashboard import alerts
 
     path = tmp_path / "stats.sqlite"
     shutil.copy(make_url(db).database, path)
@@ -400,7 +399,6 @@ def test_rare_lookups_seek_their_index_on_sqlite(db: str, tmp_path: Path) -> Non
     plans = {}
     for name, call in (("series_flags", lambda: queries.series_flags(engine, "fa2_tc", bf16)),
                        ("recent_flags", lambda: queries.recent_flags(engine)),
-                       ("flagged_history", lambda: alerts.flagged_history(engine)),
                        ("variant_names", lambda: queries.variant_names(engine))):
         seen.clear()
         assert len(call()) > 0
@@ -409,7 +407,7 @@ def test_rare_lookups_seek_their_index_on_sqlite(db: str, tmp_path: Path) -> Non
                                  for r in raw.execute("EXPLAIN QUERY PLAN " + stmt, params))
         raw.close()
     engine.dispose()
-    for name in ("series_flags", "recent_flags", "flagged_history"):
+    for name in ("series_flags", "recent_flags"):
         assert "USING INDEX ix_comparisons_verdict" in plans[name], plans[name]
         assert "SCAN comparisons" not in plans[name], plans[name]
     assert "ix_results_pass_variant (pass_name<?)" in plans["variant_names"], plans

@@ -1,159 +1,112 @@
-"""The Overview's alert list: every regression in the history, open or recovered, as a
-plain function of an Engine (nothing here imports Streamlit).
+"""The Overview's alert list: the stored alerts (harness.records.alerts, the table the
+gate's summary lists too), as plain functions of an Engine (nothing here imports
+Streamlit).
 
-An alert is one regression event of one candidate (a pass of it) on one GPU model: the
-flagged verdicts (timing regression, correctness regression, precision drift) that name
-the same first bad commit. That commit is the step's first bad one when the step search
-(harness.records.steps) found it, else the flagged run's new commit; a step confirmed by
-several runs is still one alert, and so is a slowdown that one run flagged pairwise on
-some cases and the step search later found on others (its range on those cases may
-reach further back: the alert shows the range of the run that first flagged it). Its cases, its worst ratio, the run that
-first flagged it (the Compare link) and its worst case (the History link).
-
-Open or recovered: a timing alert is recovered once a later run of its worst case on that
-GPU model is back nearer the level before (base median) than the level flagged; a
-correctness alert once a later run of that case passes. Flagged verdicts are rare, so the
-whole list is read through ix_comparisons_verdict; the recovery check reads one series per
-alert shown (ix_results_variant_case).
+An alert is one step of one candidate (a pass of it) on one GPU model, from the commit it
+began at, with a life: open, acknowledged, accepted as expected, recovered (undone after
+runs confirmed it) or withdrawn (one run's noise). The list groups alerts of the same
+step across GPU models, one row per (candidate, kind, first bad commit) naming the GPU
+models, because a commit that slows a kernel on an H200 most often slows it on an H100 too,
+and it is one thing to triage. Each row keeps the ids of its alerts (the triage actions
+and `fa-harness bisect --alert ID` work per alert), its worst ratio and case, and the runs
+that show the step (Compare's base and new).
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Connection, Engine, select
-from sqlalchemy.orm import aliased
+from sqlalchemy import Engine
 
-from harness.dashboard import commits, queries
-from harness.dashboard.schema import CaseRow, Comparison, Result, Run, Variant, rarely
+from harness.records import alerts as records_alerts
 
-ALERT_COLUMNS = ["state", "gpu_model_key", "variant", "verdict", "cases", "worst_ratio",
-                 "worst_case", "last_good", "first_bad", "recovered_at", "run_id",
-                 "base_run_id", "created_at", "branch"]
-_SEVERITY = {"correctness_regression": 0, "regression": 1, "precision_drift": 2}
-
-
-def flagged_history(engine: Engine, limit: int = 5000) -> pd.DataFrame:
-    """The newest flagged verdicts anywhere (at most `limit`), with both runs' commits and
-    the step a verdict names (its detail)."""
-    newest = (select(Comparison.id, Comparison.run_id, Comparison.base_run_id,
-                     Comparison.created_at, queries.COMPARISON_LABEL, Comparison.case_id,
-                     Comparison.verdict, Comparison.ratio, Comparison.detail)
-              .where(rarely(engine, Comparison.verdict.in_(queries.FLAGGED)))
-              .order_by(Comparison.created_at.desc(), Comparison.id.desc())
-              .limit(limit).subquery())
-    new, base = aliased(Run), aliased(Run)
-    stmt = (select(newest.c.run_id, newest.c.base_run_id, newest.c.variant, newest.c.case_id,
-                   newest.c.verdict, newest.c.ratio, newest.c.detail, new.gpu_model_key,
-                   new.branch, new.commit, new.created_at, base.commit.label("base_commit"))
-            .join(new, new.id == newest.c.run_id)
-            .outerjoin(base, base.id == newest.c.base_run_id)
-            .order_by(newest.c.created_at.desc(), newest.c.id.desc()))
-    return queries._frame(engine, stmt)
+ALERT_COLUMNS = ["id", "ids", "state", "states", "gpus", "gpu_model_key", "variant", "owned",
+                 "kind", "verdict", "cases", "worst_ratio", "worst_case", "last_good",
+                 "first_bad", "run_id", "base_run_id", "created_at", "updated_at", "who",
+                 "reason", "link", "culprit", "bisect"]
+STATES = records_alerts.STATE_ORDER
 
 
-def _step(detail: Any) -> dict[str, Any]:
-    step = detail.get("step") if isinstance(detail, dict) else None
-    return step if isinstance(step, dict) else {}
+def _row(a: records_alerts.Alert) -> dict[str, Any]:
+    d = a.detail or {}
+    return {"id": a.id, "state": a.state, "gpu_model_key": a.gpu_model_key,
+            "variant": a.label, "owned": a.owned, "kind": a.kind, "verdict": a.verdict,
+            "cases": len(a.cases), "case_ids": list(a.cases), "worst_ratio": a.worst_ratio,
+            "worst_case": a.worst_case, "last_good": a.last_good_commit,
+            "first_bad": a.first_bad_commit, "run_id": d.get("new_run_id") or a.first_run_id,
+            "base_run_id": d.get("base_run_id"), "created_at": a.created_at,
+            "updated_at": a.updated_at, "who": a.who, "reason": a.reason, "link": a.link,
+            "culprit": a.culprit_commit, "bisect": a.bisect_command}
 
 
-def group(flags: pd.DataFrame) -> pd.DataFrame:
-    """One row per alert (module doc), newest first."""
-    if flags.empty:
-        return pd.DataFrame(columns=ALERT_COLUMNS + ["base_median_ms", "new_median_ms"])
-    df = flags.copy()
-    steps = df["detail"].map(_step)
-    df["last_good"] = [s.get("last_good") or b for s, b in
-                       zip(steps, df["base_commit"], strict=True)]
-    df["first_bad"] = [s.get("first_bad") or c for s, c in zip(steps, df["commit"], strict=True)]
-    df["base_median_ms"] = df["detail"].map(
-        lambda d: d.get("base_median_ms") if isinstance(d, dict) else None)
-    df["new_median_ms"] = df["detail"].map(
-        lambda d: d.get("new_median_ms") if isinstance(d, dict) else None)
-    df["sev"] = df["verdict"].map(_SEVERITY).fillna(9)
-    df["r"] = df["ratio"].astype(float).fillna(1.0)
-    keys = ["gpu_model_key", "variant", "first_bad"]
-    # Whole-frame sorts, one row kept per alert: the flagged history holds thousands of
-    # verdicts, and a sort per alert cost a first History or Overview a fifth of a second.
-    df["_alert"] = df.groupby(keys, dropna=False, sort=False).ngroup()
-    first = (df.sort_values("created_at", kind="stable")  # the run that first flagged it
-             .drop_duplicates("_alert").set_index("_alert").sort_index())
-    worst = (df.sort_values(["sev", "r"], ascending=[True, False], kind="stable")
-             .drop_duplicates("_alert").set_index("_alert").sort_index())
-    out = first[keys].assign(
-        last_good=first["last_good"], verdict=worst["verdict"], cases=df.groupby("_alert")["case_id"].nunique(),
-        worst_ratio=worst["ratio"], worst_case=worst["case_id"],
-        run_id=first["run_id"].astype(int),
-        base_run_id=[None if pd.isna(b) else int(b) for b in first["base_run_id"]],
-        created_at=first["created_at"], branch=first["branch"],
-        base_median_ms=worst["base_median_ms"], new_median_ms=worst["new_median_ms"])
-    out = out.sort_values("created_at", ascending=False, kind="stable")
-    return out.reset_index(drop=True)
+def stored_alerts(engine: Engine, state: Sequence[str] | None = None,
+                  owned: bool | None = None, gpu: str | None = None,
+                  variant: str | None = None) -> pd.DataFrame:
+    """One row per stored alert (per GPU model), by state then newest first."""
+    rows = [_row(a) for a in records_alerts.list_alerts(
+        engine, state=list(state) if state else None, owned=owned, gpu_model_key=gpu,
+        variant=variant)]
+    return pd.DataFrame(rows) if rows else pd.DataFrame(
+        columns=[c for c in ALERT_COLUMNS if c not in ("ids", "states", "gpus")])
 
 
-def _points(conn: Connection, variant: str, case_id: str, gpu: str) -> list[tuple]:
-    """(commit, parent commit, status, median ms) of one series, oldest run first."""
-    name, pass_name = queries.split_label(variant)
-    case_pk = select(CaseRow.id).where(CaseRow.case_id == case_id).scalar_subquery()
-    stmt = (select(Run.commit, Run.parent_commit, Result.status, Result.median_ms)
-            .join(Run, Run.id == Result.run_id)
-            .join(Variant, Variant.id == Result.variant_id)
-            .where(Variant.name == name, Result.pass_name == pass_name,
-                   Result.case_pk == case_pk, Run.gpu_model_key == gpu)
-            .order_by(Run.created_at, Run.id))
-    return [tuple(r) for r in conn.execute(stmt).all()]
-
-
-def _recovered_at(points: list[tuple], alert: pd.Series, order: dict[str, int]) -> str | None:
-    """The first commit after the alert's first bad one in commit order (`order`:
-    harness.dashboard.commits.commit_order of the GPU's runs; a re-run of an old commit
-    made later is no recovery) at which its worst case is back (module doc), or None
-    while it is open."""
-    start = order.get(alert["first_bad"])
-    if start is None:
-        return None
-    later = sorted((p for p in points if order.get(p[0], -1) > start),
-                   key=lambda p: order[p[0]])  # stable: a commit's runs oldest first
-    base, new = alert["base_median_ms"], alert["new_median_ms"]
-    for commit, _parent, status, median in later:
-        if status != "passed":
-            continue
-        if alert["verdict"] == "correctness_regression":
-            return commit
-        if (base is not None and new is not None and median is not None
-                and math.isfinite(base) and math.isfinite(new)
-                and abs(median - base) < abs(median - new)):
-            return commit
-    return None
-
-
-def _commit_order(conn: Connection, gpu: str) -> dict[str, int]:
-    res = conn.execute(select(Run.commit, Run.parent_commit, Run.created_at).where(
-        Run.gpu_model_key == gpu))
-    return commits.commit_order(pd.DataFrame([tuple(r) for r in res.fetchall()],
-                                             columns=list(res.keys())))
-
-
-def alert_list(engine: Engine, shown: int = 40) -> pd.DataFrame:
-    """The alerts (newest first, at most `shown`), each open or recovered."""
-    alerts = group(flagged_history(engine)).head(shown)
-    states, when = [], []
-    # One connection for the few dozen small reads: a connection per read costs a pool
-    # checkout, its ping and a transaction, round trips that outweighed the reads.
-    with engine.connect() as conn:
-        orders = {g: _commit_order(conn, g) for g in set(alerts["gpu_model_key"].dropna())}
-        for _, a in alerts.iterrows():
-            at = _recovered_at(_points(conn, a["variant"], a["worst_case"],
-                                       a["gpu_model_key"]),
-                               a, orders.get(a["gpu_model_key"], {}))
-            states.append("recovered" if at else "open")
-            when.append(at)
-    alerts = alerts.assign(state=states, recovered_at=when)
-    if alerts.empty:
+def group(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per step across GPU models (module doc): the most pressing state of its
+    alerts (open before acknowledged before accepted ...), the worst ratio, the GPU
+    models by name. The team's first, then by state, newest first."""
+    if rows.empty:
         return pd.DataFrame(columns=ALERT_COLUMNS)
-    # Open ones first (newest first within each state).
-    alerts["_o"] = (alerts["state"] != "open").astype(int)
-    return alerts.sort_values(["_o", "created_at"], ascending=[True, False],
-                              kind="stable").drop(columns="_o").reset_index(drop=True)
+    out = []
+    keys = ["variant", "kind", "first_bad"]
+    for _, g in rows.groupby(keys, dropna=False, sort=False):
+        g = g.assign(_s=g["state"].map(STATES)).sort_values(["_s", "id"])
+        top = g.iloc[0]
+        worst = g.sort_values("worst_ratio", ascending=False, na_position="last").iloc[0]
+        out.append({**{c: top[c] for c in g.columns if c in ALERT_COLUMNS},
+                    "ids": [int(i) for i in g["id"]],
+                    "states": list(g["state"]),
+                    "gpus": list(g["gpu_model_key"]),
+                    "owned": bool(g["owned"].any()),
+                    "cases": int(max(len(set(c)) for c in g["case_ids"])),
+                    "worst_ratio": worst["worst_ratio"], "worst_case": worst["worst_case"],
+                    "created_at": g["created_at"].min()})
+    df = pd.DataFrame(out)
+    df["_o"] = (~df["owned"]).astype(int)
+    df["_s"] = df["state"].map(STATES)
+    df["_t"] = pd.to_datetime(df["created_at"], utc=True)
+    df = df.sort_values(["_o", "_s", "_t"], ascending=[True, True, False], kind="stable")
+    return df.drop(columns=["_o", "_s", "_t"])[ALERT_COLUMNS].reset_index(drop=True)
+
+
+def alert_list(engine: Engine, shown: int = 40, state: Sequence[str] | None = None,
+               owned: bool | None = None, gpu: str | None = None,
+               variant: str | None = None) -> pd.DataFrame:
+    """The alerts grouped per step (at most `shown` rows), filtered by state, owned
+    (True: the team's; False: the yardsticks'), GPU model and candidate label."""
+    rows = stored_alerts(engine, tuple(state) if state else None, owned, None, variant)
+    if gpu is not None and len(rows):
+        # A step shown on a GPU keeps its other GPU models in the row.
+        steps = set(zip(rows.loc[rows["gpu_model_key"] == gpu, "variant"],
+                        rows.loc[rows["gpu_model_key"] == gpu, "first_bad"], strict=True))
+        rows = rows[[(v, f) in steps for v, f in
+                     zip(rows["variant"], rows["first_bad"], strict=True)]]
+    return group(rows).head(shown)
+
+
+def alert_detail(engine: Engine, alert_id: int) -> dict[str, Any] | None:
+    """One alert as a dict (Compare's `?alert=`), None when there is none by that id."""
+    try:
+        return _row(records_alerts.get_alert(engine, int(alert_id)))
+    except (records_alerts.AlertError, ValueError):
+        return None
+
+
+def open_by_gpu(engine: Engine) -> pd.DataFrame:
+    """Per GPU model the open and acknowledged alerts (the gate summary's list): the
+    Overview's latest runs count them beside each run's own flagged verdicts."""
+    rows = stored_alerts(engine, ("open", "acknowledged"))
+    if rows.empty:
+        return rows
+    return rows.sort_values(["owned", "id"], ascending=[False, False], kind="stable")

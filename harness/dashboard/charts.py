@@ -57,7 +57,7 @@ def _x_commits() -> alt.X:
 # twenty more, and every column sent is parsed by the browser before the first draw.
 HISTORY_FIELDS = ["label", "seq", "series", "grid", "commit_short", "when", "run_id", "branch",
                   "status", "value", "band_lo", "band_hi", "best", "median_ms", "iqr_ms",
-                  "min_ms", "verdict", "href"]
+                  "min_ms", "verdict", "ratio", "href"]
 
 
 def history_chart(df: pd.DataFrame, metric: str, title: str) -> alt.LayerChart:
@@ -85,7 +85,8 @@ def history_chart(df: pd.DataFrame, metric: str, title: str) -> alt.LayerChart:
                alt.Tooltip("branch:N"), alt.Tooltip("status:N"),
                alt.Tooltip("value:Q", format=".4g", title=metric),
                alt.Tooltip("median_ms:Q", format=".4g"), alt.Tooltip("iqr_ms:Q", format=".3g"),
-               alt.Tooltip("min_ms:Q", format=".4g"), alt.Tooltip("verdict:N")]
+               alt.Tooltip("min_ms:Q", format=".4g"), alt.Tooltip("verdict:N"),
+               alt.Tooltip("ratio:Q", format=".3f", title="ratio (verdict)")]
     points = base.mark_circle(size=50, cursor="pointer").encode(
         y="value:Q", color=color, href="href:N", tooltip=tooltip)
     marks = base.transform_filter(alt.FieldOneOfPredicate("verdict", list(FLAGGED))).mark_point(

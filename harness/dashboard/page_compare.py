@@ -50,6 +50,7 @@ def render(ctx: Ctx) -> None:
         return
     # Runs named by id decide their GPU; `gpu=` (and `base_gpu=` for the base run, when
     # it is on another GPU model) pick the rest.
+    alert = _alert(ctx)
     new_id = _resolve(ctx, "new", ui.param("gpu") if ui.param("gpu") in names else None)
     base_gpu_param = ui.param("base_gpu") or ui.param("gpu")
     base_id = _resolve(ctx, "base", base_gpu_param if base_gpu_param in names else None)
@@ -85,6 +86,8 @@ def render(ctx: Ctx) -> None:
     new_id = c2.selectbox("New run", new_ids, index=new_ids.index(new_id),
                           format_func=new_labels.get)
     ui.set_params(base=base_id, new=new_id)
+    if alert is not None:
+        _alert_banner(alert, base_id, new_id)
     if base_id == new_id:
         if len(set(base_ids) | set(new_ids)) < 2:
             st.info("This is the only run on this GPU: nothing to compare it with yet.")
@@ -140,6 +143,13 @@ def render(ctx: Ctx) -> None:
             _links(ctx, base_id, new_id)
             return
 
+    # A stored "same" of a pair without a time on either side (a correctness-only case,
+    # a skipped one) says nothing of speed: it is counted as what it is.
+    untimed = (both["verdict"] == "same") & (both["median_ms base"].isna()
+                                             | both["median_ms new"].isna())
+    skipped = (both["status base"] == "skipped") | (both["status new"] == "skipped")
+    both.loc[untimed, "verdict"] = "untimed"
+    both.loc[untimed & skipped, "verdict"] = "skipped"
     counts = both["verdict"].value_counts()
     cols_m = st.columns(4)
     cols_m[0].metric("pairs", len(both))
@@ -173,6 +183,43 @@ def render(ctx: Ctx) -> None:
     st.dataframe(both, hide_index=True, column_config={
         "time ratio new/base": st.column_config.NumberColumn(format="%.3f"),
         "p_value": st.column_config.NumberColumn("p", format="%.2g")})
+
+
+def _alert(ctx: Ctx) -> dict | None:
+    """The alert Compare opens on: `?alert=ID`, else (Compare opened bare, from the
+    sidebar) the newest open alert, the team's first; its runs become `base` and `new`
+    unless the link names them."""
+    wanted = ui.param("alert")
+    bare = wanted is None and ui.param("base") is None and ui.param("new") is None
+    if wanted is None and bare:
+        rows = ctx.q("alert_list", 1, ("open",), None, None, None)
+        wanted = str(int(rows.iloc[0]["id"])) if len(rows) else None
+    if wanted is None:
+        return None
+    alert = ctx.q("alert_detail", int(wanted)) if wanted.isdigit() else None
+    if alert is None:
+        st.warning(f"`alert={wanted}`: no alert by that id.")
+        st.query_params.pop("alert", None)
+        return None
+    st.query_params["alert"] = str(alert["id"])
+    if ui.param("new") is None and alert["run_id"] is not None:
+        st.query_params["new"] = str(int(alert["run_id"]))
+        if ui.param("base") is None and alert["base_run_id"] is not None:
+            st.query_params["base"] = str(int(alert["base_run_id"]))
+    return alert
+
+
+def _alert_banner(alert: dict, base_id: int, new_id: int) -> None:
+    shows = (alert["base_run_id"], alert["run_id"]) == (base_id, new_id)
+    rng = f"{ui.short(alert['last_good'])}..{ui.short(alert['first_bad'])}"
+    who = "" if alert["owned"] else " (a yardstick's: never fails the gate)"
+    text = (f"Alert #{alert['id']} ({alert['state']}){who}: {alert['variant']} on "
+            f"{alert['gpu_model_key']}, {alert['verdict']} on {alert['cases']} case(s) "
+            f"from commits {rng}"
+            + (f", worst {alert['worst_ratio']:.3f}x" if alert["worst_ratio"] else "")
+            + ("" if shows else "; the runs picked below are not the alert's own"))
+    (st.error if alert["state"] == "open" else st.info)(text)
+    st.code(alert["bisect"], language=None)
 
 
 def _links(ctx: Ctx, base_id: int, new_id: int) -> None:

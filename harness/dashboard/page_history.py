@@ -31,10 +31,11 @@ def _verdicts(ctx: Ctx, variant: str, case_id: str) -> pd.DataFrame:
     """One verdict per run (a flagged one wins over an improvement), with its base run."""
     flags = ctx.q("series_flags", variant, case_id)
     if flags.empty:
-        return pd.DataFrame(columns=["verdict", "base_run_id"], index=pd.Index([], name="run_id"))
+        return pd.DataFrame(columns=["verdict", "base_run_id", "ratio"],
+                            index=pd.Index([], name="run_id"))
     flags = flags.assign(bad=flags["verdict"].isin(FLAGGED)).sort_values("bad")
     return flags.drop_duplicates("run_id", keep="last").set_index("run_id")[
-        ["verdict", "base_run_id"]]
+        ["verdict", "base_run_id", "ratio"]]
 
 
 def _default_view(ctx: Ctx) -> tuple[str, str, str | None] | None:
@@ -108,6 +109,8 @@ def render(ctx: Ctx) -> None:
             df["grid"] = df["grids"].map(ui.grid_name)
             df["verdict"] = df["run_id"].map(verdicts["verdict"])
             df["base_run_id"] = df["run_id"].map(verdicts["base_run_id"])
+            # The hover's "ratio": the flagged or improved verdict's time ratio.
+            df["ratio"] = df["run_id"].map(verdicts["ratio"])
             parts.append(df)
     if not parts:
         st.info(f"No results for {', '.join(chosen_variants)} on {case_id} on "

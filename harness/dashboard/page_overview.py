@@ -1,6 +1,7 @@
-"""Overview: the alert list first (every regression of the history, open or recovered,
-with its commit range and a link each to the History of its worst case and to the Compare
-of the runs that flagged it), then the latest run of each grid (perf, decode, smoke, ...)
+"""Overview: the alert list first (the stored alerts, harness.records.alerts: one row per
+step across GPU models, filtered and triaged in page_overview_triage, with its commit
+range, a link each to the History of its worst case and to the Compare of the runs that
+show it, and the bisect command), then the latest run of each grid (perf, decode, smoke, ...)
 per GPU and branch with its pass/fail counts, and the best TFLOP/s of every variant per
 grid."""
 
@@ -11,6 +12,7 @@ import streamlit as st
 
 from harness.dashboard import commits, tables, ui
 from harness.dashboard import flags as flag_list
+from harness.dashboard import page_overview_triage as triage
 from harness.dashboard.data import Ctx
 
 VERDICT_WORDS = {"regression": "slower", "correctness_regression": "now failing",
@@ -24,29 +26,32 @@ def _commit(repo: str | None, commit: str | None, width: int = 10) -> str:
 
 
 def alerts(ctx: Ctx) -> None:
-    rows = ctx.q("alert_list", 40)
     st.subheader("Alerts")
+    f = triage.filters(ctx)
+    rows = ctx.q("alert_list", 40, *f.args)
+    triage.actions(ctx, rows)
     if rows.empty:
-        st.success("No regression, correctness regression or precision drift in the history.")
+        st.success("No alert of this choice: no step, correctness regression or precision "
+                   "drift." if f.state != () or f.owned is not None else
+                   "No regression, correctness regression or precision drift in the history.")
         return
-    n_open = int((rows["state"] == "open").sum())
-    line = f"{n_open} open, {len(rows) - n_open} recovered (newest {len(rows)} shown)"
-    (st.error if n_open else st.info)(line)
-    urls = ctx.q("repository_urls", tuple(sorted({int(r) for r in rows["run_id"]})))
-    widths = [1.0, 2.2, 2.0, 2.4, 1.2, 1.3]
+    states = rows["state"].value_counts()
+    line = ", ".join(f"{n} {s}" for s, n in states.items()) + f" (newest {len(rows)} shown)"
+    (st.error if states.get("open", 0) else st.info)(line)
+    urls = ctx.q("repository_urls", tuple(sorted({int(r) for r in rows["run_id"]
+                                                  if pd.notna(r)})))
+    widths = [1.2, 2.4, 2.0, 2.4, 0.9, 1.0, 2.1]
     head = st.columns(widths)
-    for col, name in zip(head, ("state", "GPU · candidate", "what", "last good..first bad",
-                                "", ""), strict=True):
+    for col, name in zip(head, ("state", "GPUs · candidate", "what", "last good..first bad",
+                                "", "", "bisect"), strict=True):
         col.caption(name)
     for _, a in rows.iterrows():
         c = st.columns(widths, vertical_alignment="center")
-        repo = urls.get(int(a["run_id"]))
-        if a["state"] == "open":
-            c[0].markdown(":red[**open**]")
-        else:
-            # Seven characters: the state column is narrow.
-            c[0].markdown(f":green[recovered] {_commit(repo, a['recovered_at'], 7)}")
-        c[1].markdown(f"{ui.md_escape(a['gpu_model_key'])} · **{ui.md_escape(a['variant'])}**")
+        repo = urls.get(int(a["run_id"])) if pd.notna(a["run_id"]) else None
+        c[0].markdown(_state(a))
+        yard = "" if a["owned"] else " :gray[(yardstick)]"
+        gpus = ", ".join(ui.md_escape(g) for g in a["gpus"])
+        c[1].markdown(f"{gpus} · **{ui.md_escape(a['variant'])}**{yard}")
         ratio = a["worst_ratio"]
         worst = f"{ratio:.3f}x" if pd.notna(ratio) and a["verdict"] == "regression" else ""
         c[2].markdown(f"{VERDICT_WORDS.get(a['verdict'], a['verdict'])}: {a['cases']} case(s)"
@@ -54,9 +59,21 @@ def alerts(ctx: Ctx) -> None:
         c[3].markdown(f"{_commit(repo, a['last_good'])}..{_commit(repo, a['first_bad'])}")
         ui.page_link(ctx, "history", "History", where=c[4], variant=a["variant"],
                      case=a["worst_case"], gpu=a["gpu_model_key"])
-        if a["base_run_id"] is not None and pd.notna(a["base_run_id"]):
-            ui.page_link(ctx, "compare", "Compare", where=c[5], base=int(a["base_run_id"]),
-                         new=int(a["run_id"]))
+        ui.page_link(ctx, "compare", "Compare", where=c[5], alert=int(a["id"]))
+        c[6].code(a["bisect"], language=None)
+
+
+def _state(a: pd.Series) -> str:
+    """The row's state, who set it and why (acknowledged, accepted), in a narrow column."""
+    color = {"open": "red", "acknowledged": "orange", "accepted": "blue"}.get(a["state"],
+                                                                              "green")
+    text = f":{color}[**{a['state']}**]"
+    if a["state"] in ("acknowledged", "accepted") and a["who"]:
+        text += f" {ui.md_escape(a['who'])}"
+    if a["state"] == "accepted" and a["reason"]:
+        why = ui.md_escape(a["reason"])
+        text += f": [{why}]({a['link']})" if a["link"] else f": {why}"
+    return text
 
 
 def render(ctx: Ctx) -> None:
@@ -91,11 +108,17 @@ def render(ctx: Ctx) -> None:
         table["run_id"].map(by_status[other].sum(axis=1)).fillna(0) if other else 0)
     n_flags = flags.groupby("run_id").size() if len(flags) else pd.Series(dtype="int64")
     table["regressions flagged"] = table["run_id"].map(n_flags).fillna(0).astype(int)
+    # A step stays open after the run that flagged it: the runs of its GPU model count it
+    # (the team's; a yardstick's never fails a gate) until it is recovered or triaged.
+    live = ctx.q("open_by_gpu")
+    team = live[live["owned"]] if len(live) else live
+    per_gpu = team.groupby("gpu_model_key").size() if len(team) else pd.Series(dtype="int64")
+    table["open alerts"] = table["gpu_model_key"].map(per_gpu).fillna(0).astype(int)
     table["commit"] = table["commit"].map(ui.short)
     table["run"] = table["run_id"].map(ui.run_href)
     tables.show(
         ctx, table[["run", "grid", "gpu_model_key", "branch", "commit", "created_at",
-                    "regressions flagged", "passed", "failed", "skipped",
+                    "regressions flagged", "open alerts", "passed", "failed", "skipped",
                     "crashed/timeout/error/invalid"]],
         key="latest_runs", links=["run"], hide_index=True,
         column_config={"gpu_model_key": "GPU"})
@@ -117,10 +140,27 @@ def render(ctx: Ctx) -> None:
         st.dataframe(wide.sort_values(order[0], ascending=False).round(1))
 
     st.subheader("Flagged in the latest runs")
-    if flags.empty:
-        st.success("No regression, correctness regression or precision drift in the latest runs.")
-    else:
-        st.error(f"{len(flags)} flagged verdict(s) in the latest runs.")
+    gpus = set(latest["gpu_model_key"])
+    still = live[live["gpu_model_key"].isin(gpus)] if len(live) else live
+    if flags.empty and still.empty:
+        st.success("No regression, correctness regression or precision drift in the latest "
+                   "runs, and no open alert on their GPU models.")
+        return
+    st.error(f"{len(flags)} flagged verdict(s) in the latest runs; {len(still)} open "
+             "alert(s) on their GPU models.")
+    if len(still):
+        shown = still.assign(since=[f"{ui.short(g)}..{ui.short(b)}" for g, b in
+                                    zip(still["last_good"], still["first_bad"], strict=True)],
+                             whose=still["owned"].map({True: "team", False: "yardstick"}))
+        shown.insert(0, "compare", [f"./?page=compare&alert={int(i)}" for i in shown["id"]])
+        tables.show(ctx, shown[["compare", "id", "state", "whose", "gpu_model_key", "variant",
+                                "since", "cases", "worst_ratio", "worst_case", "bisect"]],
+                    key="latest_open_alerts", links=["compare"], hide_index=True,
+                    column_config={"gpu_model_key": "GPU", "since": "last good..first bad",
+                                   "compare": ui.COMPARE_LINK,
+                                   "worst_ratio": st.column_config.NumberColumn(
+                                       "worst ratio", format="%.3f")})
+    if len(flags):
         grouped = (flags.groupby(["gpu_model_key", "variant", "verdict", "run_id"],
                                  as_index=False)
                    .agg(cases=("case_id", "size"), worst_ratio=("ratio", "max")))
@@ -129,4 +169,3 @@ def render(ctx: Ctx) -> None:
                     hide_index=True, column_config={"gpu_model_key": "GPU"})
         with st.expander("Every flagged case: commit range, commits, history"):
             flag_list.show(ctx, flags, key="latest_flag_list")
-

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
+from harness.records.alerts import record_owned, sync_alerts
 from harness.records.compare import DEFAULT_POLICY, CompareError, Policy, compare_records
 from harness.records.db.database import Database
 from harness.records.db.models import Comparison
@@ -78,5 +79,6 @@ def judge_runs(db: Database, run_ids: Sequence[int], *, policy: Policy = DEFAULT
             continue
         store_comparisons(db, run.id, bases[0].id, report.verdicts,
                           {b.uuid: b.id for b in bases})
+        sync_alerts(db, run.id, report, owned=record_owned(new))
         out.append(Judged(run.id, how, bases[0].id, report.counts()))
     return out

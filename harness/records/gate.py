@@ -5,7 +5,8 @@ candidates (harness.records.gate_run), printing one line per failing case and pe
 candidate -> write the run record (spool first, so nothing is lost) -> store it (it stays
 in the spool when the database is unreachable) -> find the baseline (latest run of the
 parent commit on the same GPU model, else a window of recent runs on the baseline branch)
--> compare -> store the verdicts -> write a markdown summary (to --summary, else
+-> compare -> store the verdicts -> sync the alerts (harness.records.alerts: a step
+is one alert, from its first bad commit) -> write a markdown summary (to --summary, else
 $GITHUB_STEP_SUMMARY when set).
 
 Exit code (the README's table): 0 nothing of the team failed or regressed, and every owned
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.records.alerts import AlertError, open_alerts, sync_alerts
 from harness.records.compare import CompareError, Report, compare_records
 from harness.records.gate_options import (
     DEFAULT_GRIDS,
@@ -73,6 +75,9 @@ class GateOutcome:
     plan: Plan | None = None
     not_measured: list[tuple[str, str]] = field(default_factory=list)  # (candidate, why)
     sanitizer: list[Any] = field(default_factory=list)  # SanitizeOutcome per variant
+    # The open alerts of this run's GPU model after this run (harness.records.alerts):
+    # the summary lists them; they fail nothing by themselves (the verdicts do).
+    open_alerts: list[Any] = field(default_factory=list)
 
     def _yardstick(self, kernel: str) -> bool:
         """A peer, or a candidate the run marked as not the team's (a shipped variant in
@@ -209,7 +214,10 @@ def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),
                 _steps(db, out, record)
                 store_comparisons(db, out.run_id, base_runs[0].id, out.report.verdicts,
                                   {r.uuid: r.id for r in base_runs})
-        except (DatabaseError, CompareError) as exc:
+                sync_alerts(db, out.run_id, out.report,
+                            owned=lambda k: not out._yardstick(k))
+            out.open_alerts = open_alerts(db, record.gpu_model_key)
+        except (DatabaseError, CompareError, AlertError) as exc:
             out.notes.append(f"comparison not done: {exc}")
         finally:
             db.close()

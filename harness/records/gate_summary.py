@@ -80,6 +80,7 @@ def summary_markdown(out: Any) -> str:
     for name, verdicts in sorted(moved.items()):
         lines.append(f"- yardstick {name}: {len(verdicts)} {', '.join(sorted(set(verdicts)))} "
                      "verdict(s) against the baseline (reported, not a failure)")
+    lines += alert_lines(out)
     if out.load_errors:
         lines += ["", f"### Load errors ({len(out.load_errors)})", ""]
         lines += [f"- `{_cell(e, 300)}`" for e in out.load_errors]
@@ -141,4 +142,21 @@ def reach_lines(out: Any) -> list[str]:
             line += (f"; the widest: {t:.1%} on `{case}`"
                      + (f" (runs spread {spread:.1%})" if spread else ""))
         lines.append(line)
+    return lines
+
+
+def alert_lines(out: Any) -> list[str]:
+    """The open (and acknowledged) alerts of this run's GPU model after this run
+    (harness.records.alerts.open_alerts, what the dashboard's Overview lists): the
+    team's first; the yardsticks' apart, since they never fail the gate."""
+    alerts = getattr(out, "open_alerts", None) or []
+    if not alerts:
+        return []
+    lines = ["", f"### Open alerts on `{out.record.gpu_model_key}` ({len(alerts)})", ""]
+    team = [a for a in alerts if a.owned]
+    yard = [a for a in alerts if not a.owned]
+    lines += [f"- {a.line()}" for a in team[:MAX_ROWS]] or ["- none of the team's"]
+    if yard:
+        lines += ["", "Yardsticks (reported, never a failure):", ""]
+        lines += [f"- {a.line()}" for a in yard[:MAX_ROWS]]
     return lines

@@ -1,0 +1,132 @@
+"""Alerts with a life (harness.records.alerts) on a committed H200 gate record plus planted
+steps (tests/walkdata.py): a 5% fa2_mma step is one alert from its first bad commit, not
+one per later commit; one run's noise is withdrawn, a step undone after it was confirmed
+is recovered; acknowledge and accept are stored; a yardstick's alert never fails the gate,
+and the gate's summary lists the open alerts the dashboard's Overview lists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import realdata
+import walkdata
+from walkdata import C
+
+from harness.records.alerts import (
+    AlertError,
+    get_alert,
+    list_alerts,
+    open_alerts,
+    set_culprit,
+    set_state,
+)
+
+H200 = "nvidia-h200"
+
+
+@pytest.fixture
+def walk(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh copy of the walk database (the tests below change it)."""
+    return walkdata.build(tmp_path, request.config.cache.mkdir("fa-harness-walk"))
+
+
+def _db(url: str):  # noqa: ANN202 - a Database
+    from harness.records.db import open_db
+
+    return open_db(url)
+
+
+def test_a_step_is_one_alert_from_its_first_bad_commit(walk: str) -> None:
+    with _db(walk) as db:
+        mma = list_alerts(db, variant="fa2_mma", gpu_model_key=H200)
+        flex = list_alerts(db, variant="flex_attention", gpu_model_key=H200)
+        flash = list_alerts(db, variant="sdpa_flash")
+    # Three runs flagged or held the fa2_mma step (C1, C2, C3): one alert.
+    assert len(mma) == 1, mma
+    a = mma[0]
+    assert (a.state, a.kind, a.owned) == ("open", "timing", True)
+    assert (a.last_good_commit, a.first_bad_commit) == (C[0], C[1])
+    assert a.confirmations == 2 and a.last_run_id > a.first_run_id
+    assert len(a.cases) == 16 and a.worst_ratio == pytest.approx(1.05, rel=0.005)
+    assert a.bisect_command == f"fa-harness bisect --alert {a.id}" and a.culprit_commit is None
+    # flex_attention slower at C0 only: back at C1 before any run confirmed it.
+    assert [f.state for f in flex] == ["withdrawn"]
+    # sdpa_flash is a peer: its alert is a yardstick's.
+    assert [(f.owned, f.first_bad_commit, f.state) for f in flash] == [(False, C[2], "open")]
+
+
+def test_acknowledge_accept_reopen_and_the_culprit_are_stored(walk: str) -> None:
+    with _db(walk) as db:
+        a = list_alerts(db, variant="fa2_mma", gpu_model_key=H200)[0]
+        set_state(db, a.id, "acknowledged", who="ana")
+        got = get_alert(db, a.id)
+        assert (got.state, got.who) == ("acknowledged", "ana")
+        with pytest.raises(AlertError, match="reason"):
+            set_state(db, a.id, "accepted", who="ana")
+        with pytest.raises(AlertError, match="a person sets"):
+            set_state(db, a.id, "recovered", who="ana")
+        link = "https://github.com/example/fa-harness/pull/7"
+        set_state(db, a.id, "accepted", who="bo", reason="more registers for d256", link=link)
+        got = get_alert(db, a.id)
+        assert (got.state, got.who, got.reason, got.link) == (
+            "accepted", "bo", "more registers for d256", link)
+        assert [e["state"] for e in got.detail["events"]] == ["acknowledged", "accepted"]
+        assert a.id not in [x.id for x in open_alerts(db, H200)]
+        assert [x.id for x in list_alerts(db, state="accepted")] == [a.id]
+        set_state(db, a.id, "open", who="ana", reason="seen again on the H100")
+        assert get_alert(db, a.id).state == "open"
+        assert set_culprit(db, a.id, C[1]).culprit_commit == C[1]
+        with pytest.raises(AlertError, match="no alert"):
+            get_alert(db, 10_000)
+
+
+def _next(commit: str, parent: str, hours: float, **factors: float):  # noqa: ANN202
+    from harness.records.record import RunRecord
+
+    rec = realdata.derive(realdata.load(walkdata.BASE), hours=hours, commit=commit,
+                          parent=parent)
+    for kernel, factor in factors.items():
+        realdata.slower(rec, kernel, factor)
+    return RunRecord.from_dict(rec)
+
+
+def test_the_gate_lists_open_alerts_and_a_yardsticks_never_fails_it(walk: str,
+                                                                     tmp_path: Path) -> None:
+    from sqlalchemy import create_engine
+
+    from harness.dashboard import alerts as board
+    from harness.records.gate import GateOptions, finish
+
+    opts = GateOptions(db_url=walk, spool_dir=tmp_path / "spool")
+    quiet = lambda _line: None  # noqa: E731
+    c4 = "e" * 40
+    # fa2_mma holds its 5% (no new verdict); sdpa_flash moves 8% more: a yardstick's step.
+    out = finish(_next(c4, C[3], 5, fa2_mma=1.05, sdpa_flash=1.08 * 1.08), opts, log=quiet)
+    assert out.yardstick_changes and all(v.variant == "sdpa_flash"
+                                         for v in out.yardstick_changes)
+    assert out.regressions == [] and out.exit_code == 0, out.summary
+    owned = [a for a in out.open_alerts if a.owned]
+    yard = [a for a in out.open_alerts if not a.owned]
+    assert [a.variant for a in owned] == ["fa2_mma"]
+    assert {a.variant for a in yard} == {"sdpa_flash"} and len(yard) == 2  # C2's and C4's
+    section = out.summary[out.summary.index("### Open alerts on `nvidia-h200`"):]
+    assert section.index(f"alert {owned[0].id} ") < section.index("Yardsticks")
+    for a in out.open_alerts:
+        assert f"`fa-harness bisect --alert {a.id}`" in section
+    # The Overview lists the same open alerts of this GPU model (one source: the table).
+    engine = create_engine(walk)
+    try:
+        rows = board.alert_list(engine)
+    finally:
+        engine.dispose()
+    live = rows[rows["state"].isin(["open", "acknowledged"])]
+    shown = {i for ids, gpus in zip(live["ids"], live["gpus"], strict=True)
+             for i in ids}
+    assert {a.id for a in out.open_alerts} <= shown
+    # fa2_mma back at its old level: the confirmed step is recovered, not withdrawn.
+    out = finish(_next("f" * 40, c4, 6, sdpa_flash=1.08 * 1.08), opts, log=quiet)
+    assert out.exit_code == 0, out.summary
+    with _db(walk) as db:
+        assert [a.state for a in list_alerts(db, variant="fa2_mma", gpu_model_key=H200)] \
+            == ["recovered"]
