@@ -104,6 +104,10 @@ class Run(Base):
     schema_version: Mapped[int] = mapped_column(Integer, default=1)
     record_sha256: Mapped[str | None] = mapped_column(String(64))
     env: Mapped[dict[str, Any] | None]
+    # Who stored it, by which path (harness.records.db.store.Origin), not what the record
+    # claims; only trusted runs become baselines or noise history (migration 0007).
+    origin: Mapped[str | None] = mapped_column(String(255))
+    trusted: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
 
     results: Mapped[list[Result]] = relationship(back_populates="run",
                                                  cascade="all, delete-orphan")
