@@ -162,6 +162,17 @@ def expand_cases(spec: str, among: list[str] | None = None) -> list[str]:
     return list(out)
 
 
+def _is_case(case_id: str) -> bool:
+    """A case id that names one case (not a candidate's mean over its cases, "*")."""
+    from harness.core.cases import Case
+
+    try:
+        Case.from_id(case_id)
+    except ValueError:
+        return False
+    return True
+
+
 def prepare(req: BisectRequest) -> Prepared:
     """The range, candidate and cases of a request, checked (module doc)."""
     from harness.records.bisect_git import commit_range, dirty, repo_root
@@ -182,7 +193,7 @@ def prepare(req: BisectRequest) -> Prepared:
                                    f"{req.kernel}")
         good, bad, kernel = alert.last_good_commit, alert.first_bad_commit, alert.variant
         cases = (expand_cases(req.cases, list(alert.cases)) if req.cases
-                 else list(alert.cases))
+                 else [c for c in alert.cases if _is_case(c)])
         pass_name = alert.pass_name or "fwd"
     else:
         if not req.good:
@@ -212,7 +223,11 @@ def _placer(p: Prepared, db_url: str | None) -> Callable[[str, str | None], date
     """Where a backfill run of a commit of the range goes in `created_at` order (module
     doc of harness.records.bisect_measure): between the newest stored run of the last
     good commit and the oldest of the first bad one on the GPU model, in range order."""
+    from harness.records.bisect_measure import BACKFILL_GRID
     from harness.records.db.store import DatabaseError, open_db, recent_runs
+
+    def stored(runs: list[Any]) -> list[Any]:  # an earlier bisection's runs are not ends
+        return [r for r in runs if list(r.grids or []) != [BACKFILL_GRID]]
 
     index = {c: i for i, c in enumerate(p.commits)}
     cache: dict[str | None, tuple[datetime, datetime] | None] = {}
@@ -221,10 +236,11 @@ def _placer(p: Prepared, db_url: str | None) -> Callable[[str, str | None], date
         if gpu not in cache:
             try:
                 with open_db(db_url, create=False) as db:
-                    bad = recent_runs(db, gpu_model_key=gpu, commit=p.commits[-1], limit=100)
+                    bad = stored(recent_runs(db, gpu_model_key=gpu, commit=p.commits[-1],
+                                             limit=100))
                     t_bad = min((r.created_at for r in bad), default=None)
-                    good = (recent_runs(db, gpu_model_key=gpu, commit=p.commits[0],
-                                        before=t_bad, limit=1) if t_bad else [])
+                    good = (stored(recent_runs(db, gpu_model_key=gpu, commit=p.commits[0],
+                                               before=t_bad, limit=100)) if t_bad else [])
             except DatabaseError:
                 bad, good, t_bad = [], [], None
             cache[gpu] = (good[0].created_at, t_bad) if good and t_bad else None
@@ -289,7 +305,7 @@ def run_bisect(req: BisectRequest, *, measure: Callable[[str], Any] | None = Non
             result = bisect_range(p.commits, measure, max_builds=req.max_builds,
                                   max_seconds=seconds, end_runs=req.end_runs,
                                   min_runs=req.min_runs, log=lambda line: log(f"  {line}"))
-    except BisectError as exc:
+    except (BisectError, GitError) as exc:  # GitError: a worktree could not be made
         raise BisectUsageError(str(exc)) from None
     finally:
         if owned is not None:
