@@ -134,7 +134,7 @@ def test_a_crash_between_two_samples_is_blamed_on_its_case(db, monkeypatch, tmp_
     """A child that writes its last progress lines and dies while the watchdog is busy
     elsewhere (reading the memory takes a pgrep: slow on a loaded machine) is still blamed
     on the case it was on, read from the progress file it left, not on an earlier sample."""
-    import harness.submissions.worker as worker
+    import harness.submissions.worker_run as worker
 
     go = tmp_path / "go"
     monkeypatch.setenv("FA_TEST_GO_FILE", str(go))

@@ -1,8 +1,11 @@
 """Several worker processes on one queue (SQLite and the CI PostgreSQL), each on its own
 (pretend) GPU with its lock: no job is claimed twice, every job is finished once, and a
-worker killed with SIGKILL mid-job has its job re-queued and finished by another worker
-without waiting for the lease. The scorer is the fake of tests/test_worker.py; the worker
-processes, their scoring children, the locks and the databases are real."""
+worker killed with SIGKILL mid-job has its job re-queued and finished by another worker:
+on SQLite (one host) as soon as its pid is gone, on PostgreSQL once its lease (renewed by
+heartbeats, on the database's clock) has expired. The scorer is the fake of
+tests/test_worker.py; the worker processes, their scoring children, the locks and the
+databases are real. (tests/test_worker_drill.py adds dropped connections, outages and
+SIGSTOP.)"""
 
 from __future__ import annotations
 
@@ -26,15 +29,20 @@ N_JOBS = 8
 N_WORKERS = 3
 
 
-def _worker(url: str, gpu: str, events: str, drain: bool) -> None:
+# The lease outlasts the job limit; short, so that the killed worker's job comes back soon.
+JOB_TIMEOUT_S, LEASE_S = 20.0, 24.0
+
+
+def _worker(url: str, gpu: str, events: str, stop: str) -> None:
     from harness.submissions.worker import WorkerConfig, work
 
     db = open_db(url)
-    config = WorkerConfig(gpu=gpu, case_timeout_s=60.0, startup_timeout_s=120.0,
-                          job_timeout_s=300.0, lease_s=3600.0, memory_limit_mb=2000,
-                          gpu_memory_fraction=None, scorer=SCORER, secret=7, poll_s=0.1,
-                          scoring={"baseline": "sdpa_flash"}, events=events)
-    work(db.engine, config, drain=drain)
+    config = WorkerConfig(gpu=gpu, case_timeout_s=JOB_TIMEOUT_S, startup_timeout_s=120.0,
+                          job_timeout_s=JOB_TIMEOUT_S, lease_s=LEASE_S, heartbeat_s=1.0,
+                          memory_limit_mb=2000, gpu_memory_fraction=None, scorer=SCORER,
+                          secret=7, poll_s=0.1, scoring={"baseline": "sdpa_flash"},
+                          events=events)
+    work(db.engine, config, should_stop=lambda: os.path.exists(stop))
     db.close()
 
 
@@ -49,6 +57,11 @@ def _events(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _rows(db) -> dict[int, Submission]:
+    with db.sessions() as s:
+        return {r.id: r for r in s.scalars(select(Submission))}
 
 
 @pytest.mark.slow
@@ -67,7 +80,8 @@ def test_workers_claim_each_job_once_and_a_killed_workers_job_is_finished_elsewh
     # database, which other test runs share.
     gpus = [f"GPU-{uuid.uuid4()}" for _ in range(1 + N_WORKERS)]
     ctx = mp.get_context("fork")
-    victim = ctx.Process(target=_worker, args=(url, gpus[0], str(events), False))
+    stop = str(tmp_path / "stop")
+    victim = ctx.Process(target=_worker, args=(url, gpus[0], str(events), stop))
     victim.start()
     deadline = time.monotonic() + 120
     while not any(e["event"] == "claim" for e in _events(events)):
@@ -78,12 +92,17 @@ def test_workers_claim_each_job_once_and_a_killed_workers_job_is_finished_elsewh
     victim.join(10)
     killed_job = next(e["id"] for e in _events(events) if e["event"] == "claim")
 
-    others = [ctx.Process(target=_worker, args=(url, g, str(events), True))
+    others = [ctx.Process(target=_worker, args=(url, g, str(events), stop))
               for g in gpus[1:]]
     for p in others:
         p.start()
+    deadline = time.monotonic() + 240
+    while not all(r.status == "done" for r in _rows(db).values()):
+        assert time.monotonic() < deadline, "the jobs were not all finished"
+        time.sleep(0.2)
+    Path(stop).touch()
     for p in others:
-        p.join(240)
+        p.join(60)
         assert p.exitcode == 0
     ev = _events(events)
     claims = Counter((e["id"], e["attempt"]) for e in ev if e["event"] == "claim")
@@ -94,8 +113,7 @@ def test_workers_claim_each_job_once_and_a_killed_workers_job_is_finished_elsewh
     second = [e for e in ev if e["event"] == "claim" and e["id"] == killed_job]
     assert [e["attempt"] for e in second] == [1, 2]
     assert second[0]["worker"] != second[1]["worker"]
-    with db.sessions() as s:
-        rows = {r.id: r for r in s.scalars(select(Submission))}
+    rows = _rows(db)
     db.close()
     assert all(r.status == "done" and r.verdict == "scored" for r in rows.values())
     assert rows[killed_job].attempts == 2

@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from typing import Any
 
 from harness.cli._discoveryopt import add_discovery_options
 from harness.cli.errors import EXIT_FAIL, EXIT_OK, UsageError
+
+# This host cannot score (no usable GPU at start, or jobs failed on it in a row): the
+# worker stops and leaves the queue as it was; a supervisor does not restart it.
+EXIT_HOST_UNFIT = 4
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,8 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "worker", help="score queued submissions on one GPU",
         description="Locks its GPU (one worker per GPU), claims queued submissions and "
                     "scores each in an isolated child process pinned to that GPU, with time "
-                    "and memory limits. Exit 1 when another worker holds the GPU. The secret "
-                    "case seed comes from FA_HARNESS_SECRET (else random per worker start).")
+                    "and memory limits. Exit 1 when another worker holds the GPU, 4 when this "
+                    "host cannot score (no usable GPU; jobs are left queued). A database that "
+                    "cannot be reached is waited for. The secret case seed comes from "
+                    "FA_HARNESS_SECRET (else random per worker start).")
     p.add_argument("--gpu", default=None, metavar="N|UUID|all",
                    help="GPU to lock and score on: an index among the visible GPUs, a "
                         "GPU-... UUID, or `all` for one worker process per visible GPU")
@@ -40,7 +47,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-limit-mb", type=int, default=32768)
     p.add_argument("--max-attempts", type=int, default=3)
     p.add_argument("--lease", type=float, default=None, metavar="S",
-                   help="re-queue jobs claimed longer ago than S (default job timeout + 600)")
+                   help="re-queue a running job whose last heartbeat is older than S by the "
+                        "database's clock; more than --job-timeout (default job timeout + 600)")
+    p.add_argument("--heartbeat", type=float, default=10.0, metavar="S",
+                   help="renew a running job's lease every S seconds (default 10)")
+    p.add_argument("--scorer", default=None, metavar="MODULE:FUNCTION",
+                   help="scoring function (default: the harness's own; tests use stubs)")
     p.add_argument("--baseline", default="sdpa_flash")
     p.add_argument("--perf-grid", default="perf")
     p.add_argument("--correctness-grid", default="full")
@@ -58,25 +70,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from harness.records.db import DatabaseError, open_db
     from harness.submissions.gpulock import GpuBusy, GpuMissing
-    from harness.submissions.worker import WorkerConfig, work
+    from harness.submissions.worker import HostUnfit, WorkerConfig, work
 
-    for name in ("case_timeout", "job_timeout"):
+    for name in ("case_timeout", "job_timeout", "heartbeat"):
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0")
+    if args.lease is not None and args.lease <= args.job_timeout:
+        # A live worker cut off from the database must keep its job: the lease outlasts it.
+        raise UsageError(f"--lease ({args.lease:g} s) must exceed --job-timeout "
+                         f"({args.job_timeout:g} s)")
     if args.gpu == "all":
         return _all_gpus(args)
     if args.gpu is not None:
         _check_gpu(str(args.gpu))
-    try:
-        # the queue lives in an existing database: a typo must not start an empty one
-        db = open_db(args.db, create=False)
-    except DatabaseError as e:
-        raise UsageError(str(e)) from None
     scoring = {"baseline": args.baseline, "perf_grid": args.perf_grid,
                "correctness_grid": args.correctness_grid,
-               "max_perf_cases": args.max_perf_cases,
+               "max_perf_cases": args.max_perf_cases, "quick": bool(args.quick),
                "stop_at_first_failure": args.stop_at_first_failure,
                "perf_bwd_grid": args.perf_bwd_grid, "score_backward": not args.no_backward}
     if args.quick:
@@ -86,13 +96,20 @@ def _worker(args: argparse.Namespace) -> int:
                           job_timeout_s=args.job_timeout, memory_limit_mb=args.memory_limit_mb,
                           max_attempts=args.max_attempts, lease_s=args.lease, scoring=scoring,
                           wait_for_gpu=args.wait_for_gpu, on_shared=args.on_shared,
-                          busy_wait_s=args.busy_wait, events=args.events)
+                          busy_wait_s=args.busy_wait, events=args.events,
+                          heartbeat_s=args.heartbeat, preflight=True)
+    if args.scorer:
+        config.scorer = args.scorer
     stop = {"flag": False}
 
     def on_signal(_sig: int, _frame: object) -> None:
         stop["flag"] = True  # finish the current job, then exit
 
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    db = _open(args.db, lambda: stop["flag"])
+    if db is None:
+        return EXIT_OK
     print(f"worker {config.name}: database {db.display_url}", file=sys.stderr)
     try:
         n = work(db.engine, config, once=args.once, drain=args.drain,
@@ -101,12 +118,30 @@ def _worker(args: argparse.Namespace) -> int:
     except GpuBusy as e:
         print(f"fa-harness worker: error: {e}", file=sys.stderr)
         return EXIT_FAIL
+    except HostUnfit as e:
+        print(f"fa-harness worker: error: this host cannot score: {e}", file=sys.stderr)
+        return EXIT_HOST_UNFIT
     except GpuMissing as e:
         raise UsageError(str(e)) from None
     finally:
         db.close()
     print(f"worker {config.name}: {n} job(s) finished", file=sys.stderr)
     return EXIT_OK
+
+
+def _open(url: str | None, stopped: Any) -> Any:
+    """The queue database, waited for while it cannot be reached (None when told to stop
+    first); one that does not exist is a usage error (a typo must not start an empty
+    one)."""
+    from harness.records.db import DatabaseError, open_db
+    from harness.submissions.worker_store import retrying
+
+    try:
+        return retrying(lambda: open_db(url, create=False), what="opening the queue",
+                        log=lambda m: print(f"fa-harness worker: {m}", file=sys.stderr,
+                                            flush=True), should_stop=stopped)
+    except DatabaseError as e:
+        raise UsageError(str(e)) from None
 
 
 def _check_gpu(spec: str) -> None:

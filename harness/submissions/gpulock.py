@@ -65,6 +65,31 @@ class GpuLock:
     pg_conn: Any = None
     uuid: str | None = None  # the GPU's UUID, None when NVML could not name it
     note: str | None = None  # a caveat for the worker's log
+    engine: Any = None  # the queue database whose advisory lock is held, if any
+    pg_key: int | None = None
+
+    def keep(self) -> None:
+        """Make sure the database half of the lock is still held. A session the server
+        dropped (a network cut, a restart) took its advisory lock with it, silently: take
+        it again. Raises GpuBusy when another worker took the GPU meanwhile, and the
+        database's own error when it cannot be reached (the worker waits and retries)."""
+        if self.engine is None or self.pg_key is None:
+            return
+        if self.pg_conn is not None:
+            from sqlalchemy import text
+
+            try:
+                self.pg_conn.execute(text("SELECT 1"))
+                self.pg_conn.commit()
+                return  # the session lives, and with it the lock
+            except Exception:  # noqa: BLE001 - a dead session, whatever the driver says
+                drop_session(self.pg_conn)
+                self.pg_conn = None
+        conn, ok = _try_pg(self.engine, self.pg_key)
+        if not ok:
+            raise GpuBusy(f"GPU {self.key}: its lock in the queue database was lost with a "
+                          f"dropped connection and another worker holds it now")
+        self.pg_conn = conn
 
     def release(self) -> None:
         if self.pg_conn is not None:
@@ -145,9 +170,16 @@ def acquire(key: str, *, engine: Any = None, owner: str = "", wait: bool = False
         fd = _try_file(path)
         where = f"lock file {path}{_owner(path)}"
         if fd is not None:
-            conn, ok = (_try_pg(engine, advisory_key("gpu", key)) if pg else (None, True))
+            try:
+                conn, ok = (_try_pg(engine, advisory_key("gpu", key)) if pg
+                            else (None, True))
+            except Exception:
+                os.close(fd)  # a database that cannot be reached: the caller tries again
+                raise
             if ok:
                 lock = GpuLock(key, path, fd, conn)
+                if pg:
+                    lock.engine, lock.pg_key = engine, advisory_key("gpu", key)
                 with contextlib.suppress(OSError):
                     Path(f"{path}.owner").write_text(json.dumps(
                         {"owner": owner or f"pid {os.getpid()}",

@@ -5,11 +5,16 @@ declare one (scored on the perf-bwd grid against the baseline's backward). On ei
 scored submissions that cover every perf case rank before those covering only part of
 the grid (a kernel that declares only the easy cases cannot top the board), then by score
 descending (geometric mean speedup over the baseline), then by submission id (earlier
-first). SQLAlchemy only: the dashboard imports this module and must never import torch.
+first). Only scores made under the same scoring settings (grids, baseline, timing
+budget, perf-case cap: `settings_of`, stored with each score by the worker) are ranked
+together: those of the newest score, unless asked for others; scores made under other
+settings are listed unranked. SQLAlchemy only: the dashboard imports this module and
+must never import torch.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +29,22 @@ FWD, BWD = "fwd", "bwd"
 PASSES = (FWD, BWD)
 COLUMNS = ("rank", "pass", "id", "name", "submitter", "status", "verdict", "score", "coverage",
            "gpu_s", "message", "failing_cases", "run_id", "created_at", "finished_at")
+
+
+# Scoring options that change which results are reported, not the score itself.
+_NOT_SETTINGS = frozenset({"stop_at_first_failure", "score_backward"})
+
+
+def settings_of(scoring: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a score is made under, from the worker's scoring options: what must be
+    equal for two scores to be compared."""
+    return {k: scoring[k] for k in sorted(scoring) if k not in _NOT_SETTINGS}
+
+
+def settings_key(detail: Mapping[str, Any] | None) -> str:
+    """The stored settings of a score as one comparable string ("null" for scores from
+    before settings were stored: they are ranked with each other)."""
+    return json.dumps((detail or {}).get("settings"), sort_keys=True, default=str)
 
 
 def gpu_seconds(detail: Mapping[str, Any] | None) -> str | None:
@@ -51,11 +72,14 @@ def rank_key(score: float | None, detail: Mapping[str, Any] | None,
 
 
 def leaderboard_rows(engine: Engine, *, include_all: bool = False, limit: int = 50,
-                     pass_name: str = FWD) -> list[dict[str, Any]]:
+                     pass_name: str = FWD, settings: Mapping[str, Any] | None = None
+                     ) -> list[dict[str, Any]]:
     """Up to `limit` scored submissions of the board of `pass_name` ranked (keys: COLUMNS):
     "fwd", the submissions' own verdicts; "bwd", their backward entries (a submission
-    without one is not on that board). With `include_all`, up to `limit` other entries of
-    that pass follow, newest first, with rank None."""
+    without one is not on that board). Only scores made under `settings` are ranked
+    (default: those of the newest score). With `include_all`, up to `limit` other entries
+    of that pass follow with rank None: scores made under other settings, then the
+    unscored, newest first."""
     if pass_name not in PASSES:
         raise ValueError(f"unknown pass {pass_name!r}; known: {', '.join(PASSES)}")
     if pass_name == FWD:
@@ -90,5 +114,15 @@ def leaderboard_rows(engine: Engine, *, include_all: bool = False, limit: int = 
                 "failing_cases": r.failing_cases, "run_id": r.run_id,
                 "created_at": r.created_at, "finished_at": r.finished_at}
 
-    best = sorted(scored, key=lambda r: rank_key(r.score, r.detail, r.id))[:limit]
-    return [row(r, i + 1) for i, r in enumerate(best)] + [row(r, None) for r in others]
+    if settings is not None:
+        ref = settings_key({"settings": dict(settings)})
+    else:
+        newest = max(scored, key=lambda r: (r.finished_at is not None, r.finished_at or 0,
+                                            r.id), default=None)
+        ref = settings_key(newest.detail) if newest is not None else ""
+    same = [r for r in scored if settings_key(r.detail) == ref]
+    apart = sorted((r for r in scored if settings_key(r.detail) != ref),
+                   key=lambda r: -r.id)[:limit] if include_all else []
+    best = sorted(same, key=lambda r: rank_key(r.score, r.detail, r.id))[:limit]
+    return ([row(r, i + 1) for i, r in enumerate(best)]
+            + [row(r, None) for r in [*apart, *others]])

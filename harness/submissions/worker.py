@@ -19,8 +19,21 @@ in its own process group, killed with the worker if the worker dies, and watches
 - a child that dies without a result (segfault, CUDA teardown abort) -> `crashed`, with
   the case it was on and the tail of its stderr.
 Whatever happens, the worker writes a verdict and takes the next job: it survives every
-bad submission. Jobs abandoned by a dead worker are re-queued after a lease (see
-harness.submissions.queue).
+bad submission. (The child's side of a job is harness.submissions.worker_run.)
+
+Nothing of the host is ever a verdict on a submission, and no result is lost:
+- `fa-harness worker` checks first that the host can score (`worker_run.preflight`: the
+  GPU runs a kernel) and refuses to start otherwise; a job whose scoring the host failed
+  (no usable GPU, a driver fault, a child dead before it ran anything) is re-queued with
+  its fault remembered, stored as an infrastructure error only once it failed on
+  `host_fault_workers` different workers, and a worker that failed `host_fault_streak`
+  jobs in a row stops (HostUnfit) instead of draining the queue into errors;
+- the running job's lease is renewed by heartbeats on the database's clock (see
+  harness.submissions.queue); jobs of a dead worker are re-queued once their lease has
+  expired;
+- a database that drops its connections or is gone for a while is waited out with
+  backoff, idle or mid-job, and every finished score goes to a local spool first and is
+  stored, once, when the database is back (harness.submissions.worker_store).
 
 The secret mixed into every case seed is worker configuration: `FA_HARNESS_SECRET` (an
 integer) or, when unset, a random value per worker start. It is handed to the child in
@@ -30,251 +43,42 @@ the job file (mode 0600, in a private temporary folder) and never stored with re
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import secrets
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any
 
-from harness.submissions.gpulock import GpuWatch, drop_session, hold_back, lock_gpu
+from harness.submissions.gpulock import GpuWatch, hold_back, lock_gpu
 from harness.submissions.queue import (
+    HOST_ERROR,
     Job,
-    Outcome,
     claim,
-    finish,
-    hold_liveness,
     queue_depth,
     release,
     requeue_dead,
+    requeue_host_fault,
     requeue_stale,
 )
-from harness.submissions.worker_child import (
-    DEFAULT_SCORER,
-    child_main,
-    read_result,
-    with_forward,
+from harness.submissions.ranking import settings_of
+from harness.submissions.worker_child import child_main, probe_main
+from harness.submissions.worker_run import WorkerConfig, host_fault, preflight, run_job
+from harness.submissions.worker_store import (
+    Backoff,
+    Heartbeat,
+    ResultSpool,
+    flush,
+    retrying,
+    store,
 )
 
-STDERR_TAIL = 2000
+__all__ = ["HostUnfit", "WorkerConfig", "config_dict", "main", "preflight", "run_job",
+           "work"]
 
 
-@dataclass
-class WorkerConfig:
-    gpu: int | str | None = None  # a position among the visible GPUs, or a GPU-... UUID
-    case_timeout_s: float = 300.0
-    # Before its first progress line the child is importing torch and starting up: a
-    # separate, larger allowance, so a loaded machine is not taken for a hung kernel.
-    startup_timeout_s: float = 120.0
-    job_timeout_s: float = 3600.0
-    memory_limit_mb: int = 32768
-    gpu_memory_fraction: float | None = 0.9
-    lease_s: float | None = None  # default: job_timeout_s + 10 minutes
-    max_attempts: int = 3
-    poll_s: float = 2.0
-    secret: int | None = None
-    scorer: str = DEFAULT_SCORER
-    scoring: dict[str, Any] = field(default_factory=dict)
-    name: str | None = None
-    wait_for_gpu: bool = False  # wait for another worker's GPU lock instead of refusing
-    busy_wait_s: float = 300.0  # how long to hold back claims while others use the GPU
-    on_shared: str = "requeue"  # or "mark": what a job timed on a shared GPU becomes
-    events: str | None = None  # JSON lines of claims and finishes (benchmarks, audits)
-    # Filled in by `work` once the GPU is resolved and locked.
-    gpu_uuid: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.lease_s is None:
-            self.lease_s = self.job_timeout_s + 600.0
-        if self.secret is None:
-            env = os.environ.get("FA_HARNESS_SECRET")
-            self.secret = int(env) if env else secrets.randbits(63)
-        if self.name is None:
-            gpu = "cpu" if self.gpu is None else f"gpu{self.gpu}"[:40]
-            self.name = f"{socket.gethostname()}:{os.getpid()}:{gpu}"
-
-
-# ----------------------------------------------------------------------------- parent
-
-
-def _rss_mb(pid: int) -> float:
-    """Resident memory of a process and its children (MiB), from /proc."""
-    total = 0.0
-    pids = [pid]
-    try:
-        out = subprocess.run(["pgrep", "-g", str(os.getpgid(pid))], capture_output=True,
-                             text=True, timeout=5).stdout.split()
-        pids = [int(p) for p in out] or [pid]
-    except (OSError, subprocess.SubprocessError, ProcessLookupError, ValueError):
-        pass
-    for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) / 1024
-        except (OSError, ValueError):
-            continue
-    return total
-
-
-def _last_progress(path: Path) -> tuple[str, str, float | None, float | None]:
-    """(stage, case, time, allowance) of the last progress line, or ("start", "", None,
-    None). The allowance is the seconds a stage announces it may take without a new line
-    (the sanitizer stage: its own timeout), else None (the case timeout applies)."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return "start", "", None, None
-    for line in reversed(lines):
-        try:
-            d = json.loads(line)
-            allow = d.get("allow_s")
-            return (d.get("stage", ""), d.get("case", ""), float(d.get("t", 0.0)),
-                    None if allow is None else float(allow))
-        except (ValueError, TypeError):
-            continue
-    return "start", "", None, None
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=30)
-
-
-def _tail(path: Path) -> str:
-    try:
-        data = path.read_bytes()[-STDERR_TAIL:]
-    except OSError:
-        return ""
-    return data.decode("utf-8", "replace").strip()
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the worker dies (Linux PR_SET_PDEATHSIG), so
-    a killed worker leaves no scoring process behind on its GPU."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-
-
-def run_job(job: Job, config: WorkerConfig,
-            sample: Callable[[int], None] | None = None) -> Outcome:
-    """Score one job in a child process under the limits of `config`; never raises.
-    `sample(child_pid)` is called about once a second while the child runs."""
-    try:
-        return _run_job(job, config, sample)
-    except Exception as e:  # noqa: BLE001 - the worker must survive anything
-        return Outcome("crashed", f"worker error while running the job: "
-                       f"{type(e).__name__}: {e}", status="error")
-
-
-def _run_job(job: Job, config: WorkerConfig,
-             sample: Callable[[int], None] | None) -> Outcome:
-    with tempfile.TemporaryDirectory(prefix="fa-job-") as tmp:
-        tmpdir = Path(tmp)
-        os.chmod(tmpdir, 0o700)
-        progress_path = tmpdir / "progress.jsonl"
-        result_path = tmpdir / "result.json"
-        job_path = tmpdir / "job.json"
-        stderr_path = tmpdir / "stderr.txt"
-        job_doc = {"id": job.id, "files": job.files, "options": config.scoring,
-                   "secret": config.secret, "progress": str(progress_path),
-                   "result": str(result_path), "scorer": config.scorer,
-                   "gpu_memory_fraction": config.gpu_memory_fraction}
-        fd = os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(job_doc, f)
-        env = dict(os.environ)
-        env.pop("FA_HARNESS_SECRET", None)  # the child gets it from the job file only
-        if config.gpu is not None:
-            # The UUID names one GPU whatever the numbering (CUDA_DEVICE_ORDER) says.
-            env["CUDA_VISIBLE_DEVICES"] = config.gpu_uuid or str(config.gpu)
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        # The child imports this project; keep its root importable when not installed.
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
-                                    else "")
-        started = time.monotonic()
-        last_change = started
-        last_seen: tuple[str, str, float | None, float | None] = ("start", "", None, None)
-        with open(stderr_path, "wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.submissions.worker", "--child", str(job_path)],
-                stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env,
-                start_new_session=True, cwd=tmp, preexec_fn=_die_with_parent)
-            killed: Outcome | None = None
-            sampled = started
-            while proc.poll() is None:
-                time.sleep(0.2)
-                now = time.monotonic()
-                if sample is not None and now - sampled >= 1.0:
-                    sampled = now
-                    sample(proc.pid)
-                seen = _last_progress(progress_path)
-                if seen != last_seen:
-                    last_seen, last_change = seen, now
-                stage, case, _, announced = last_seen
-                at = f"{stage} {case}".strip()
-                starting = last_seen[2] is None
-                allowed = (config.startup_timeout_s if starting else
-                           max(config.case_timeout_s, announced or 0.0))
-                if now - last_change > allowed:
-                    _kill_group(proc)
-                    what = "did not start" if starting else "no progress"
-                    killed = Outcome("timeout", f"{case or stage}: {what} for {allowed:g} s "
-                                     f"({at}); the scoring process was stopped",
-                                     failing_cases=[{"case": case, "status": "timeout",
-                                                     "message": at}])
-                    break
-                if now - started > config.job_timeout_s:
-                    _kill_group(proc)
-                    killed = Outcome("timeout", f"scoring exceeded the job limit of "
-                                     f"{config.job_timeout_s:g} s (at {at})")
-                    break
-                rss = _rss_mb(proc.pid)
-                if rss > config.memory_limit_mb:
-                    _kill_group(proc)
-                    killed = Outcome("crashed", f"host memory {rss:.0f} MiB above the limit of "
-                                     f"{config.memory_limit_mb} MiB (at {at})")
-                    break
-            if killed is not None:
-                killed.detail = {"elapsed_s": round(time.monotonic() - started, 2)}
-                return with_forward(result_path, killed)
-        # The child is gone; make sure nothing of its group lingers.
-        _kill_group(proc)
-        elapsed = round(time.monotonic() - started, 2)
-        try:
-            done, pending = read_result(result_path)
-        except (ValueError, KeyError, TypeError) as e:
-            return Outcome("crashed", f"the scoring child wrote an unreadable result: {e}")
-        if done is not None and not pending:
-            done.detail["elapsed_s"] = elapsed
-            return done
-        # The watchdog reads the progress file once per round, then the memory (a pgrep,
-        # slow on a loaded machine): a child that writes its last lines and dies in
-        # between would be blamed on an earlier stage. The file as it left it names the case.
-        stage, case, _, _ = _last_progress(progress_path)
-        code = proc.returncode
-        how = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
-               else f"exited with code {code}")
-        tail = _tail(stderr_path)
-        msg = f"the scoring process {how} during {stage} {case}".rstrip()
-        if tail:
-            msg += f": {tail.splitlines()[-1][:500]}"
-        return with_forward(result_path, Outcome(
-            "crashed", msg, failing_cases=[{"case": case, "status": "crashed", "message": how}]
-            if case else [], detail={"elapsed_s": elapsed, "stderr_tail": tail}))
+class HostUnfit(RuntimeError):
+    """This host failed `host_fault_streak` jobs in a row: it stops taking jobs."""
 
 
 def _event(config: WorkerConfig, **fields: Any) -> None:
@@ -290,62 +94,108 @@ def work(engine: Any, config: WorkerConfig, *, once: bool = False, drain: bool =
     """Lock the GPU, then claim and score jobs until stopped. `once`: at most one job.
     `drain`: stop when the queue is empty. Returns the number of jobs finished. Raises
     gpulock.GpuBusy when another worker holds the GPU, gpulock.GpuMissing for a GPU that
-    is not there."""
+    is not there, HostUnfit when the host failed jobs in a row. A database that cannot
+    be reached is waited for."""
     log = log or (lambda _m: None)
     should_stop = should_stop or (lambda: False)
     name = config.name or "worker"
     lock = None
     if config.gpu is not None:
-        lock = lock_gpu(engine, config.gpu, owner=name, wait=config.wait_for_gpu)
+        gpu = config.gpu
+        lock = retrying(lambda: lock_gpu(engine, gpu, owner=name, wait=config.wait_for_gpu),
+                        what="locking the GPU", log=log, should_stop=should_stop)
+        if lock is None:
+            return 0
         config.gpu_uuid = lock.uuid
         if lock.note:
             log(lock.note)
-    alive = hold_liveness(engine, name)
+    why = preflight(config) if config.preflight else None
+    if why is not None:
+        if lock is not None:
+            lock.release()
+        raise HostUnfit(f"{why}; no job was claimed")
+    spool = ResultSpool(engine.url.render_as_string(hide_password=True))
     watch = GpuWatch(config.gpu_uuid, log) if config.gpu_uuid else None
     try:
-        return _loop(engine, config, watch, once=once, drain=drain,
+        return _loop(engine, config, watch, lock, spool, once=once, drain=drain,
                      should_stop=should_stop, log=log)
     finally:
-        if alive is not None:
-            drop_session(alive)
         if lock is not None:
             lock.release()
 
 
-def _loop(engine: Any, config: WorkerConfig, watch: Any, *, once: bool, drain: bool,
-          should_stop: Callable[[], bool], log: Callable[[str], None]) -> int:
-    done = 0
+def _next_job(engine: Any, config: WorkerConfig, watch: Any, lock: Any, spool: ResultSpool,
+              should_stop: Callable[[], bool], log: Callable[[str], None]) -> Job | None:
+    """Between jobs: store what the spool holds, re-queue expired leases, keep the GPU
+    lock, wait for a GPU others use, then claim. Database errors propagate (retried)."""
     name = config.name or "worker"
+    flush(engine, spool, log)
+    rq = requeue_stale(engine, lease_s=float(config.lease_s or 0),
+                       max_attempts=config.max_attempts)
+    dead = requeue_dead(engine, me=name, max_attempts=config.max_attempts)
+    for sid in rq.requeued + dead.requeued:
+        log(f"submission {sid}: " + ("lease expired" if sid in rq.requeued
+                                     else "its worker is gone") + ", re-queued")
+        _event(config, event="requeued", id=sid)
+    for sid in rq.abandoned + dead.abandoned:
+        log(f"submission {sid}: abandoned after {config.max_attempts} attempts")
+    if lock is not None:
+        lock.keep()
+    if watch is not None and queue_depth(engine).get("queued", 0):
+        hold_back(watch, config.busy_wait_s, config.poll_s, log, should_stop)
+    return claim(engine, name)
+
+
+def _loop(engine: Any, config: WorkerConfig, watch: Any, lock: Any, spool: ResultSpool, *,
+          once: bool, drain: bool, should_stop: Callable[[], bool],
+          log: Callable[[str], None]) -> int:
+    done = 0
+    streak = 0  # jobs in a row this host could not score
+    backoff = Backoff(cap_s=max(5.0, config.poll_s))
     while not should_stop():
-        rq = requeue_stale(engine, lease_s=float(config.lease_s or 0),
-                           max_attempts=config.max_attempts)
-        dead = requeue_dead(engine, me=name, max_attempts=config.max_attempts)
-        for sid in rq.requeued + dead.requeued:
-            log(f"submission {sid}: " + ("lease expired" if sid in rq.requeued
-                                         else "its worker is gone") + ", re-queued")
-            _event(config, event="requeued", id=sid)
-        for sid in rq.abandoned + dead.abandoned:
-            log(f"submission {sid}: abandoned after {config.max_attempts} attempts")
-        if watch is not None and queue_depth(engine).get("queued", 0):
-            hold_back(watch, config.busy_wait_s, config.poll_s, log, should_stop)
-        job = claim(engine, name)
+        got = retrying(lambda: (_next_job(engine, config, watch, lock, spool, should_stop,
+                                          log),),
+                       what="claiming", log=log, should_stop=should_stop, backoff=backoff)
+        backoff.reset()
+        if got is None:
+            break  # told to stop while the database was away
+        job = got[0]
         if job is None:
             if once or drain:
                 break
             time.sleep(config.poll_s)
             continue
         log(f"submission {job.id} ({job.name}): scoring, attempt {job.attempts}")
-        _event(config, event="claim", id=job.id, attempt=job.attempts)
+        _event(config, event="claim", id=job.id, attempt=job.attempts, token=job.token)
         if watch is not None:
             watch.start()
-        outcome = run_job(job, config, watch.sample if watch is not None else None)
+        beat = Heartbeat(engine, job, config.heartbeat_s, log).start()
+        try:
+            outcome = run_job(job, config, watch.sample if watch is not None else None,
+                              abort=beat.lost.is_set)
+        finally:
+            beat.stop()
         gpu = watch.finish() if watch is not None else None
+        if beat.lost.is_set():
+            log(f"submission {job.id}: claim lost while scoring; result not stored")
+            _event(config, event="finish", id=job.id, attempt=job.attempts, stored=False)
+            continue
+        fault = host_fault(outcome)
+        if fault is not None:
+            streak += 1
+            _host_fault(engine, config, job, fault, should_stop, log)
+            if streak >= config.host_fault_streak:
+                raise HostUnfit(f"{streak} jobs in a row could not be scored on this host "
+                                f"(last: {fault[:300]}); they were put back in the queue")
+            continue
+        streak = 0
         if gpu is not None:
             outcome.detail["gpu_sharing"] = gpu
         if gpu is not None and gpu["shared"]:
             if config.on_shared == "requeue" and job.attempts < config.max_attempts:
-                ok = release(engine, job, "re-queued: another process used the GPU while "
-                             "it was being scored")
+                ok = retrying(lambda j=job: release(engine, j, "re-queued: another process "
+                                                    "used the GPU while it was being scored"),
+                              what="re-queueing", log=log, should_stop=should_stop)
                 log(f"submission {job.id}: GPU shared during scoring, re-queued"
                     + ("" if ok else " (claim lost)"))
                 _event(config, event="release", id=job.id, attempt=job.attempts, shared=True)
@@ -354,7 +204,8 @@ def _loop(engine: Any, config: WorkerConfig, watch: Any, *, once: bool, drain: b
                 if o is not None:
                     o.message = ("GPU shared with another process while scored: the score "
                                  "is not comparable. " + o.message)
-        stored = finish(engine, job, outcome)
+        _describe(config, job, outcome)
+        stored = store(engine, spool, job, outcome, log=log, should_stop=should_stop)
         _event(config, event="finish", id=job.id, attempt=job.attempts, stored=stored,
                verdict=outcome.verdict, score=outcome.score,
                shared=bool(gpu and gpu["shared"]))
@@ -363,18 +214,46 @@ def _loop(engine: Any, config: WorkerConfig, watch: Any, *, once: bool, drain: b
         if b is not None:  # the backward's own verdict, said apart from the forward's
             score += f"; backward {b.verdict}" + (f" {b.score:.3f}" if b.score is not None
                                                   else "")
+        note = {True: "", False: " (claim lost; not stored)",
+                None: " (kept in the spool until the database is back)"}[stored]
         log(f"submission {job.id} ({job.name}): {outcome.verdict}{score}: "
-            f"{outcome.message[:300]}" + ("" if stored else " (claim lost; not stored)"))
+            f"{outcome.message[:300]}{note}")
         done += 1
         if once:
             break
     return done
 
 
+def _describe(config: WorkerConfig, job: Job, outcome: Any) -> None:
+    """What is stored with a score beside it: the settings it was made under (the board
+    ranks only scores made under the same ones) and the host faults before it."""
+    settings = settings_of(config.scoring)
+    for o in (outcome, outcome.backward):
+        if o is not None:
+            o.detail["settings"] = settings
+    if job.host_faults:
+        outcome.detail["host_faults"] = list(job.host_faults)
+
+
+def _host_fault(engine: Any, config: WorkerConfig, job: Job, fault: str,
+                should_stop: Callable[[], bool], log: Callable[[str], None]) -> None:
+    res = retrying(lambda: requeue_host_fault(engine, job, fault,
+                                              limit=config.host_fault_workers),
+                   what="re-queueing", log=log, should_stop=should_stop)
+    said = ("stored as an infrastructure error" if res == HOST_ERROR else
+            "re-queued" if res else "left to its lease")
+    log(f"submission {job.id}: the host could not score it ({fault[:300]}); {said}")
+    _event(config, event="host_fault", id=job.id, attempt=job.attempts, result=res)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.submissions.worker")
-    p.add_argument("--child", metavar="JOB", required=True)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--child", metavar="JOB")
+    g.add_argument("--probe", metavar="SCORER")
     args = p.parse_args(argv)
+    if args.probe is not None:
+        return probe_main(args.probe)
     return child_main(args.child)
 
 

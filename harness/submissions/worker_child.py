@@ -2,7 +2,7 @@
 `child_main`, which scores the job's files, reports its progress (stage, case) to the
 file the parent's watchdog reads, writes the result and exits hard. Kept apart from the
 parent's loop (harness.submissions.worker) because it is the only part that imports torch
-and touches the GPU."""
+and touches the GPU. `--probe SCORER` runs `probe_main`: can this host score at all?"""
 
 from __future__ import annotations
 
@@ -120,3 +120,36 @@ def child_main(job_path: str) -> int:
     sys.stderr.flush()
     # Skip interpreter and CUDA teardown: after a kernel fault it can hang or abort.
     os._exit(0)
+
+
+def cuda_probe() -> str | None:
+    """The default scorer's host check: a CUDA GPU is visible and runs a kernel. None
+    when it does, else why not (one line)."""
+    import torch
+
+    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    where = f" (CUDA_VISIBLE_DEVICES={seen})" if seen is not None else ""
+    try:
+        if not torch.cuda.is_available():
+            return f"no usable CUDA GPU on this host{where}"
+        x = torch.ones(8, device="cuda")
+        if float((x + x).sum().item()) != 16.0:
+            return f"the GPU{where} computed a wrong sum"
+    except Exception as e:  # noqa: BLE001 - any failure to run a kernel says the same
+        text = (str(e).strip().splitlines() or [""])[0][:300]
+        return f"the GPU{where} does not run a kernel: {type(e).__name__}: {text}"
+    return None
+
+
+def probe_main(scorer: str) -> int:
+    """In a child with the scoring environment: the scorer module's `probe()` (the
+    default scorer's: `cuda_probe`); prints why the host cannot score and exits 1, or 0."""
+    module = importlib.import_module((scorer or DEFAULT_SCORER).partition(":")[0])
+    probe = getattr(module, "probe", None)
+    if probe is None and (scorer or DEFAULT_SCORER) == DEFAULT_SCORER:
+        probe = cuda_probe
+    why = probe() if callable(probe) else None
+    if why:
+        print(why, flush=True)
+        return 1
+    return 0

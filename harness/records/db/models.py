@@ -274,6 +274,10 @@ class Submission(Base):
     worker: Mapped[str | None] = mapped_column(String(255))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
+    # A running job's liveness (harness.submissions.queue): renewed by its worker with the
+    # database's clock, never the worker's; the claim's token makes its store idempotent.
+    heartbeat_at: Mapped[datetime | None]
+    claim_token: Mapped[str | None] = mapped_column(String(32))
 
     __table_args__ = (
         # Queue claim: oldest queued first.
