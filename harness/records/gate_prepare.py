@@ -14,7 +14,9 @@ from harness.records.plan import Plan
 def sanitize_tier(opts: GateOptions, gpu: bool, notes: list[str]) -> str | None:
     """The tier this run gets: the one asked for, else "fast" where a GPU and
     compute-sanitizer are here; None (with a note) where it cannot run. Asking for a tier
-    on a runner without the tool is a usage error: a gate must not pretend it checked."""
+    on a runner without the tool is a usage error: a gate must not pretend it checked.
+    The tier runs a variant's backward launches too where it declares a backward
+    (harness.execution.sanitize.variant_passes)."""
     from harness.execution.sanitize import sanitizer_path
 
     tier = opts.sanitize
