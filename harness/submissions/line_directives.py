@@ -32,6 +32,14 @@ _TOKEN = re.compile(
     r"(?P<ws>[ \t\f\v]+)|(?P<nl>\n)|(?P<lc>//)|(?P<bc>/\*)|(?P<q>[\"'])|(?P<hash>#|%:)"
     rf"|(?P<id>{_IDENT})"
     r"|(?P<num>\.?[0-9](?:[eEpP][+-]|'[0-9A-Za-z_]|[0-9A-Za-z_.])*)|(?P<other>.)", re.S)
+# A run of tokens none of which can start a literal, a comment or a directive, skipped in
+# one step: identifiers not followed by a quote (one that is may be a literal's prefix;
+# the atomic group keeps `xR"` from being read as `x` and `R"`), numbers, spaces and the
+# punctuation that is not `/`, `#`, `%:` or a quote, and newlines (a line starts after
+# the run's last one).
+_RUN = re.compile(
+    rf"(?:[ \t\f\v\n]+|(?>{_IDENT})(?![\"'])|(?>\.?[0-9](?:[eEpP][+-]|'[0-9A-Za-z_]|[0-9A-Za-z_.])*)"
+    r"|/(?![/*])|%(?!:)|\.(?![0-9])|[^\n\"'/#%.A-Za-z0-9_$\x80-\U0010ffff])+")
 _RAW_PREFIXES = frozenset({"R", "LR", "uR", "UR", "u8R"})
 _RAW_DELIM = re.compile(r'"([^ ()\\\t\v\f\n"]{0,16})\(')
 _STRING = {'"': re.compile(r'"(?:[^"\\\n]|\\.)*(?:"|(?=\n)|\Z)', re.S),
@@ -97,6 +105,16 @@ def _scan(t: _Text, *, literals: bool, comments: bool) -> int | None:
     i = 0
     line_start = True
     while i < n:
+        run = _RUN.match(s, i)
+        if run:
+            text = run.group()
+            lines = text.rsplit("\n", 1)
+            if len(lines) == 2:
+                line_start = not lines[1].strip(" \t\f\v")
+            else:
+                line_start = line_start and not text.strip(" \t\f\v")
+            i = run.end()
+            continue
         m = _TOKEN.match(s, i)
         assert m is not None  # `other` matches any character
         kind = m.lastgroup
