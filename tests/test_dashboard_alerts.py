@@ -121,7 +121,8 @@ def test_history_opens_on_the_open_regression(walk: str, monkeypatch) -> None:
 
 def test_sidebar_compare_opens_on_the_newest_open_alert(walk: str, monkeypatch) -> None:
     at = app(walk, monkeypatch, page="compare")
-    top = _rows(walk, state=("open",)).iloc[0]
+    top = _rows(walk, state=("open", "acknowledged")).iloc[0]
+    assert top["variant"] == "fa2_mma"  # the team's before the yardstick's
     assert str(at.query_params["alert"]).strip("[]'") == str(top["id"])
     new = int(str(at.query_params["new"]).strip("[]'"))
     base = int(str(at.query_params["base"]).strip("[]'"))

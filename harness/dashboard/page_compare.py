@@ -187,12 +187,12 @@ def render(ctx: Ctx) -> None:
 
 def _alert(ctx: Ctx) -> dict | None:
     """The alert Compare opens on: `?alert=ID`, else (Compare opened bare, from the
-    sidebar) the newest open alert, the team's first; its runs become `base` and `new`
+    sidebar) the newest open or acknowledged alert, the team's first (the gate's list); its runs become `base` and `new`
     unless the link names them."""
     wanted = ui.param("alert")
     bare = wanted is None and ui.param("base") is None and ui.param("new") is None
     if wanted is None and bare:
-        rows = ctx.q("alert_list", 1, ("open",), None, None, None)
+        rows = ctx.q("alert_list", 1, ("open", "acknowledged"), None, None, None)
         wanted = str(int(rows.iloc[0]["id"])) if len(rows) else None
     if wanted is None:
         return None

@@ -40,10 +40,10 @@ def alerts(ctx: Ctx) -> None:
     (st.error if states.get("open", 0) else st.info)(line)
     urls = ctx.q("repository_urls", tuple(sorted({int(r) for r in rows["run_id"]
                                                   if pd.notna(r)})))
-    widths = [1.2, 2.4, 2.0, 2.4, 0.9, 1.0, 2.1]
+    widths = [1.3, 2.2, 1.6, 2.0, 1.1, 3.0]
     head = st.columns(widths)
     for col, name in zip(head, ("state", "GPUs · candidate", "what", "last good..first bad",
-                                "", "", "bisect"), strict=True):
+                                "", "bisect (copy)"), strict=True):
         col.caption(name)
     for _, a in rows.iterrows():
         c = st.columns(widths, vertical_alignment="center")
@@ -57,16 +57,18 @@ def alerts(ctx: Ctx) -> None:
         c[2].markdown(f"{VERDICT_WORDS.get(a['verdict'], a['verdict'])}: {a['cases']} case(s)"
                       f"{', worst ' + worst if worst else ''}")
         c[3].markdown(f"{_commit(repo, a['last_good'])}..{_commit(repo, a['first_bad'])}")
-        ui.page_link(ctx, "history", "History", where=c[4], variant=a["variant"],
+        # One column for both links, stacked: the bisect command needs the width.
+        links = c[4].container(gap=None)
+        ui.page_link(ctx, "history", "History", where=links, variant=a["variant"],
                      case=a["worst_case"], gpu=a["gpu_model_key"])
-        ui.page_link(ctx, "compare", "Compare", where=c[5], alert=int(a["id"]))
-        c[6].code(a["bisect"], language=None)
+        ui.page_link(ctx, "compare", "Compare", where=links, alert=int(a["id"]))
+        c[5].code(a["bisect"], language=None)
 
 
 def _state(a: pd.Series) -> str:
     """The row's state, who set it and why (acknowledged, accepted), in a narrow column."""
-    color = {"open": "red", "acknowledged": "orange", "accepted": "blue"}.get(a["state"],
-                                                                              "green")
+    color = {"open": "red", "acknowledged": "orange", "accepted": "blue",
+             "recovered": "green"}.get(a["state"], "gray")
     text = f":{color}[**{a['state']}**]"
     if a["state"] in ("acknowledged", "accepted") and a["who"]:
         text += f" {ui.md_escape(a['who'])}"

@@ -32,7 +32,6 @@ dashboard may read (and, behind a token, write) alerts through it.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -44,6 +43,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from harness.records import alert_rules as rules
 from harness.records.db.engine import make_engine, session_factory
 from harness.records.db.models import (
     ALERT_STATES,
@@ -61,7 +61,6 @@ LIVE = ("open", "acknowledged", "accepted")
 # What a person may set; recovered and withdrawn are the runs' to say.
 MANUAL = ("open", "acknowledged", "accepted")
 STATE_ORDER = {s: i for i, s in enumerate(ALERT_STATES)}
-DEFAULT_THRESHOLD = 0.02  # compare.Policy.threshold, where a verdict names none
 
 
 class AlertError(ValueError):
@@ -212,7 +211,7 @@ def set_state(db: Any, alert_id: int, state: str, *, who: str, reason: str | Non
         if row is None:
             raise AlertError(f"no alert {alert_id}")
         row.state, row.who, row.reason, row.link = state, who, reason, link
-        _event(row, state=state, who=who, reason=reason, link=link)
+        rules.event(row, state=state, who=who, reason=reason, link=link)
         s.flush()
         return _alert(row)
 
@@ -227,17 +226,9 @@ def set_culprit(db: Any, alert_id: int, commit: str) -> Alert:
         if row is None:
             raise AlertError(f"no alert {alert_id}")
         row.culprit_commit = commit
-        _event(row, culprit=commit)
+        rules.event(row, culprit=commit)
         s.flush()
         return _alert(row)
-
-
-def _event(row: AlertRow, **what: Any) -> None:
-    now = utcnow()
-    detail = dict(row.detail or {})
-    detail["events"] = [*detail.get("events", []),
-                        {"at": now.isoformat(), **{k: v for k, v in what.items() if v}}]
-    row.detail, row.updated_at = detail, now
 
 
 # ------------------------------------------------------------------------ syncing
@@ -253,23 +244,6 @@ def record_owned(record: Any) -> Callable[[str], bool]:
         return info.get("kind") != "peer" and info.get("owned") is not False
 
     return owned
-
-
-def _levels(v: Any, kind: str) -> tuple[float, float, float] | None:
-    """(before, after, ratio) of one flagged verdict: median ms for a timing step (the
-    step's own ratio where the step search found it), the error ratio for a drift."""
-    if kind == "timing":
-        step = v.detail.get("step") or {}
-        ratio = step.get("ratio") or v.ratio
-        after = v.new_median_ms
-        if not ratio or not after or ratio <= 0:
-            return None
-        return after / ratio, after, ratio
-    if v.verdict == "precision_drift":
-        b, n = v.detail.get("base_err_ratio"), v.detail.get("new_err_ratio")
-        if b and n:
-            return b, n, n / b
-    return None
 
 
 def _new_alert(s: Session, run: Run, gpu: str, key: tuple[str, str, str], flags: list[Any],
@@ -291,7 +265,7 @@ def _new_alert(s: Session, run: Run, gpu: str, key: tuple[str, str, str], flags:
                    first_run_id=run.id, last_run_id=run.id, confirmations=0, cases=[],
                    detail={"levels": {}, "opened_by_run": run.id, "events": []},
                    created_at=now, updated_at=now)
-    _absorb(row, flags, kind)
+    rules.absorb(row, flags, kind)
     # The runs that show the step (the dashboard's Compare): the newest of this GPU
     # model at the last good and at the first bad commit, of the run's own grids.
     row.detail = dict(row.detail, base_run_id=_run_at(s, gpu, last_good, run, before=True),
@@ -313,67 +287,6 @@ def _run_at(s: Session, gpu: str, commit: str | None, run: Run, *,
     rows = s.execute(q.limit(50)).all()
     same = [r for r, g in rows if not grids or not g or grids & set(g)]
     return same[0] if same else (rows[0][0] if rows else None)
-
-
-def _absorb(row: AlertRow, flags: list[Any], kind: str) -> None:
-    """Add flagged verdicts to an alert: its cases, per-case levels, worst case."""
-    levels = dict((row.detail or {}).get("levels") or {})
-    cases = list(row.cases or [])
-    for v in flags:
-        if v.case_id not in cases:
-            cases.append(v.case_id)
-        lv = _levels(v, kind)
-        if lv is not None and v.case_id not in levels:
-            levels[v.case_id] = [lv[0], lv[1]]
-        ratio = lv[2] if lv is not None else None
-        if v.verdict == "correctness_regression" and row.verdict != "correctness_regression":
-            row.verdict, row.worst_ratio, row.worst_case = v.verdict, None, v.case_id
-        elif ratio is not None and (row.worst_ratio is None or ratio > row.worst_ratio) \
-                and row.verdict == v.verdict:
-            row.worst_ratio, row.worst_case = ratio, v.case_id
-        elif row.worst_case is None:
-            row.worst_case = v.case_id
-    row.cases = sorted(cases)
-    row.detail = dict(row.detail or {}, levels=levels)
-
-
-def _further(row: AlertRow, v: Any) -> bool:
-    """A timing flag beyond the alert's level after by more than its threshold: a
-    further step on top of this one."""
-    lv = ((row.detail or {}).get("levels") or {}).get(v.case_id)
-    if row.kind != "timing" or not lv or not v.new_median_ms:
-        return False
-    threshold = float(v.detail.get("threshold") or DEFAULT_THRESHOLD)
-    return v.new_median_ms > lv[1] * (1.0 + threshold)
-
-
-def _outcome(row: AlertRow, results: dict[str, tuple[str, float | None, float | None]]
-             ) -> tuple[int, int]:
-    """(held, back): the alert's cases in this run (module doc)."""
-    held = back = 0
-    levels = (row.detail or {}).get("levels") or {}
-    for case_id in row.cases or []:
-        got = results.get(case_id)
-        if got is None:
-            continue
-        status, median, err_ratio = got
-        if row.verdict == "correctness_regression":
-            if status == "passed":
-                back += 1
-            elif status != "skipped":
-                held += 1
-            continue
-        value = median if row.kind == "timing" else err_ratio
-        lv = levels.get(case_id)
-        if status != "passed" or not value or not lv or value <= 0:
-            continue  # untimed, skipped or failed: not evidence of either level
-        before, after = (math.log(x) for x in lv)
-        x = math.log(value)
-        if abs(x - before) < abs(x - after):
-            back += 1
-        else:
-            held += 1
-    return held, back
 
 
 def _results(s: Session, run_id: int, series: set[tuple[str, str]]
@@ -424,12 +337,12 @@ def sync_alerts(db: Any, run_id: int, report: Any, *,
             if row is not None:
                 levels = (row.detail or {}).get("levels") or {}
                 known = [v for v in flags if v.case_id in levels]
-                further = [v for v in known if _further(row, v)]
+                further = [v for v in known if rules.further(row, v)]
                 if len(further) * 2 > len(known):
                     row = None  # mostly beyond its level: a step of its own
                     flags = further
                 else:
-                    _absorb(row, flags, key[2])
+                    rules.absorb(row, flags, key[2])
                     absorbed.add(row.id)
                     continue
             new = _new_alert(s, run, gpu, key, flags, owned(key[0]))
@@ -439,8 +352,8 @@ def sync_alerts(db: Any, run_id: int, report: Any, *,
                 # run's noise seemed to undo): that alert again, not a second one.
                 s.expunge(new)
                 old.state = "open"
-                _absorb(old, flags, key[2])
-                _event(old, state="open", why=f"flagged again by run {run.id}")
+                rules.absorb(old, flags, key[2])
+                rules.event(old, state="open", why=f"flagged again by run {run.id}")
                 row = old
                 absorbed.add(row.id)
             else:
@@ -451,13 +364,13 @@ def sync_alerts(db: Any, run_id: int, report: Any, *,
         for row in live.values():
             if (row.detail or {}).get("opened_by_run") == run.id:
                 continue
-            held, back = _outcome(row, results.get((row.variant, row.pass_name), {}))
+            held, back = rules.outcome(row, results.get((row.variant, row.pass_name), {}))
             if row.id in absorbed or held > back:
                 row.confirmations += 1
             elif back > held and row.state != "accepted":
                 state = "recovered" if row.confirmations else "withdrawn"
                 row.state = state
-                _event(row, state=state, why=f"run {run.id}: {back} case(s) back at the "
+                rules.event(row, state=state, why=f"run {run.id}: {back} case(s) back at the "
                                              f"level before, {held} held")
             else:
                 continue  # nothing of it measured here
