@@ -1,4 +1,7 @@
-"""The worker survives every bad job: hangs, crashes, exceptions, memory hogs, garbage.
+"""The worker survives every bad job: hangs, crashes, exceptions, memory hogs, garbage;
+and nothing of the host is a verdict: a host without a usable GPU refuses to start, a job
+the host could not score goes back to the queue, a result waits in the spool until the
+database takes it.
 
 The scoring child is real (a separate process started by `harness.submissions.worker.run_job`); the
 scorer it calls is a fake selected through the worker configuration (`fake_scorer`
@@ -62,6 +65,9 @@ def fake_scorer(files, options, *, secret, progress) -> ScoreReport:
         time.sleep(60)
     if mode == "exit":
         os._exit(3)
+    if mode == "nogpu":  # what the real scorer says on a host without a usable GPU
+        return ScoreReport("crashed", "this worker has no usable CUDA GPU; the submission "
+                           "was not run", status="error")
     raise AssertionError(f"unknown mode {mode}")
 
 
@@ -190,6 +196,8 @@ def test_once_takes_one_job_and_secret_not_stored(db):
     # What the worker itself adds (config, elapsed time) must not hold it.
     assert "elapsed_s" in rows[a].detail
     assert stored.count("987654321") == 1
+    # The settings it was scored under are stored with the score (the board compares them).
+    assert rows[a].detail["settings"] == {"baseline": "sdpa_flash"}
 
 
 def test_requeued_job_is_taken_again(db):
@@ -200,3 +208,108 @@ def test_requeued_job_is_taken_again(db):
     with db.sessions() as s:
         row = s.get(Submission, sid)
     assert (row.status, row.verdict, row.attempts) == ("done", "scored", 2)
+
+
+def test_a_host_without_a_usable_gpu_refuses_to_start(tmp_path, capfd):
+    """`fa-harness worker` with the real scorer on a host where CUDA runs nothing: one line,
+    exit 4, and the queue left as it was (no job claimed, none blamed)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a usable GPU")
+    from harness.cli import main
+    from harness.cli.cmd_worker import EXIT_HOST_UNFIT
+
+    path = tmp_path / "q.sqlite"
+    d = open_db(str(path))
+    sid = _add(d, "ok")
+    rc = main(["worker", "--db", str(path), "--drain"])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert rc == EXIT_HOST_UNFIT == 4
+    assert any(line.startswith("fa-harness worker: error: this host cannot score: no usable "
+                               "CUDA GPU") for line in err), err
+    assert not any("Traceback" in line for line in err)
+    with d.sessions() as s:
+        row = s.get(Submission, sid)
+    d.close()
+    assert (row.status, row.attempts, row.verdict) == ("queued", 0, None)
+
+
+def test_a_job_the_host_could_not_score_goes_back_to_the_queue(db):
+    """No verdict against the submitter: re-queued; the worker stops after two such jobs
+    in a row (HostUnfit); an infrastructure error only once a second worker failed it."""
+    from harness.submissions.worker import HostUnfit
+
+    a, b = _add(db, "nogpu"), _add(db, "nogpu")
+    logs: list[str] = []
+    with pytest.raises(HostUnfit, match="2 jobs in a row"):
+        work(db.engine, _config(name="hostA:1:gpu3"), drain=True, log=logs.append)
+    with db.sessions() as s:
+        rows = [s.get(Submission, i) for i in (a, b)]
+    assert [(r.status, r.verdict, r.attempts) for r in rows] == [("queued", None, 1)] * 2
+    assert all("could not score it" in r.message for r in rows)
+    # The same place, restarted, passes them over; another worker fails them too.
+    assert work(db.engine, _config(name="hostA:2:gpu3"), drain=True) == 0
+    work(db.engine, _config(name="hostB:3:gpu3", host_fault_streak=5), drain=True)
+    with db.sessions() as s:
+        rows = [s.get(Submission, i) for i in (a, b)]
+    assert [(r.status, r.verdict) for r in rows] == [("error", None)] * 2
+    assert all(r.message.startswith("infrastructure error, not a verdict") for r in rows)
+
+
+def test_a_scorer_that_cannot_start_is_the_hosts_fault(db):
+    sid = _add(db, "ok")
+    with pytest.raises(Exception, match="in a row"):
+        work(db.engine, _config(scorer="tests.no_such_module:score", host_fault_streak=1),
+             drain=True)
+    with db.sessions() as s:
+        row = s.get(Submission, sid)
+    assert (row.status, row.verdict) == ("queued", None)
+    assert "ModuleNotFoundError during start" in row.message
+
+
+def test_a_result_waits_in_the_spool_until_the_database_takes_it(db, monkeypatch):
+    """The database refuses the store three times (down): the worker waits with backoff,
+    logs it in one line, and stores the result once; nothing stays in the spool."""
+    from sqlalchemy.exc import OperationalError
+
+    import harness.submissions.worker_store as ws
+
+    real, calls = ws.finish, []
+
+    def flaky(engine, job, outcome):
+        calls.append(job.id)
+        if len(calls) <= 3:
+            raise OperationalError("UPDATE", {}, Exception("server closed the connection"))
+        return real(engine, job, outcome)
+
+    monkeypatch.setattr(ws, "finish", flaky)
+    sid = _add(db, "ok")
+    logs: list[str] = []
+    assert work(db.engine, _config(), once=True, log=logs.append) == 1
+    with db.sessions() as s:
+        row = s.get(Submission, sid)
+    assert (row.status, row.verdict, row.score) == ("done", "scored", 1.5)
+    assert len(calls) == 4
+    assert sum("database unreachable while storing" in m for m in logs) == 1
+    assert any("database back after" in m for m in logs)
+    assert list(ws.ResultSpool(db.engine.url.render_as_string(hide_password=True))
+                .dir.iterdir()) == []
+
+
+def test_a_spooled_result_of_a_dead_worker_is_stored_by_the_next_one(db):
+    """A worker that died after its score was spooled but before it was stored: the next
+    worker of this host stores it (once), rather than scoring the job again."""
+    from harness.submissions.queue import Outcome
+    from harness.submissions.worker_store import ResultSpool
+
+    sid = _add(db, "ok")
+    job = claim(db.engine, "elsewhere:1:gpu3")
+    spool = ResultSpool(db.engine.url.render_as_string(hide_password=True))
+    spool.put(job, Outcome("scored", "from the spool", score=2.5))
+    assert work(db.engine, _config(), drain=True) == 0  # nothing left to score
+    with db.sessions() as s:
+        row = s.get(Submission, sid)
+    assert (row.status, row.message, row.score, row.attempts) == (
+        "done", "from the spool", 2.5, 1)
+    assert spool.pending() == []

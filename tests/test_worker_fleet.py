@@ -121,3 +121,34 @@ def test_workers_claim_each_job_once_and_a_killed_workers_job_is_finished_elsewh
     by_worker = {e["worker"] for e in ev if e["event"] == "finish"}
     assert len(by_worker) >= 2, "the work was spread over several workers"
     assert {r.detail["gpu"] for r in rows.values()} <= set(gpus[1:])
+
+
+def test_the_launcher_restarts_a_dead_worker_but_not_a_host_that_cannot_score():
+    """`worker --gpu all` supervises: a worker killed by a signal or ended by an error is
+    started again (after a pause); exit 0 (stopped), 2 (usage) and 4 (this host cannot
+    score) are final."""
+    from harness.measure.gpuinfo import VisibleGpu
+    from harness.submissions import fleet
+
+    script = {"A": [-9, 1, 0], "B": [4]}  # what each GPU's successive workers exit with
+    started: list[str] = []
+
+    class P:
+        def __init__(self, cmd, **_kw):
+            self.uuid = cmd[-1]
+            started.append(self.uuid)
+            self.pid = len(started)
+
+        def wait(self):
+            return script[self.uuid].pop(0)
+
+        def send_signal(self, _sig):
+            pass
+
+    gpus = [VisibleGpu(index=i, uuid=u, name="fake") for i, u in enumerate("AB")]
+    logs: list[str] = []
+    rc = fleet.launch(["worker"], gpus, popen=P, log=logs.append, first_pause_s=0.01)
+    assert sorted(started) == ["A", "A", "A", "B"]
+    assert script == {"A": [], "B": []}
+    assert rc == 4
+    assert sum("starting it again" in m for m in logs) == 2

@@ -112,7 +112,10 @@ def child_main(job_path: str) -> int:
     except Exception as e:  # noqa: BLE001 - any error of the scoring run is the verdict
         where = f"{state['stage']} {state['case']}".strip()
         text = str(e).strip().splitlines()[0][:1000] if str(e).strip() else ""
-        crash = ScoreReport("crashed", f"{type(e).__name__} during {where}: {text}")
+        # Before the first progress line nothing of the submission has run: the scorer
+        # itself could not start here, the host's failure ("error"), not a verdict.
+        crash = ScoreReport("crashed", f"{type(e).__name__} during {where}: {text}",
+                            status="error" if state["stage"] == "start" else "done")
         # Past the forward's checkpoint, the error is the backward's.
         out = with_forward(result_path, crash).to_dict()
     _write(result_path, out)
