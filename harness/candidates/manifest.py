@@ -13,6 +13,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from harness.candidates.expr import FUNCTIONS, SIZE_NAMES, Expr, ExprError, parse_expr
+from harness.candidates.manifest_bounds import (
+    MAX_COMPILE_OPTIONS,
+    MAX_EXPR_TERMS,
+    MAX_FLAVORS,
+    MAX_LAUNCHES,
+    MAX_SOURCES,
+    MAX_TILES,
+    check_entry_count,
+)
 from harness.candidates.manifest_fields import (
     _bool,
     _bounded,
@@ -63,17 +72,6 @@ from harness.candidates.variant_spec import (
     WorkspaceSpec,
 )
 from harness.core.cases import DTYPES, Layout, MaskKind
-
-# Counts a manifest may not exceed: a submission's size expressions are evaluated at every
-# case of the scoring grids, and each list multiplies some work (entries, sources read),
-# so no legal manifest may make loading or validating slow. The shipped kernels use a
-# fraction of each (fa3_wgmma: 5 launches, about 200 expression terms).
-MAX_LAUNCHES = 16  # per pass (forward, backward)
-MAX_EXPR_TERMS = 2048  # names, literals, operators and calls of all size expressions
-MAX_TILES = 64
-MAX_FLAVORS = 16
-MAX_COMPILE_OPTIONS = 32
-MAX_SOURCES = 16
 
 # ------------------------------------------------------------------------------------
 # Validation
@@ -218,6 +216,7 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
     backward = None
     if "backward" in data:
         backward = _backward(ctx, data["backward"], names, supports)
+    check_entry_count(ctx, supports, launches + (backward.launches if backward else ()))
     flavors: tuple[FlavorSpec, ...] = ()
     if "flavor" in data:
         if single_file is not None:
