@@ -20,7 +20,7 @@ Exit codes:
 An unreachable database does not lose the run: the record stays in the spool and the
 summary says so.
 
-`--bisect [MINUTES]`: when the run opened (or confirmed) an alert of a team candidate
+`--bisect [MINUTES]`: when the run opened an alert of a team candidate
 whose range spans several commits, `fa-harness bisect --alert ID` runs on it here, within
 MINUTES (default 30), and the alert then names the first bad commit. The exit code stays
 the gate's."""

@@ -13,8 +13,9 @@ every worktree whatever happens (an exception, Ctrl-C, SIGTERM), and, for an ale
 records the culprit (`alerts.set_culprit`) when the search ended on one commit.
 
 `bisect_after_gate` is `fa-harness ci --bisect`: the open alerts of the team's candidates
-that this gate run opened or confirmed, whose range spans several commits, each bisected
-in turn within the minutes given.
+that this gate run opened (not those it only confirmed: a bisection that did not end on
+one commit is not run again at every later commit), whose range spans several commits,
+each bisected in turn within the minutes given.
 """
 
 from __future__ import annotations
@@ -334,8 +335,8 @@ def _set_culprit(db_url: str | None, alert_id: int, commit: str) -> str:
 
 
 def gate_alerts(db_url: str | None, run_id: int, gpu_model_key: str | None) -> list[Any]:
-    """The open timing alerts of the team's candidates that run `run_id` opened or
-    confirmed and that name no culprit yet."""
+    """The open timing alerts of the team's candidates that run `run_id` opened and
+    that name no culprit yet."""
     from harness.records.alerts import list_alerts
 
     db = _db(db_url)
@@ -344,7 +345,7 @@ def gate_alerts(db_url: str | None, run_id: int, gpu_model_key: str | None) -> l
     finally:
         db.close()
     return [a for a in alerts if a.kind == "timing" and not a.culprit_commit
-            and run_id in (a.first_run_id, a.last_run_id)
+            and a.first_run_id == run_id
             and a.last_good_commit and a.first_bad_commit]
 
 

@@ -66,7 +66,7 @@ class GateOptions:
     # timing-min / timing-cases, else 8 / 16); a manifest's timing_min/timing_cases win.
     timing_min: int | None = None
     timing_cases: int | None = None
-    # `--bisect`: minutes for bisecting the ranged alerts this run opened or confirmed
+    # `--bisect`: minutes for bisecting the ranged alerts this run opened
     # (harness.records.bisect_run.bisect_after_gate); None: not asked.
     bisect_minutes: float | None = None
 
