@@ -15,6 +15,10 @@ comment ends could miss a directive the compiler obeys, so the text is scanned t
 ways and any one finding refuses: with literals and comments, with comments only, and
 with neither (only line joins and whitespace). The last two refuse a line that merely
 looks like a directive inside a comment or a raw string too; no kernel needs such a line.
+
+The same lexer refuses every other directive a submission may not use (the list of
+`harness.submissions.sources`: `#include_next`, `#import`, `#embed`, `#ident`, ...), so a
+line splice or a raw string cannot hide one from that check either.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from dataclasses import dataclass
+
+from harness.submissions.sources import ALLOWED_DIRECTIVES
 
 # GCC joins a backslash, optional horizontal whitespace and a newline.
 _SPLICE = re.compile(r"\\[ \t\f\v]*\n")
@@ -56,10 +62,14 @@ class LineDirective:
     file: str
     line: int
     literal_blind: bool  # found only when literals (or comments too) are not recognised
+    directive: str = "line"  # or the name of another directive a submission may not use
 
     def __str__(self) -> str:
         where = (" (refused even inside a comment or a literal)" if self.literal_blind
                  else "")
+        if self.directive != "line":
+            return (f"{self.file}:{self.line}: preprocessor directive #{self.directive} is "
+                    f"not allowed{where}")
         return (f"{self.file}:{self.line}: #line directives and linemarkers (# <number> "
                 f"\"file\") are not allowed in a submission: they change which file and "
                 f"line the compiler takes the following text for{where}")
@@ -98,8 +108,9 @@ class _Text:
         return self.orig.count("\n", 0, self.to_orig(pos)) + 1
 
 
-def _scan(t: _Text, *, literals: bool, comments: bool) -> int | None:
-    """Offset (joined text) of the first `#line` / linemarker directive, or None."""
+def _scan(t: _Text, *, literals: bool, comments: bool) -> tuple[int, str] | None:
+    """Offset (joined text) and name ("line" for a linemarker) of the first `#line`,
+    linemarker or directive a submission may not use, or None."""
     s = t.joined
     n = len(s)
     i = 0
@@ -145,7 +156,9 @@ def _scan(t: _Text, *, literals: bool, comments: bool) -> int | None:
                 k += 1
             name = _NAME.match(s, k)
             if name and (name.group() == "line" or name.group()[0] in "0123456789\\"):
-                return i
+                return i, "line"
+            if name and name.group() not in ALLOWED_DIRECTIVES:
+                return i, name.group()[:32]
             line_start = False
             if name and name.group() in ("include", "include_next", "import"):
                 # A header name (`<a/*b>`) is one token: no comment starts inside it.
@@ -168,9 +181,10 @@ def find_line_directive(name: str, text: str) -> LineDirective | None:
     """The first `#line` or linemarker of `text` (see the module doc), or None."""
     t = _Text(text)
     for literals, comments in ((True, True), (False, True)):
-        pos = _scan(t, literals=literals, comments=comments)
-        if pos is not None:
-            return LineDirective(name, t.line(pos), literal_blind=not literals)
+        found = _scan(t, literals=literals, comments=comments)
+        if found is not None:
+            return LineDirective(name, t.line(found[0]), literal_blind=not literals,
+                                 directive=found[1])
     m = _PLAIN.search(t.joined)
     if m:
         return LineDirective(name, t.line(m.start() + len(m.group()) - 1), literal_blind=True)
