@@ -160,3 +160,14 @@ def test_no_backward_stage_where_the_forward_has_none(monkeypatch):
                        variant_path="/nowhere/planted_bwd")
     assert rep.backward is not None and rep.backward.verdict == "scored", rep.backward.message
     assert rep.backward.detail["sanitizer"]["status"] == "not run"
+
+
+def test_a_finding_in_a_template_device_function_keeps_its_name():
+    # As on the H200 for planted_bwd_far_write: the frame is the inlined template function,
+    # whose template argument has parentheses of its own (once cut to "void pb_main<").
+    report = (REPORTS / "memcheck_oob.txt").read_text().replace(
+        "at far_writer+0x1f0 in far_writer.cu:41",
+        "at void pb_main<(int)0>(const FaParams &)+0x28f0 in /tmp/k/planted_bwd.cu:185")
+    r = sanitize.parse("memcheck", report, {"planted_bwd.cu"})
+    assert r.summary.startswith("memcheck: 2 errors: Invalid __global__ write of size 2 "
+                                "bytes in void pb_main<(int)0>+0x28f0 at planted_bwd.cu:185")

@@ -123,8 +123,7 @@ def _first_finding(body: list[str], names: set[str]) -> str | None:
                             at = _AT.match(f + " " + nxt) or at
                         break
             if at and at.group("fn"):
-                fn = re.sub(r"\(.*$", "", at.group("fn")).strip()[:80]
-                parts.append(f"in {fn}+{at.group('off')}")
+                parts.append(f"in {_function(at.group('fn'))}+{at.group('off')}")
             if at and at.group("file"):
                 base = at.group("file").rsplit("/", 1)[-1]
                 if base in names or not names:
@@ -142,6 +141,20 @@ def _first_finding(body: list[str], names: set[str]) -> str | None:
                              + (f" of {size.group(1)} bytes)" if size else ")"))
             return " ".join(parts)
     return None
+
+
+def _function(fn: str) -> str:
+    """A frame's function without its parameter list: the balanced `(...)` at its end. Not
+    everything from the first `(`: a template argument can hold one too (a device function
+    `pb_main<(int)0>(const FaParams &)` was cut to `pb_main<`)."""
+    fn = fn.strip()
+    depth = 0
+    for i in range(len(fn) - 1, -1, -1) if fn.endswith(")") else ():
+        depth += {")": 1, "(": -1}.get(fn[i], 0)
+        if depth == 0:
+            fn = fn[:i]
+            break
+    return fn.strip()[:80]
 
 
 def _target_failure(text: str) -> str | None:
