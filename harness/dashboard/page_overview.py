@@ -40,7 +40,7 @@ def alerts(ctx: Ctx) -> None:
     (st.error if states.get("open", 0) else st.info)(line)
     urls = ctx.q("repository_urls", tuple(sorted({int(r) for r in rows["run_id"]
                                                   if pd.notna(r)})))
-    widths = [1.3, 2.2, 1.6, 2.0, 1.1, 3.0]
+    widths = [1.0, 1.9, 1.8, 1.7, 1.1, 2.3]
     head = st.columns(widths)
     for col, name in zip(head, ("state", "GPUs · candidate", "what", "last good..first bad",
                                 "", "bisect (copy)"), strict=True):
@@ -55,27 +55,33 @@ def alerts(ctx: Ctx) -> None:
         ratio = a["worst_ratio"]
         worst = f"{ratio:.3f}x" if pd.notna(ratio) and a["verdict"] == "regression" else ""
         c[2].markdown(f"{VERDICT_WORDS.get(a['verdict'], a['verdict'])}: {a['cases']} case(s)"
-                      f"{', worst ' + worst if worst else ''}")
-        c[3].markdown(f"{_commit(repo, a['last_good'])}..{_commit(repo, a['first_bad'])}")
+                      f"{', worst ' + worst if worst else ''}" + _why(a))
+        c[3].markdown(f"{_commit(repo, a['last_good'], 7)}..{_commit(repo, a['first_bad'], 7)}")
         # One column for both links, stacked: the bisect command needs the width.
         links = c[4].container(gap=None)
         ui.page_link(ctx, "history", "History", where=links, variant=a["variant"],
                      case=a["worst_case"], gpu=a["gpu_model_key"])
         ui.page_link(ctx, "compare", "Compare", where=links, alert=int(a["id"]))
-        c[5].code(a["bisect"], language=None)
+        # Wrapped where the column is narrow; the copy button copies the whole command.
+        c[5].code(a["bisect"], language=None, wrap_lines=True)
 
 
 def _state(a: pd.Series) -> str:
-    """The row's state, who set it and why (acknowledged, accepted), in a narrow column."""
+    """The row's state and who set it (acknowledged, accepted), in a narrow column."""
     color = {"open": "red", "acknowledged": "orange", "accepted": "blue",
              "recovered": "green"}.get(a["state"], "gray")
     text = f":{color}[**{a['state']}**]"
     if a["state"] in ("acknowledged", "accepted") and a["who"]:
         text += f" {ui.md_escape(a['who'])}"
-    if a["state"] == "accepted" and a["reason"]:
-        why = ui.md_escape(a["reason"])
-        text += f": [{why}]({a['link']})" if a["link"] else f": {why}"
     return text
+
+
+def _why(a: pd.Series) -> str:
+    """Why it was accepted (and the link that explains it), under what it is."""
+    if a["state"] != "accepted" or not a["reason"]:
+        return ""
+    why = ui.md_escape(a["reason"])
+    return "  \n:gray[" + (f"[{why}]({a['link']})" if a["link"] else why) + "]"
 
 
 def render(ctx: Ctx) -> None:

@@ -75,7 +75,7 @@ def actions(ctx: Ctx, rows: pd.DataFrame) -> None:
     if rows.empty:
         return
     with st.expander("Triage: acknowledge, accept as expected, reopen",
-                     expanded=bool(flash)), st.form("triage"):
+                     expanded=bool(flash and not flash[0])), st.form("triage"):
         pick = st.selectbox("Alert", list(range(len(rows))),
                             format_func=lambda i: _label(rows.iloc[i]))
         action = st.radio("Action", list(ACTIONS), horizontal=True)
