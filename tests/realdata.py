@@ -1,9 +1,10 @@
 """Dashboard fixtures built from the project's real committed H200 records (results/).
 
-Each database is filled the way a user fills one: `fa-harness import` of record files.
+Each database is filled the way the operator fills one: `fa-harness import --trusted` of
+record files (the project's own history; untrusted imports are never baselines).
 The variations are derived from the real records, so every field the dashboard reads
 has the shape real runs give it (calibration keys, GPU model keys, grids, parents):
-  - "results": exactly `fa-harness import results/` (every committed run: the H200's
+  - "results": exactly `fa-harness import --trusted results/` (every committed run: the H200's
     history and the runs on an H100; the verdicts import computes between them);
   - "history": the first two committed records (the perf and decode runs of 2026-11-29,
     whose run ids 1 and 2 the tests name) plus a child commit whose perf run is slower for one kernel and
@@ -113,7 +114,7 @@ def write(records: list[dict[str, Any]], directory: Path) -> Path:
 def fa_import(url: str, *paths: Path) -> str:
     from harness.cli import main
 
-    rc = main(["import", *map(str, paths), "--db", url])
+    rc = main(["import", "--trusted", *map(str, paths), "--db", url])
     assert rc == 0, f"fa-harness import exited {rc}"
     return url
 

@@ -33,7 +33,7 @@ def _verdicts(url: str) -> dict[int, dict[tuple[str, str], str]]:
 
 def test_import_judges_against_the_parent_run(tmp_path: Path, capsys) -> None:
     url = f"sqlite:///{tmp_path / 'h.sqlite'}"
-    assert main(["import", str(realdata.PERF), "--db", url]) == 0
+    assert main(["import", "--trusted", str(realdata.PERF), "--db", url]) == 0
     assert _verdicts(url) == {}  # nothing earlier to compare the first run with
     perf = realdata.load(realdata.PERF)
     child = realdata.derive(perf, hours=24, commit=realdata.CHILD, parent=perf["commit"])
@@ -41,7 +41,7 @@ def test_import_judges_against_the_parent_run(tmp_path: Path, capsys) -> None:
     path = tmp_path / "child.json"
     path.write_text(json.dumps(child))
     capsys.readouterr()
-    assert main(["import", str(path), "--db", url]) == 0
+    assert main(["import", "--trusted", str(path), "--db", url]) == 0
     out = capsys.readouterr().out
     assert "run 2 vs run 1 (parent commit 0de44870b35a): regression 48" in out
     # Exactly the verdicts `fa-harness ci` / `fa-harness compare` give for the same pair.
@@ -50,7 +50,7 @@ def test_import_judges_against_the_parent_run(tmp_path: Path, capsys) -> None:
     assert stored[2] == {(v.variant, v.case_id): v.verdict for v in want.verdicts}
     assert {v for (k, _), v in stored[2].items() if k == realdata.SLOWED} == {"regression"}
     # Importing again stores nothing and judges nothing twice.
-    assert main(["import", str(path), "--db", url]) == 0
+    assert main(["import", "--trusted", str(path), "--db", url]) == 0
     assert _verdicts(url) == stored
 
 
@@ -66,7 +66,7 @@ def test_import_of_a_directory_chains_in_time_order(tmp_path: Path, capsys) -> N
     (d / "1.json").write_text(json.dumps(b))
     (d / "2.json").write_text(json.dumps(a))
     (d / "3.json").write_text(json.dumps(perf))
-    assert main(["import", str(d), "--db", url]) == 0
+    assert main(["import", "--trusted", str(d), "--db", url]) == 0
     stored = _verdicts(url)
     by_uuid = {}
     db = open_db(url)

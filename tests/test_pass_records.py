@@ -141,7 +141,7 @@ def test_dashboard_keeps_the_committed_backward_apart(tmp_path):
     from harness.records.db.engine import make_engine
 
     url = f"sqlite:///{tmp_path / 'r.sqlite'}"
-    assert main(["import", str(RESULTS), "--db", url]) == 0
+    assert main(["import", "--trusted", str(RESULTS), "--db", url]) == 0
     engine = make_engine(url)
     names = queries.variant_names(engine)
     assert {"fa2_mma", "fa2_mma (bwd)", "triton_fa2 (bwd)", "sdpa_flash (bwd)"} <= set(names)

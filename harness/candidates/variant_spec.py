@@ -63,13 +63,13 @@ ALLOWED_OPTIONS = re.compile(
     r"|--?maxrregcount=\d+"
     r"|--?(ftz|prec-div|prec-sqrt|fmad)=(true|false)"
     r"|--extra-device-vectorization"
-    r"|-D[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.+-]*)?)$"
+    r"|-D[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.+-]*)?)\Z"  # \Z: no trailing newline
 )
-ARCH_RE = re.compile(r"^sm_(\d+)(\d)([af]?)$")  # sm_90a -> (9, 0, "a"), sm_100 -> (10, 0)
-CC_RE = re.compile(r"^(\d+)\.(\d+)$")
+ARCH_RE = re.compile(r"^sm_(\d+)(\d)([af]?)\Z")  # sm_90a -> (9, 0, "a"), sm_100 -> (10, 0)
+CC_RE = re.compile(r"^(\d+)\.(\d+)\Z")
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]*)[>"]')
-IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-ENTRY_RE = re.compile(r"^([A-Za-z0-9_]|\{dtype\}|\{head_dim\})+$")
+IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+ENTRY_RE = re.compile(r"^([A-Za-z0-9_]|\{dtype\}|\{head_dim\})+\Z")
 SUBMISSION_RE = re.compile(r"\A\s*/\*\s*fa-harness manifest[^\n]*\n(.*?)\*/", re.S)
 
 

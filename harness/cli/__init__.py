@@ -25,7 +25,9 @@ __all__ = ["EXIT_FAIL", "EXIT_NOT_MEASURED", "EXIT_OK", "EXIT_USAGE", "UsageErro
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one clear line, exit 2 (argparse's default code)
-        print(f"fa-harness: error: {message}", file=sys.stderr)
+        from harness.cli.console import plain
+
+        print(f"fa-harness: error: {plain(message, lines=True)}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
 
@@ -73,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(run_command(args) or 0)
     except UsageError as e:
-        print(f"fa-harness {args.command}: error: {e}", file=sys.stderr)
+        from harness.cli.console import plain
+
+        # Messages quote what the user gave (paths, names, record fields) verbatim.
+        print(f"fa-harness {args.command}: error: {plain(e, lines=True)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -6,7 +6,14 @@ transaction: one bad file, or one record the database refuses (a conflict), mean
 and nothing stored. Importing a record that is already stored does nothing (same uuid).
 Only regular files are read, each of bounded size (harness.records.jsonio).
 In a directory, files that are not records (a README, logs, archives, JSON of another
-kind) are skipped with a note; a file named on the command line must be a record."""
+kind) are skipped with a note; a file named on the command line must be a record.
+
+Anyone can write a well-formed record, so an imported run is stored untrusted: marked
+with its origin (`import by user@host`), shown, but never a baseline, never in the noise
+history or the step search, and not judged. `--trusted` is the operator's word that the
+files are the project's own history (the committed records under results/: `fa-harness
+import --trusted results/`); their runs are then judged and used like a CI run's. The
+spool (no argument) holds this machine's own runs and is trusted."""
 
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.cli._dbopt import add_db_option, open_or_fail
+from harness.cli.console import plain
 from harness.cli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -28,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="record files, pytest-benchmark --benchmark-json files, or "
                         "directories of them (other files there are skipped with a "
                         "note); none: the spool directory")
+    p.add_argument("--trusted", action="store_true",
+                   help="the files are the project's own history (e.g. results/): their "
+                        "runs may be baselines; without it imported runs are stored "
+                        "untrusted, never a baseline")
     add_db_option(p)
     p.set_defaults(func=cmd_import)
 
@@ -118,9 +130,9 @@ def _import_spool(url: str | None) -> int:
     finally:
         db.close()
     for p in waiting:
-        print(f"left in the spool: {p}")
+        print(f"left in the spool: {plain(p)}")
     for p in problems:
-        print(f"not imported: {p}")
+        print(f"not imported: {plain(p)}")
     print(f"imported {len(ids)} spooled record(s)")
     return 2 if problems else 0
 
@@ -131,15 +143,18 @@ def _judge(db: Database, run_ids: list[int]) -> None:
 
     for j in judge_runs(db, run_ids):
         flagged = {k: n for k, n in j.counts.items() if k not in ("same", "new")}
+        if j.baseline == "untrusted":
+            print(f"run {j.run_id}: {plain(j.note)}")
+            continue
         if j.base_run_id is None:
             continue
         what = ", ".join(f"{k} {n}" for k, n in flagged.items()) or "no change"
-        print(f"run {j.run_id} vs run {j.base_run_id} ({j.baseline}): "
-              + (j.note or what))
+        print(f"run {j.run_id} vs run {j.base_run_id} ({plain(j.baseline)}): "
+              + plain(j.note or what))
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from harness.records.db.store import DatabaseError, store_records
+    from harness.records.db.store import DatabaseError, Origin, store_records, who
     from harness.records.record import RecordError
 
     if not args.paths:
@@ -149,17 +164,22 @@ def cmd_import(args: argparse.Namespace) -> int:
     except RecordError as exc:
         raise UsageError(str(exc)) from None
     for note in notes:
-        print(note)
+        print(plain(note))
+    # Who vouches for these runs: the operator with --trusted, else nobody (module doc).
+    origin = Origin("import (trusted)" if args.trusted else "import", who(),
+                    trusted=args.trusted)
     db = open_or_fail(args.db)
     try:
-        stored = store_records(db, [rec for _, rec in records])
+        stored = store_records(db, [rec for _, rec in records], origin)
         _judge(db, [run_id for run_id, _ in stored])
     except DatabaseError as exc:
         raise UsageError(f"{exc}; nothing stored") from None
     finally:
         db.close()
     for (f, _), (run_id, new) in zip(records, stored, strict=True):
-        print(f"{f}: run {run_id}" + ("" if new else " (already stored)"))
+        print(f"{plain(f)}: run {run_id}" + ("" if new else " (already stored)"))
     new = sum(n for _, n in stored)
-    print(f"{new} new run(s), {len(records) - new} already stored")
+    print(f"{new} new run(s), {len(records) - new} already stored"
+          + ("" if args.trusted else " (untrusted: not baselines; --trusted for the "
+                                     "project's own records)"))
     return 0

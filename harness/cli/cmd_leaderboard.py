@@ -61,7 +61,7 @@ def _leaderboard(args: argparse.Namespace) -> int:
 def _print_board(pass_name: str, rows: list[dict[str, Any]], *, shown_alone: bool) -> None:
     from rich.table import Table
 
-    from harness.cli.console import console
+    from harness.cli.console import console, markup
 
     table = Table(title=TITLES[pass_name])
     # Names, scores and counts stay whole at 80 columns; the free text folds.
@@ -71,9 +71,11 @@ def _print_board(pass_name: str, rows: list[dict[str, Any]], *, shown_alone: boo
                          no_wrap=col in ("rank", "id", "name", "score", "coverage", "gpu s"))
     for r in rows:
         score = f"{r['score']:.3f}x" if r["score"] is not None else "-"
-        table.add_row(str(r["rank"] or "-"), str(r["id"]), r["name"], r["submitter"],
-                      r["verdict"] or r["status"], score, r["coverage"] or "-",
-                      r.get("gpu_s") or "-", (r["message"] or "")[:120])
+        # Names, submitters and messages are the submitters' text: escaped, never markup.
+        table.add_row(str(r["rank"] or "-"), str(r["id"]), markup(r["name"]),
+                      markup(r["submitter"]), markup(r["verdict"] or r["status"]), score,
+                      markup(r["coverage"] or "-"), markup(r.get("gpu_s") or "-"),
+                      markup((r["message"] or "")[:120]))
     if rows or pass_name == "fwd":
         console().print(table)
     if not rows:

@@ -1,9 +1,15 @@
-"""`fa-harness token create|list|revoke`: submission tokens (stored only as sha256)."""
+"""`fa-harness token create|list|revoke`: submission tokens (stored only as sha256).
+
+`token revoke NAME` revokes the live tokens of that name; `token revoke --id N` the one
+token with that id. A name is never read as an id (a token may be named "1"): giving both,
+or neither, is refused with exit 2."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
+from harness.cli.console import plain as text
 from harness.cli.errors import UsageError
 
 
@@ -31,8 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls = tsub.add_parser("list", help="list tokens (names and ids, never the tokens)")
     ls.add_argument("--db")
     ls.set_defaults(func=_list)
-    r = tsub.add_parser("revoke", help="revoke the tokens of a name (or one id)")
-    r.add_argument("name_or_id")
+    r = tsub.add_parser("revoke", help="revoke the tokens of a name, or one token by --id",
+                        description="Revoke the live tokens named NAME, or the token with "
+                                    "id N (--id). A NAME is always a name, even \"1\".")
+    r.add_argument("name", nargs="?", metavar="NAME", help="the tokens' name")
+    r.add_argument("--id", dest="token_id", type=int, metavar="N",
+                   help="the token's id (as `token list` shows it) instead of a name")
     r.add_argument("--db")
     r.set_defaults(func=_revoke)
 
@@ -48,8 +58,8 @@ def _create(args: argparse.Namespace) -> int:
     finally:
         db.close()
     print(plain)
-    print(f"token {info.id} for {info.name!r} created; it is shown only now, store it safely",
-          file=__import__("sys").stderr)
+    print(f"token {info.id} for {text(repr(info.name))} created; it is shown only now, "
+          "store it safely", file=sys.stderr)
     return 0
 
 
@@ -59,7 +69,7 @@ def _list(args: argparse.Namespace) -> int:
     db = _open(args.db)
     try:
         for t in list_tokens(db.engine):
-            print(f"{t.id}\t{t.name}\t{'revoked' if t.revoked else 'active'}")
+            print(f"{t.id}\t{text(t.name)}\t{'revoked' if t.revoked else 'active'}")
     finally:
         db.close()
     return 0
@@ -68,12 +78,16 @@ def _list(args: argparse.Namespace) -> int:
 def _revoke(args: argparse.Namespace) -> int:
     from harness.submissions.tokens import revoke_token
 
+    if (args.name is None) == (args.token_id is None):
+        raise UsageError("name the tokens to revoke: NAME, or --id N (not both)")
     db = _open(args.db)
     try:
-        n = revoke_token(db.engine, args.name_or_id)
+        n = revoke_token(db.engine, name=args.name, token_id=args.token_id)
     finally:
         db.close()
     if not n:
-        raise UsageError(f"no active token named {args.name_or_id!r}")
+        what = (f"with id {args.token_id}" if args.token_id is not None
+                else f"named {args.name!r} (to revoke by id: --id N)")
+        raise UsageError(f"no active token {what}")
     print(f"revoked {n} token(s)")
     return 0

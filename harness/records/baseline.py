@@ -6,6 +6,10 @@ whose database was down) get the same comparison here, so an imported history sh
 regressions: the baseline is chosen by `db.queries.baseline_runs` (the run of the parent
 commit on the same GPU model, else the recent runs before it on the run's own branch, of
 the same grid) and judged by `compare.compare_records`, exactly as the gate does.
+
+A run stored from an untrusted origin (`fa-harness import` without `--trusted`) is not
+judged: it is never a baseline, and verdicts of it would raise alerts for a history that
+nobody vouched for. Storing it again with `--trusted` judges it then.
 """
 
 from __future__ import annotations
@@ -58,6 +62,11 @@ def judge_runs(db: Database, run_ids: Sequence[int], *, policy: Policy = DEFAULT
     out: list[Judged] = []
     for run in runs:
         if has_verdicts(db, run.id):
+            continue
+        if not run.trusted:
+            out.append(Judged(run.id, "untrusted", None, {},
+                              note=f"stored untrusted ({run.origin}): not judged, never a "
+                                   "baseline"))
             continue
         how, bases = baseline_runs(db, run, branch=run.branch or FALLBACK_BRANCH,
                                    window=window)

@@ -186,15 +186,17 @@ def from_rows(rows: Iterable[tuple]) -> NoiseModel:
 
 def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int, runs: int,
                   include_upto: bool, kernels: Sequence[str] | None = None,
-                  lookback: int = LOOKBACK_RUNS) -> list[tuple]:
+                  lookback: int = LOOKBACK_RUNS, trusted_only: bool = True) -> list[tuple]:
     """(candidate, source hash, pass, case id, commit, median, GPU uuid) of the passed, timed
     results on `gpu_model_key` up to run `upto_run_id` (itself included or not), oldest
     first, the last `runs` of each (candidate, pass, case): what the noise model and the
     step search (harness.records.steps) read. Counted per series, not per stored run: a
     database that also holds perf or backward runs, which do not time the gate's decode
     cases, must not push those cases' history out of the window. Only the last
-    `lookback` runs on the GPU model are read, which bounds the query."""
-    from sqlalchemy import func, select
+    `lookback` runs on the GPU model are read, which bounds the query. Only trusted runs
+    (`trusted_only`, migration 0007) are history; run `upto_run_id` itself is read
+    whatever its origin when it is included."""
+    from sqlalchemy import func, or_, select
 
     from harness.records.db.models import CaseRow, Result, Run, Variant
 
@@ -202,6 +204,9 @@ def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int, runs:
     cond = [Run.gpu_model_key == gpu_model_key, Run.created_at <= when]
     if not include_upto:
         cond.append(Run.id != upto_run_id)
+    if trusted_only:
+        cond.append(or_(Run.trusted.is_(True), Run.id == upto_run_id) if include_upto
+                    else Run.trusted.is_(True))
     recent = (select(Run.id).where(*cond)
               .order_by(Run.created_at.desc(), Run.id.desc()).limit(lookback).subquery())
     newest_first = func.row_number().over(

@@ -42,6 +42,7 @@ from harness.records.validate import (
 )
 
 SCHEMA_VERSION = 1
+MAX_MESSAGE = 8192  # characters of a result's message a record keeps
 BYTES_KEYS = ("model", "ideal", "read", "write")
 __all__ = ["RecordError", "RunRecord", "gpu_model_key", "iso_utc", "parse_time", "spool",
            "spooled", "spool_target", "set_aside", "utc_now_iso", "validate", "SCHEMA_VERSION", "SUPPORTED_VERSIONS"]
@@ -185,7 +186,7 @@ def entry_from_result(r: CaseResult, kernel_info: dict[str, Any] | None = None) 
         "case_id": r.case.id,
         "pass": pass_name,
         "status": Status(r.status).value,
-        "message": r.message or "",
+        "message": _clip(r.message or ""),
         "errors": {k: _json_number(v) for k, v in asdict(r.errors).items()},
         "samples_ms": [float(s) for s in t.samples_ms],
         "median_ms": t.median_ms,
@@ -204,6 +205,15 @@ def entry_from_result(r: CaseResult, kernel_info: dict[str, Any] | None = None) 
         "shared_bytes": res("shared_bytes"),
         "extra": json_safe(extra),
     }
+
+
+def _clip(text: str, limit: int = MAX_MESSAGE) -> str:
+    """A message cut to `limit` characters, saying how much was cut: a compiler's or a
+    crashed child's output must not make the run's own record too large to write
+    (harness.records.validate.MAX_STRING)."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"... ({len(text) - limit} more characters)"
 
 
 def entry_pass(e: dict[str, Any]) -> str:

@@ -1,7 +1,11 @@
 """Validation of a run record: every problem found, as readable lines naming the field, so
 a bad record is refused with what is wrong instead of being stored half-right.
 
-One validation for every database: the JSON Schema the record format publishes
+First the sizes (`FIELD_LIMITS`, `MAX_STRING`, documented in docs/record-format.md): a
+record is stored whole, and every byte of it can reach a dashboard page, so one field of
+60 MB is refused with one line naming it, before anything else is walked.
+
+Then one validation for every database: the JSON Schema the record format publishes
 (`record-schema-v1.json` in this package, `schema()`; types, required keys, the column
 lengths and integer ranges of the database), then `jsonio.value_problems` (what JSON Schema
 cannot say: non-finite numbers, integers outside 64 bits, NUL characters, nesting depth),
@@ -25,6 +29,21 @@ SUPPORTED_VERSIONS = frozenset({1})
 RUN_SOURCES = ("ci", "cli", "import", "submission", "benchmark")
 ERROR_KEYS = ("out_err", "base_err", "floor", "ratio", "lse_err", "lse_base_err", "worst_index")
 SCHEMA_FILE = "record-schema-v1.json"
+
+KiB = 1024
+MiB = 1024 * KiB
+# The most bytes (compact JSON, UTF-8) a field of a record may take. The committed records
+# use at most a tenth of each (env: the gate's plan, 37 KiB; a result's samples: 90 KiB).
+FIELD_LIMITS = {
+    "env": 1 * MiB, "gpu": 64 * KiB, "calibration": 256 * KiB, "grids": 64 * KiB,
+    "kernels.*": 1 * MiB,  # each candidate's entry (a CUDA variant's manifest)
+    "results[*].extra": 256 * KiB, "results[*].samples_ms": 2 * MiB,
+    "results[*].errors": 64 * KiB, "results[*].bytes": 64 * KiB,
+}
+# Any one string anywhere in a record (a message, a hostname, an argv entry, a key).
+MAX_STRING = 64 * KiB
+MAX_RESULTS = 1_000_000
+MAX_KERNELS = 10_000
 
 
 def parse_time(value: str) -> datetime:
@@ -123,6 +142,67 @@ def _semantic(data: dict[str, Any], problems: list[str]) -> None:
         seen.setdefault(key, i)
 
 
+def _size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False,
+                          default=str).encode())
+
+
+def _long_strings(data: Any, limit: int = 3) -> list[str]:
+    """Strings (values or keys) longer than MAX_STRING, walked without recursion."""
+    out: list[str] = []
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    while stack and len(out) < limit:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if len(value) > MAX_STRING // 4 and len(value.encode()) > MAX_STRING:
+                out.append(f"{_where(path) or 'record'}: a string of {len(value.encode())} "
+                           f"bytes, more than the limit of {MAX_STRING}")
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if isinstance(k, str) and len(k.encode()) > MAX_STRING:
+                    out.append(f"{_where(path) or 'record'}: a key of {len(k.encode())} "
+                               f"bytes, more than the limit of {MAX_STRING}")
+                stack.append((v, (*path, k)))
+        elif isinstance(value, list):
+            stack.extend((v, (*path, i)) for i, v in enumerate(value))
+    return out
+
+
+def size_problems(data: dict[str, Any], limit: int = 3) -> list[str]:
+    """Fields of `data` over their limits (FIELD_LIMITS, MAX_STRING), each naming the
+    field, its size and the limit; [] when every field fits."""
+    out: list[str] = []
+
+    def check(where: str, key: str, value: Any) -> None:
+        n = _size(value)
+        if n > FIELD_LIMITS[key]:
+            out.append(f"{where}: {n} bytes, more than the limit of {FIELD_LIMITS[key]} "
+                       "for this field")
+
+    for key in ("env", "gpu", "calibration", "grids"):
+        if data.get(key) is not None:
+            check(key, key, data[key])
+    kernels, results = data.get("kernels"), data.get("results")
+    if isinstance(kernels, dict):
+        if len(kernels) > MAX_KERNELS:
+            out.append(f"kernels: {len(kernels)} entries, more than the limit of "
+                       f"{MAX_KERNELS}")
+        for name, info in list(kernels.items())[:MAX_KERNELS]:
+            check(f"kernels.{_short(name)}", "kernels.*", info)
+    if isinstance(results, list):
+        if len(results) > MAX_RESULTS:
+            out.append(f"results: {len(results)} entries, more than the limit of "
+                       f"{MAX_RESULTS}")
+        for i, e in enumerate(results[:MAX_RESULTS]):
+            if len(out) >= limit:
+                break
+            if isinstance(e, dict):
+                for key in ("extra", "samples_ms", "errors", "bytes"):
+                    if e.get(key) is not None:
+                        check(f"results[{i}].{key}", f"results[*].{key}", e[key])
+    return (out + _long_strings(data))[:limit]
+
+
 def validate(data: Any) -> list[str]:
     """Every problem of a record dict, each naming its field; [] when valid."""
     if not isinstance(data, dict):
@@ -135,6 +215,9 @@ def validate(data: Any) -> list[str]:
                 f"(this fa-harness reads {', '.join(map(str, sorted(SUPPORTED_VERSIONS)))})"]
     problems = value_problems(data)
     if problems:  # the structure itself is unsafe to walk further
+        return problems
+    problems = size_problems(data)
+    if problems:  # too large to store or show: nothing else matters
         return problems
     errors = sorted(_validator().iter_errors(data),
                     key=lambda e: [str(p) for p in e.absolute_path])

@@ -41,8 +41,9 @@ _VALUE_OPTIONS = {
     "fmad": ("true", "false"),
 }
 _HARNESS_NAME = re.compile(r"^(FA_|fa_|FaParams\b|__FA)")
-_NAME_OK = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-_SUB_NAME_OK = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
+# Names are matched whole: \Z, not $, which also matches before a final newline.
+_NAME_OK = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*\Z")
+_SUB_NAME_OK = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}\Z")
 # Device runtime (dynamic parallelism) entry points and spellings of a device-side launch.
 _DEVICE_RUNTIME = re.compile(
     r"<<<|\bcudaLaunchDevice\b|\bcudaGetParameterBuffer\w*\b|\bcudaLaunchKernel\w*\b|"

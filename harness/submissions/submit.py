@@ -212,8 +212,7 @@ def compile_check(spec: Any, timeout_s: float = COMPILE_TIMEOUT_S,
     shown = {**texts, **dict(spec.source_texts)}
     archs = build_archs(spec)
     try:
-        why = preprocess_check(texts, names, spec.entry_names(), list(spec.compile_options),
-                               header, archs=archs, budget=budget,
+        why = preprocess_check(spec, archs=archs, budget=budget,
                                timeout_s=min(timeout_s, 60.0))
         if why:
             raise Rejected(why)
@@ -340,6 +339,12 @@ def submit_files(engine: Any, files: dict[str, str] | None, *, name: str | None,
     """Validate and store. `rejection` set means packing already failed (files may be None).
     Raises CannotCheck, storing nothing, when this host cannot check a submission at all."""
     validated = None
+    if name is not None and not _SUB_NAME_OK.match(name):
+        # A display name is shown on the leaderboard and the dashboard: the manifest
+        # name's pattern, matched whole; a bad one is recorded under the manifest's name.
+        rejection = rejection or (f"display name must be 1..{MAX_NAME_LEN} letters, "
+                                  f"digits, '_', '.' or '-' (got {name[:80]!r})")
+        name = None
     if rejection is None and files is not None:
         try:
             validated = validate(files, **validate_kw)

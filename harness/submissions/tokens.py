@@ -9,6 +9,7 @@ token. Revoked tokens stay in the table (submissions keep pointing at them).
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -19,6 +20,10 @@ from harness.records.db.models import ApiToken
 
 TOKEN_PREFIX = "fah_"
 MAX_NAME_LEN = 255
+# A token's name is who it is for, shown on the leaderboard as the submitter: letters,
+# digits, and the punctuation of a person's or a machine's name, matched whole (\Z, not
+# $: a name ending in a newline is refused, not stored with it).
+NAME_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9 ._@+-]{{0,{MAX_NAME_LEN - 1}}}\Z")
 
 
 class TokenError(ValueError):
@@ -38,9 +43,9 @@ def hash_token(token: str) -> str:
 
 def create_token(engine: Engine, name: str) -> tuple[TokenInfo, str]:
     """Store a new token under `name`; returns its row and the plaintext (shown once)."""
-    name = name.strip()
-    if not name or len(name) > MAX_NAME_LEN:
-        raise TokenError(f"token name must be 1..{MAX_NAME_LEN} characters")
+    if not NAME_RE.match(name) or name != name.strip():
+        raise TokenError(f"token name must be 1..{MAX_NAME_LEN} letters, digits, spaces or "
+                         f"'._@+-', starting with a letter or digit (got {name!r})")
     plain = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with session_factory(engine)() as s, s.begin():
         row = ApiToken(name=name, token_hash=hash_token(plain), revoked=False)
@@ -65,14 +70,19 @@ def verify_token(engine: Engine, token: str | None) -> TokenInfo:
         return TokenInfo(row.id, row.name, row.revoked)
 
 
-def revoke_token(engine: Engine, name_or_id: str) -> int:
-    """Revoke every live token with this name (or this id); returns how many."""
+def revoke_token(engine: Engine, *, name: str | None = None, token_id: int | None = None
+                 ) -> int:
+    """Revoke every live token with this name, or the one with this id; returns how many.
+    Exactly one of the two is given: a name that looks like a number ("1") is a name, never
+    an id, so the caller says which it means."""
+    if (name is None) == (token_id is None):
+        raise TokenError("revoke by name or by id, exactly one of them")
     with session_factory(engine)() as s, s.begin():
         q = select(ApiToken).where(ApiToken.revoked.is_(False))
-        if name_or_id.isdigit():
-            q = q.where(ApiToken.id == int(name_or_id))
+        if token_id is not None:
+            q = q.where(ApiToken.id == token_id)
         else:
-            q = q.where(ApiToken.name == name_or_id)
+            q = q.where(ApiToken.name == name)
         rows = list(s.scalars(q))
         for row in rows:
             row.revoked = True

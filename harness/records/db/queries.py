@@ -91,17 +91,22 @@ def _iso(dt: datetime) -> str:
 
 def latest_run(db: Database, *, gpu_model_key: str | None = None, branch: str | None = None,
                commit: str | None = None, before: datetime | None = None,
-               exclude_id: int | None = None) -> Run | None:
+               exclude_id: int | None = None, trusted_only: bool = False) -> Run | None:
     runs = recent_runs(db, gpu_model_key=gpu_model_key, branch=branch, commit=commit,
-                       before=before, exclude_id=exclude_id, limit=1)
+                       before=before, exclude_id=exclude_id, limit=1,
+                       trusted_only=trusted_only)
     return runs[0] if runs else None
 
 
 def recent_runs(db: Database, *, gpu_model_key: str | None = None, branch: str | None = None,
                 commit: str | None = None, before: datetime | None = None,
-                exclude_id: int | None = None, limit: int = 20) -> list[Run]:
-    """Newest first, filtered by GPU model, branch, commit, time."""
+                exclude_id: int | None = None, limit: int = 20,
+                trusted_only: bool = False) -> list[Run]:
+    """Newest first, filtered by GPU model, branch, commit, time, and origin (`trusted_only`:
+    runs stored by a trusted path, migration 0007)."""
     q = select(Run)
+    if trusted_only:
+        q = q.where(Run.trusted.is_(True))
     if gpu_model_key is not None:
         q = q.where(Run.gpu_model_key == gpu_model_key)
     if branch is not None:
@@ -117,12 +122,14 @@ def recent_runs(db: Database, *, gpu_model_key: str | None = None, branch: str |
         return list(s.execute(q).scalars())
 
 
-def baseline_runs(db: Database, run: Run, *, branch: str = "main", window: int = 5
-                  ) -> tuple[str, list[Run]]:
+def baseline_runs(db: Database, run: Run, *, branch: str = "main", window: int = 5,
+                  trusted_only: bool = True) -> tuple[str, list[Run]]:
     """The baseline of `run` on its GPU model: the latest run of the parent commit when
     there is one, else the `window` most recent earlier runs on `branch` (excluding runs of
     the same commit). Only runs sharing a grid with `run` count, so CI jobs that split the
-    grids over several GPUs each compare with their own kind of run. Returns (how it was
+    grids over several GPUs each compare with their own kind of run. Only trusted runs
+    count (`trusted_only`): an imported record of a made-up commit with halved times must
+    not become what the next genuine commit is judged against. Returns (how it was
     chosen, runs newest first)."""
     grids = set(run.grids or [])
 
@@ -131,13 +138,14 @@ def baseline_runs(db: Database, run: Run, *, branch: str = "main", window: int =
 
     if run.parent_commit:
         parents = [r for r in recent_runs(db, gpu_model_key=run.gpu_model_key,
-                                          commit=run.parent_commit, exclude_id=run.id)
+                                          commit=run.parent_commit, exclude_id=run.id,
+                                          trusted_only=trusted_only)
                    if same_kind(r)]
         if parents:
             return f"parent commit {run.parent_commit[:12]}", parents[:1]
     runs = [r for r in recent_runs(db, gpu_model_key=run.gpu_model_key, branch=branch,
                                    before=run.created_at, exclude_id=run.id,
-                                   limit=window * 8)
+                                   limit=window * 8, trusted_only=trusted_only)
             if (run.commit is None or r.commit != run.commit) and same_kind(r)][:window]
     return (f"last {len(runs)} run(s) on {branch}" if runs else "none"), runs
 

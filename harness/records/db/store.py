@@ -15,7 +15,10 @@ connection is `DatabaseUnavailable`. The spool import sets refused records aside
 
 from __future__ import annotations
 
+import getpass
+import socket
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +54,42 @@ class RecordRefused(DatabaseError):
     """The database refused to store a record (the record stays where it was)."""
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where a stored run came from: the path that stored it (`how`: "ci", "run",
+    "import", ...), by whom (`by`: user@host, a token's name), and whether baselines, the
+    noise history and the step search may use it. Never read from the record itself: a
+    record says what it claims to be (`source`), the storing path says who vouches for it."""
+
+    how: str
+    by: str
+    trusted: bool = True
+
+    @property
+    def label(self) -> str:
+        return f"{self.how} by {self.by}"[:255]
+
+
+def who() -> str:
+    """user@host of this process (an origin's `by`)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a bare container)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def local_origin(how: str, *, trusted: bool = True) -> Origin:
+    """A run stored by this harness on this machine (`ci`, `run`, its spool)."""
+    return Origin(how, who(), trusted)
+
+
 # The store is the database's one public face: opening and reading are re-exported here.
 __all__ = [
     "Database", "DatabaseError", "DatabaseUnavailable", "RecordConflict", "open_db",
     "baseline_runs", "counts", "get_run", "history", "latest_run", "load_record", "ping",
     "recent_runs", "import_spool", "store_comparisons", "store_record", "store_records",
-    "RecordRefused",
+    "RecordRefused", "Origin", "local_origin", "who",
 ]
 
 # --------------------------------------------------------------------------- writing
@@ -121,7 +154,7 @@ _CLOCK_KEYS = ("sm_clock_mhz", "sm_clock_max_mhz", "sm_clock_default_mhz", "mem_
                "mem_clock_max_mhz", "clock_event_reasons")
 
 
-def _run_row(record: RunRecord, sha: str) -> dict[str, Any]:
+def _run_row(record: RunRecord, sha: str, origin: Origin) -> dict[str, Any]:
     gpu = dict(record.gpu or {})
     env = dict(record.env or {})
     # The whole gpu object travels in env["_gpu"] (the export gives it back verbatim); the
@@ -139,7 +172,7 @@ def _run_row(record: RunRecord, sha: str) -> dict[str, Any]:
         "python": env.get("python"), "hostname": env.get("hostname"),
         "clocks": clocks, "calibration": record.calibration,
         "grids": list(record.grids), "schema_version": record.schema_version,
-        "record_sha256": sha, "env": env,
+        "record_sha256": sha, "env": env, "origin": origin.label, "trusted": origin.trusted,
     }
 
 
@@ -178,9 +211,10 @@ def _result_row(e: dict[str, Any], run_id: int, variant_id: int, case_pk: int
     }
 
 
-def store_record(db: Database, record: RunRecord) -> int:
-    """Store a run record; returns its run id. Idempotent on `record.uuid`."""
-    return store_records(db, [record])[0][0]
+def store_record(db: Database, record: RunRecord, origin: Origin | None = None) -> int:
+    """Store a run record; returns its run id. Idempotent on `record.uuid`. `origin`
+    defaults to this machine's own run, trusted, named after the record's source."""
+    return store_records(db, [record], origin)[0][0]
 
 
 def _reason(exc: BaseException) -> str:
@@ -188,9 +222,12 @@ def _reason(exc: BaseException) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 
-def store_records(db: Database, records: Sequence[RunRecord]) -> list[tuple[int, bool]]:
+def store_records(db: Database, records: Sequence[RunRecord], origin: Origin | None = None
+                  ) -> list[tuple[int, bool]]:
     """Store several records in one transaction: all, or none (a conflict or a refusal of
-    any of them rolls back the others). Returns (run id, newly stored) per record."""
+    any of them rolls back the others). Returns (run id, newly stored) per record. A
+    record already stored untrusted becomes trusted when stored again by a trusted
+    `origin` (the operator vouching for it); a trusted one never loses its trust."""
     for record in records:
         record.check()
     current = records[0] if records else None
@@ -199,7 +236,8 @@ def store_records(db: Database, records: Sequence[RunRecord]) -> list[tuple[int,
             out = []
             for record in records:
                 current = record
-                out.append(_store(s, db.dialect, record))
+                out.append(_store(s, db.dialect, record,
+                                  origin or local_origin(record.source)))
             return out
     except DatabaseError:
         raise
@@ -210,20 +248,23 @@ def store_records(db: Database, records: Sequence[RunRecord]) -> list[tuple[int,
         raise RecordRefused(f"{what} refused by the database: {_reason(exc)}") from None
 
 
-def _store(s: Session, dialect: str, record: RunRecord) -> tuple[int, bool]:
+def _store(s: Session, dialect: str, record: RunRecord, origin: Origin
+           ) -> tuple[int, bool]:
     sha = record.sha256()
-    existing = s.execute(select(Run.id, Run.record_sha256).where(Run.uuid == record.uuid)
-                         ).first()
+    known = select(Run.id, Run.record_sha256, Run.trusted).where(Run.uuid == record.uuid)
+    existing = s.execute(known).first()
     if existing is None:
-        stmt = _insert_ignore(dialect, Run.__table__).values(**_run_row(record, sha))
+        stmt = _insert_ignore(dialect, Run.__table__).values(**_run_row(record, sha, origin))
         run_id = s.execute(stmt.returning(Run.__table__.c.id)).scalar()
         if run_id is None:  # a concurrent writer stored the same record just now
-            existing = s.execute(select(Run.id, Run.record_sha256)
-                                 .where(Run.uuid == record.uuid)).first()
+            existing = s.execute(known).first()
     if existing is not None:
         if existing.record_sha256 != sha:
             raise RecordConflict(f"run {record.uuid} is already stored with different "
                                  f"content (run id {existing.id}); not storing it again")
+        if origin.trusted and not existing.trusted:
+            s.execute(Run.__table__.update().where(Run.__table__.c.id == existing.id)
+                      .values(trusted=True, origin=origin.label))
         return int(existing.id), False
 
     variant_rows = []
@@ -303,7 +344,10 @@ def import_spool(db: Database, directory: str | Path | None = None, *,
                 f"{path}: waiting for its database {target}")
             continue
         try:
-            ids.append(store_record(db, RunRecord.read(path)))
+            # The spool holds what this machine's own runs wrote while their database
+            # was away: their origin is this machine, trusted as the runs themselves.
+            record = RunRecord.read(path)
+            ids.append(store_record(db, record, local_origin(f"{record.source} spool")))
         except DatabaseUnavailable:
             raise
         except (RecordError, DatabaseError) as exc:
@@ -319,5 +363,5 @@ __all__ = [
     "Database", "DatabaseError", "DatabaseUnavailable", "RecordConflict", "RecordRefused",
     "baseline_runs", "counts", "get_run", "history", "import_spool", "latest_run",
     "load_record", "open_db", "ping", "recent_runs", "store_comparisons", "store_record",
-    "store_records",
+    "store_records", "Origin", "local_origin", "who",
 ]
