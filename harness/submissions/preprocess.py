@@ -1,18 +1,19 @@
 """What a submission includes, defines and asks of the compiler, as the preprocessor saw it.
 
-The submission's sources are preprocessed by nvcc itself, in the sandbox
-(`harness.candidates.sandbox`), as one translation unit: the harness's header from the
-sandbox's private folder, then every source, then the entry checks. nvcc runs once per
-architecture the submission is built for (`-E` with exactly the build's `-arch` /
-`-gencode`, standard and options, so `__CUDA_ARCH__` and an `sm_90a` build's
-`__CUDA_ARCH_FEAT_SM90_ALL` are what the build sees), with GCC's `-dI` (every `#include`
-directive processed, as the preprocessor spelled it after line splices and macro
-expansion) and `-dD` (every `#define` / `#undef` where it happened).
+The text preprocessed is the text the build compiles (`VariantSpec.full_source()`: the
+header inlined, each source after a `#line 1 "its name"`, the entry checks), run by nvcc
+itself in the sandbox (`harness.candidates.sandbox`) once per architecture the submission
+is built for: `-E` with exactly the build's `-arch` / `-gencode`, standard and options, so
+`__CUDA_ARCH__`, an `sm_90a` build's `__CUDA_ARCH_FEAT_SM90_ALL`, `__INCLUDE_LEVEL__` and
+every other predefined macro are what the build sees. GCC's `-dI` reports every `#include`
+directive processed (as the preprocessor spelled it after line splices and macro
+expansion) and `-dD` every `#define` / `#undef` where it happened.
 
 Which output came from which submission file is not read from the output's line markers
-(a submission could write its own): the translation unit puts a `#pragma` holding a
-random nonce before and after each source's `#include`, and everything between one
-source's pair is that source's. Within it:
+(a submission could write its own): each source is wrapped in two `#pragma`s holding a
+random nonce (followed by a `#line 1`, so its lines keep their numbers), and everything
+between one source's pair is that source's. A source that swallows its closing pragma
+(an unterminated comment or `#if`) is refused for it. Within a source:
 
 * `#include` only of "fa_harness.h" (the header is already in, so nothing is entered:
   any line marker that enters a file, or names another file than the source itself,
@@ -32,13 +33,13 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.candidates import sandbox
+from harness.candidates.variant_spec import VariantSpec
 from harness.submissions.budget import Budget
 from harness.submissions.diagnostics import compile_message
 
-TU_NAME = "fa+tu.cu"  # not a valid submission file name, so it cannot collide
 HEADER_NAME = "fa_harness.h"
 ALLOWED_PRAGMAS = frozenset({"unroll", "nounroll"})
 _HARNESS_NAME = re.compile(r"^(FA_|fa_|FaParams\b|__FA)")
@@ -73,84 +74,60 @@ def check_spellings(name: str, text: str) -> Finding | None:
     return None
 
 
-def translation_unit(sources: list[str], entries: list[str], nonce: str) -> str:
-    lines = [f'#include "{HEADER_NAME}"']
-    for i, name in enumerate(sources):
-        lines += [f"#pragma {_sentinel(nonce, 'begin', i)}", f'#include "{name}"',
-                  f"#pragma {_sentinel(nonce, 'end', i)}"]
-    lines += [f"FA_CHECK_ENTRY({e});" for e in entries]
-    return "\n".join(lines) + "\n"
+def marked_source(spec: VariantSpec, nonce: str) -> str:
+    """The build's source with each submitted text between its two sentinel pragmas."""
+    texts = tuple(
+        (label, f"#pragma {_sentinel(nonce, 'begin', i)}\n#line 1\n{text}\n"
+                f"#pragma {_sentinel(nonce, 'end', i)}")
+        for i, (label, text) in enumerate(spec.source_texts))
+    return replace(spec, source_texts=texts).full_source()
 
 
 def _sentinel(nonce: str, what: str, i: int) -> str:
     return f"fa_harness_{nonce}_{what}_{i}"
 
 
-def _base(path: str) -> str:
-    """A file of the sandbox's source folder by its name ("/src/x.cu" under bubblewrap, the
-    private host folder ".../src/x.cu" under the rlimits backend); other paths unchanged."""
-    folder, _, name = path.rpartition("/")
-    return name if folder == "/src" or folder.endswith("/fa-sandbox-src") else path
-
-
-def _regions(text: str, sources: list[str], nonce: str
+def _regions(text: str, labels: list[str], nonce: str
              ) -> Iterator[tuple[str, int, str] | Finding]:
-    """(source, line, output line) for every output line between a source's two sentinel
-    pragmas, whatever the line markers in between say (less the translation unit's own
-    lines: its `#include` of the source, the marker entering it and the one returning
-    from it); a Finding when the sentinels are not all there. Line numbers follow the
-    markers, for messages only."""
-    begins = {f"#pragma {_sentinel(nonce, 'begin', i)}": i for i in range(len(sources))}
-    ends = {f"#pragma {_sentinel(nonce, 'end', i)}": i for i in range(len(sources))}
+    """(source label, line, output line) for every output line between a source's two
+    sentinel pragmas, whatever the line markers in between say; a Finding when the
+    sentinels are not all there. Line numbers follow the markers, for messages only."""
+    begins = {f"#pragma {_sentinel(nonce, 'begin', i)}": i for i in range(len(labels))}
+    ends = {f"#pragma {_sentinel(nonce, 'end', i)}": i for i in range(len(labels))}
     seen: list[int] = []
     current: int | None = None
-    region: list[str] = []
+    line = 1
     for raw in text.splitlines():
         key = raw.strip()
         if current is None:
             if key in begins:
-                current, region = begins[key], []
+                current, line = begins[key], 1
             continue
-        if key not in ends or ends[key] != current:
-            region.append(raw)
+        if key in ends and ends[key] == current:
+            seen.append(current)
+            current = None
             continue
-        name = sources[current]
-        seen.append(current)
-        current = None
-        lines = _own_lines(region, name)
-        line = 1
-        for raw_line in lines:
-            yield name, line, raw_line
-            m = _MARKER.match(raw_line)
-            line = int(m.group(1)) if m else line + 1
-    if seen != list(range(len(sources))):
-        yield Finding(TU_NAME, 0, "the preprocessor's output does not hold every source "
-                      "between the harness's markers, so the submission cannot be checked")
+        yield labels[current], line, raw
+        m = _MARKER.match(raw)
+        line = int(m.group(1)) if m else line + 1
+    if seen != list(range(len(labels))):
+        missing = next(i for i in range(len(labels)) if i not in seen)
+        yield Finding(_short(labels[missing]), 0, "does not end where it should for the "
+                      "preprocessor (an unterminated comment, #if or line continuation "
+                      "runs into what follows it), so it cannot be checked")
 
 
-def _own_lines(region: list[str], name: str) -> list[str]:
-    """A region less the translation unit's lines around the source's own."""
-    lo, hi = 0, len(region)
-    if lo < hi and region[lo].strip() == f'#include "{name}"':
-        lo += 1
-    while lo < hi and (m := _MARKER.match(region[lo])) and _base(m.group(2)) == TU_NAME \
-            and not m.group(3).split():
-        lo += 1
-    if lo < hi and (m := _MARKER.match(region[lo])) and _base(m.group(2)) == name \
-            and m.group(3).split() == ["1"]:
-        lo += 1
-    while hi > lo and (m := _MARKER.match(region[hi - 1])) and _base(m.group(2)) == TU_NAME \
-            and m.group(3).split() == ["2"]:
-        hi -= 1
-    return region[lo:hi]
+def _short(label: str) -> str:
+    return label.rsplit("/", 1)[-1]
 
 
-def check_preprocessed(text: str, sources: list[str], nonce: str) -> Finding | None:
+def check_preprocessed(text: str, labels: list[str], nonce: str) -> Finding | None:
     """The rules of the module doc on one pass's output."""
-    for item in _regions(text, sources, nonce):
+    for item in _regions(text, labels, nonce):
         if isinstance(item, Finding):
             return item
-        file, line, raw = item
+        label, line, raw = item
+        file = _short(label)
         marker = _MARKER.match(raw)
         if marker:
             path, flags = marker.group(2), marker.group(3).split()
@@ -162,7 +139,7 @@ def check_preprocessed(text: str, sources: list[str], nonce: str) -> Finding | N
                                f"submissions may include only the harness header")
             # Flags 3 and 4 on the source's own name: a system header's macro expanded
             # here (GCC marks its tokens so); anything else renames the text.
-            if not set(flags) <= {"3", "4"} or _base(path) != file:
+            if not set(flags) <= {"3", "4"} or path != label:
                 return Finding(file, line, "a #line directive or linemarker makes the "
                                "compiler take the following text for another file's")
             continue
@@ -189,18 +166,20 @@ def check_preprocessed(text: str, sources: list[str], nonce: str) -> Finding | N
     return None
 
 
-def preprocess_check(files: dict[str, str], sources: list[str], entries: list[str],
-                     options: list[str], header: str, *, archs: list[str],
-                     budget: Budget | None = None, timeout_s: float = 60.0) -> str | None:
-    """None when the submission passes for every arch in `archs` (the `-arch` values the
-    build uses, `harness.candidates.nvcc.arch_for`), else the one-line (or few-line)
-    refusal."""
-    for name in sources:
-        f = check_spellings(name, files[name])
+def preprocess_check(spec: VariantSpec, *, archs: list[str], budget: Budget | None = None,
+                     timeout_s: float = 60.0) -> str | None:
+    """None when the submission `spec` passes for every arch in `archs` (the `-arch`
+    values the build uses, `harness.candidates.nvcc.arch_for`), else the one-line (or
+    few-line) refusal."""
+    labels = [label for label, _ in spec.source_texts]
+    texts = {_short(label): text for label, text in spec.source_texts}
+    for name, text in texts.items():
+        f = check_spellings(name, text)
         if f:
             return str(f)
     from harness.candidates.compile import nvcc_path
     from harness.candidates.nvcc import CXX_STD, arch_flags
+    from harness.candidates.variant_spec import header_path
 
     nvcc = nvcc_path()
     if nvcc is None:
@@ -209,17 +188,16 @@ def preprocess_check(files: dict[str, str], sources: list[str], entries: list[st
     tool = sandbox.toolchain_root(nvcc)
     # Unknown to the submission, so its text cannot pose as a sentinel.
     nonce = secrets.token_hex(16)
-    tree = {n: files[n] for n in sources}
-    tree[HEADER_NAME] = header
-    tree[TU_NAME] = translation_unit(sources, entries, nonce)
+    filename = f"{spec.name}.cu"  # the build's (harness.candidates.sandboxed_compile)
+    tree = {filename: marked_source(spec, nonce)}
+    shown = {**texts, **dict(spec.source_texts)}
     for arch in archs:
         step = f"preprocessing for {arch}"
         for_arch = f" (for {arch})" if len(archs) > 1 else ""
-        # The build's own flags (`nvcc -cubin`, harness.candidates.sandboxed_compile),
-        # with -E: the same single device pass, so the same macros are defined.
+        # The build's own flags (`nvcc -cubin`), with -E: the same single device pass.
         argv = [str(tool / "bin" / "nvcc"), "-E", "-cubin", *arch_flags(arch), CXX_STD,
-                "-Xcompiler", "-dD", "-Xcompiler", "-dI", *options,
-                "-o", "/out/pp.ii", f"/src/{TU_NAME}"]
+                "-Xcompiler", "-dD", "-Xcompiler", "-dI", *spec.compile_options,
+                "-o", "/out/pp.ii", f"/src/{filename}"]
         res = sandbox.run(argv, sources=tree, toolchain=tool,
                           limits=budget.limits(step, timeout_s, output_bytes=64 << 20),
                           require_isolation=True)
@@ -228,9 +206,10 @@ def preprocess_check(files: dict[str, str], sources: list[str], entries: list[st
             return str(stopped)
         out = res.files.get("pp.ii")
         if res.returncode != 0 or out is None:
-            return compile_message(res.output, set(sources), files, public=[header],
+            return compile_message(res.output, [*labels, *texts], shown,
+                                   public=[header_path().read_text()],
                                    what=f"preprocessing failed{for_arch}")
-        finding = check_preprocessed(out.decode("utf-8", "replace"), sources, nonce)
+        finding = check_preprocessed(out.decode("utf-8", "replace"), labels, nonce)
         if finding:
             return f"{finding}{for_arch}"
     return None

@@ -212,8 +212,7 @@ def compile_check(spec: Any, timeout_s: float = COMPILE_TIMEOUT_S,
     shown = {**texts, **dict(spec.source_texts)}
     archs = build_archs(spec)
     try:
-        why = preprocess_check(texts, names, spec.entry_names(), list(spec.compile_options),
-                               header, archs=archs, budget=budget,
+        why = preprocess_check(spec, archs=archs, budget=budget,
                                timeout_s=min(timeout_s, 60.0))
         if why:
             raise Rejected(why)
