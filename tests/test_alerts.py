@@ -130,3 +130,55 @@ def test_the_gate_lists_open_alerts_and_a_yardsticks_never_fails_it(walk: str,
     with _db(walk) as db:
         assert [a.state for a in list_alerts(db, variant="fa2_mma", gpu_model_key=H200)] \
             == ["recovered"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'alerts.sqlite'}"
+    return request.getfixturevalue("pg_url")
+
+
+def test_the_life_of_an_alert_through_the_gate(db_url: str, tmp_path: Path) -> None:
+    """On both backends, through the gate's own finish: a step opens one alert, a commit
+    holding its level confirms it, a commit back at the old level recovers it; a
+    yardstick's slowdown undone by the next commit is withdrawn and never failed the
+    gate; a run synced twice changes nothing."""
+    from harness.records.alerts import sync_alerts
+    from harness.records.gate import GateOptions, finish
+    from harness.records.synthetic import make_record, specs_for
+
+    opts = GateOptions(db_url=db_url, spool_dir=tmp_path / "spool")
+    commits = [f"{i:x}" * 40 for i in range(1, 7)]
+
+    def run(i: int, **slower: float):  # noqa: ANN202 - a GateOutcome
+        specs = specs_for(kernels=("mine", "peer"))
+        for s in specs:
+            s.median_ms *= slower.get(s.kernel, 1.0)
+        rec = make_record(specs, seed=i, commit=commits[i],
+                          parent=commits[i - 1] if i else None, minutes=i)
+        rec.kernels["peer"]["kind"] = "peer"
+        return finish(rec, opts, log=lambda _line: None)
+
+    assert run(0).exit_code == 0
+    out = run(1, mine=1.10, peer=1.10)
+    assert out.exit_code == 1 and {v.variant for v in out.regressions} == {"mine"}
+    assert [(a.variant, a.owned) for a in out.open_alerts] == [("mine", True), ("peer", False)]
+    first, yard = out.open_alerts
+    assert (first.last_good_commit, first.first_bad_commit) == (commits[0], commits[1])
+    assert "Yardsticks (reported, never a failure):" in out.summary
+    # mine holds its level (no new verdict: the same alert, confirmed); the peer is back
+    # before any run confirmed it: withdrawn.
+    out = run(2, mine=1.10)
+    assert out.exit_code == 0 and [a.id for a in out.open_alerts] == [first.id]
+    with _db(db_url) as db:
+        assert get_alert(db, first.id).confirmations == 1
+        assert get_alert(db, yard.id).state == "withdrawn"
+    out = run(3)  # back after it was confirmed: recovered
+    assert out.open_alerts == []
+    with _db(db_url) as db:
+        assert get_alert(db, first.id).state == "recovered"
+        assert len(list_alerts(db)) == 2
+        # The gate's run synced again (a retried job): nothing moves.
+        assert sync_alerts(db, out.run_id, out.report, owned=lambda k: k == "mine") == []
+        assert [a.state for a in list_alerts(db)] == ["recovered", "withdrawn"]

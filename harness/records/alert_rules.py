@@ -97,3 +97,19 @@ def event(row: AlertRow, **what: Any) -> None:
     detail["events"] = [*detail.get("events", []),
                         {"at": now.isoformat(), **{k: v for k, v in what.items() if v}}]
     row.detail, row.updated_at = detail, now
+
+
+# The runs an alert keeps the ids of (the newest), enough to find a run synced twice.
+RUNS_KEPT = 200
+
+
+def runs_of(row: AlertRow) -> list[int]:
+    """The runs that opened, extended or judged the alert (newest last)."""
+    detail = row.detail or {}
+    return list(detail.get("runs") or []) + (
+        [detail["opened_by_run"]] if detail.get("opened_by_run") is not None else [])
+
+
+def touch(row: AlertRow, run_id: int) -> None:
+    runs = [r for r in (row.detail or {}).get("runs") or [] if r != run_id]
+    row.detail = dict(row.detail or {}, runs=[*runs, run_id][-RUNS_KEPT:])

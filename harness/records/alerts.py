@@ -32,6 +32,7 @@ dashboard may read (and, behind a token, write) alerts through it.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -323,11 +324,16 @@ def sync_alerts(db: Any, run_id: int, report: Any, *,
         if run is None:
             raise AlertError(f"no run {run_id}")
         gpu = run.gpu_model_key or report.gpu_model_key
+        if s.get_bind().dialect.name == "postgresql":
+            # Two CI jobs of one GPU model finishing together must not both open the
+            # same step (SQLite's BEGIN IMMEDIATE already serialises the writers).
+            key = int.from_bytes(hashlib.sha256(f"alerts/{gpu}".encode()).digest()[:8],
+                                 "big", signed=True)
+            s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
         rows = list(s.scalars(select(AlertRow).where(AlertRow.gpu_model_key == gpu)
                               .order_by(AlertRow.id)))
-        if any((r.detail or {}).get("opened_by_run") == run.id
-               or (r.last_run_id or 0) >= run.id for r in rows):
-            return []  # synced already (or an older run arriving late: left as it is)
+        if any(run.id in rules.runs_of(r) for r in rows):
+            return []  # synced already
         live = {(r.variant, r.pass_name, r.kind): r for r in rows if r.state in LIVE}
         closed = {(r.variant, r.pass_name, r.kind, r.first_bad_commit): r
                   for r in rows if r.state not in LIVE}
@@ -362,8 +368,8 @@ def sync_alerts(db: Any, run_id: int, report: Any, *,
             changed[row.id] = row
         results = _results(s, run.id, {(r.variant, r.pass_name) for r in live.values()})
         for row in live.values():
-            if (row.detail or {}).get("opened_by_run") == run.id:
-                continue
+            if row.id in changed or run.id < (row.first_run_id or 0):
+                continue  # opened by this run, or a run stored before the alert opened
             held, back = rules.outcome(row, results.get((row.variant, row.pass_name), {}))
             if row.id in absorbed or held > back:
                 row.confirmations += 1
@@ -374,7 +380,9 @@ def sync_alerts(db: Any, run_id: int, report: Any, *,
                                              f"level before, {held} held")
             else:
                 continue  # nothing of it measured here
-            row.last_run_id, row.updated_at = run.id, utcnow()
+            row.last_run_id, row.updated_at = max(row.last_run_id or 0, run.id), utcnow()
             changed[row.id] = row
+        for row in changed.values():
+            rules.touch(row, run.id)
         s.flush()
         return [_alert(r) for r in sorted(changed.values(), key=lambda r: r.id)]
