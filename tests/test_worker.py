@@ -313,3 +313,28 @@ def test_a_spooled_result_of_a_dead_worker_is_stored_by_the_next_one(db):
     assert (row.status, row.message, row.score, row.attempts) == (
         "done", "from the spool", 2.5, 1)
     assert spool.pending() == []
+
+
+def test_a_claim_whose_commit_was_not_heard_of_is_put_back(db, monkeypatch):
+    """The connection is cut just as the claim commits: the worker sees an error, waits,
+    claims again; the claim it did not hear of goes back to the queue first (attempt not
+    counted), so the job is scored now rather than after a lease."""
+    from sqlalchemy.exc import OperationalError
+
+    import harness.submissions.worker as worker
+
+    real, calls = worker.claim, []
+
+    def cut_once(engine, name):
+        job = real(engine, name)
+        calls.append(job)
+        if len(calls) == 1:
+            raise OperationalError("COMMIT", {}, Exception("server closed the connection"))
+        return job
+
+    monkeypatch.setattr(worker, "claim", cut_once)
+    sid = _add(db, "ok")
+    assert work(db.engine, _config(), drain=True) == 1
+    with db.sessions() as s:
+        row = s.get(Submission, sid)
+    assert (row.status, row.verdict, row.attempts) == ("done", "scored", 1)

@@ -201,3 +201,41 @@ def test_fault_drill(pg_url, tmp_path):
     for sid in ids:
         fin = [e for e in ev if e["event"] == "finish" and e.get("stored") and e["id"] == sid]
         assert (fin[0]["worker"], fin[0]["attempt"]) == (rows[sid].worker, rows[sid].attempts)
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_queue_whose_tables_are_dropped_ends_the_worker_in_one_line(pg_url, tmp_path):
+    """Not an outage but the queue itself gone (its schema dropped under an idle worker):
+    the worker stops with one line and exit 1, never a traceback."""
+    from sqlalchemy import text
+
+    from harness.records.db.engine import make_engine
+
+    open_db(pg_url).close()
+    schema = str(make_url(pg_url).query["options"]).split("=", 1)[1]
+    err = tmp_path / "w.err"
+    env = {k: v for k, v in os.environ.items() if k != "FA_HARNESS_SECRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    with open(err, "wb") as f:
+        p = subprocess.Popen([sys.executable, "-m", "harness", "worker", "--db", pg_url,
+                              "--gpu", f"GPU-{uuid.uuid4()}", "--scorer", SCORER],
+                             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=f)
+    try:
+        _wait("the worker to start", lambda: ": database " in err.read_text(), 60)
+        time.sleep(1.0)
+        admin = make_engine(pg_url.split("?")[0])
+        with admin.begin() as c:  # dropped, then empty again (the fixture drops it after)
+            c.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+            c.execute(text(f"CREATE SCHEMA {schema}"))
+        admin.dispose()
+        rc = p.wait(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    text_err = err.read_text()
+    assert rc == 1, text_err
+    assert "Traceback" not in text_err, text_err
+    assert "fa-harness worker: error: the queue database failed: " in text_err

@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--job-timeout", type=float, default=3600.0, metavar="S")
     p.add_argument("--memory-limit-mb", type=int, default=32768)
     p.add_argument("--max-attempts", type=int, default=3)
+    p.add_argument("--host-fault-workers", type=int, default=2, metavar="N",
+                   help="a job the host could not score (no GPU, a driver fault) is an "
+                        "infrastructure error once N different workers failed it (default 2)")
     p.add_argument("--lease", type=float, default=None, metavar="S",
                    help="re-queue a running job whose last heartbeat is older than S by the "
                         "database's clock; more than --job-timeout (default job timeout + 600)")
@@ -70,8 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
     from harness.submissions.gpulock import GpuBusy, GpuMissing
     from harness.submissions.worker import HostUnfit, WorkerConfig, work
+    from harness.submissions.worker_store import first_line
 
     for name in ("case_timeout", "job_timeout", "heartbeat"):
         if getattr(args, name) <= 0:
@@ -97,7 +103,8 @@ def _worker(args: argparse.Namespace) -> int:
                           max_attempts=args.max_attempts, lease_s=args.lease, scoring=scoring,
                           wait_for_gpu=args.wait_for_gpu, on_shared=args.on_shared,
                           busy_wait_s=args.busy_wait, events=args.events,
-                          heartbeat_s=args.heartbeat, preflight=True)
+                          heartbeat_s=args.heartbeat, preflight=True,
+                          host_fault_workers=args.host_fault_workers)
     if args.scorer:
         config.scorer = args.scorer
     stop = {"flag": False}
@@ -123,6 +130,12 @@ def _worker(args: argparse.Namespace) -> int:
         return EXIT_HOST_UNFIT
     except GpuMissing as e:
         raise UsageError(str(e)) from None
+    except SQLAlchemyError as e:
+        # Not an outage (those are waited out): the queue itself is gone or broken, e.g.
+        # its tables dropped. One line; a supervisor may start the worker again.
+        print(f"fa-harness worker: error: the queue database failed: {first_line(e)}",
+              file=sys.stderr)
+        return EXIT_FAIL
     finally:
         db.close()
     print(f"worker {config.name}: {n} job(s) finished", file=sys.stderr)

@@ -342,6 +342,20 @@ def requeue_dead(engine: Engine, *, me: str, max_attempts: int) -> RequeueReport
     return report
 
 
+def requeue_own(engine: Engine, me: str) -> list[int]:
+    """Put back jobs claimed by `me` that `me` is not scoring: called between jobs, these
+    are claims whose commit went through while the worker saw an error (a connection cut
+    at the commit) and claimed again. Nothing of them ran: the attempt is not counted."""
+    with session_factory(engine)() as s, s.begin():
+        rows = s.scalars(select(Submission).where(Submission.status == RUNNING,
+                                                  Submission.worker == me)).all()
+        for row in rows:
+            for k, v in _UNCLAIMED.items():
+                setattr(row, k, v)
+            row.attempts = max(0, (row.attempts or 0) - 1)
+        return [r.id for r in rows]
+
+
 def queue_depth(engine: Engine) -> dict[str, int]:
     """Number of submissions per status."""
     with session_factory(engine)() as s:

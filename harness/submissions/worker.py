@@ -59,6 +59,7 @@ from harness.submissions.queue import (
     release,
     requeue_dead,
     requeue_host_fault,
+    requeue_own,
     requeue_stale,
 )
 from harness.submissions.ranking import settings_of
@@ -130,6 +131,9 @@ def _next_job(engine: Any, config: WorkerConfig, watch: Any, lock: Any, spool: R
     lock, wait for a GPU others use, then claim. Database errors propagate (retried)."""
     name = config.name or "worker"
     flush(engine, spool, log)
+    for sid in requeue_own(engine, name):
+        log(f"submission {sid}: claimed by a commit this worker did not hear of, re-queued")
+        _event(config, event="requeued", id=sid)
     rq = requeue_stale(engine, lease_s=float(config.lease_s or 0),
                        max_attempts=config.max_attempts)
     dead = requeue_dead(engine, me=name, max_attempts=config.max_attempts)
