@@ -10,7 +10,8 @@ stopped; nothing about a submission can make its validation last longer.
   limits; each compiler run in the sandbox gets what remains as its wall-clock and CPU
   limit (and is killed at it).
 * Memory: each compiler run is held to `VALIDATION_MEMORY_BYTES` of address space by the
-  sandbox. The steps in this process hold at most a small multiple of what the input
+  sandbox (the sandbox's own limit: the compiles, through
+  `harness.candidates.sandboxed_compile`, get that one). The steps in this process hold at most a small multiple of what the input
   limits allow (`MAX_TOTAL_BYTES` of files, and the manifest's counts: launches, size
   expressions and their nodes, tiles, flavors, options), so they need no limit of their
   own.
@@ -28,7 +29,7 @@ from harness.submissions.sources import Rejected
 # Enough for the largest shipped variant (fa3_wgmma: two nvcc runs of about a minute on a
 # CI runner) with room to spare; an honest submission never comes near it.
 VALIDATION_BUDGET_S = 300.0
-VALIDATION_MEMORY_BYTES = 6 << 30  # cicc reserves more address space than it touches
+VALIDATION_MEMORY_BYTES = sandbox.Limits().memory_bytes  # 6 GiB: cicc reserves more than it uses
 
 T = TypeVar("T")
 
