@@ -31,7 +31,9 @@ from harness.submissions.sources import ALLOWED_DIRECTIVES
 
 # GCC joins a backslash, optional horizontal whitespace and a newline.
 _SPLICE = re.compile(r"\\[ \t\f\v]*\n")
-_IDENT = r"[A-Za-z_$\x80-\U0010ffff][A-Za-z0-9_$\x80-\U0010ffff]*"
+# Letters, digits, `_` and `$` in any script, as GCC reads identifiers; other characters
+# (a stray curly quote) are single tokens, so none can make `xR"` look like a prefix.
+_IDENT = r"(?:[^\W\d]|\$)[\w$]*"
 # One token of the text after line joining. A pp-number swallows letters, dots, exponent
 # signs and digit separators (`0x1'R` is one number: no raw string starts there).
 _TOKEN = re.compile(
@@ -45,7 +47,7 @@ _TOKEN = re.compile(
 # the run's last one).
 _RUN = re.compile(
     rf"(?:[ \t\f\v\n]+|(?>{_IDENT})(?![\"'])|(?>\.?[0-9](?:[eEpP][+-]|'[0-9A-Za-z_]|[0-9A-Za-z_.])*)"
-    r"|/(?![/*])|%(?!:)|\.(?![0-9])|[^\n\"'/#%.A-Za-z0-9_$\x80-\U0010ffff])+")
+    r"|/(?![/*])|%(?!:)|\.(?![0-9])|[^\n\"'/#%.\w$])+")
 _RAW_PREFIXES = frozenset({"R", "LR", "uR", "UR", "u8R"})
 _RAW_DELIM = re.compile(r'"([^ ()\\\t\v\f\n"]{0,16})\(')
 _STRING = {'"': re.compile(r'"(?:[^"\\\n]|\\.)*(?:"|(?=\n)|\Z)', re.S),
@@ -80,7 +82,8 @@ class _Text:
     (raw string literals are read from the original: a join inside one is undone)."""
 
     def __init__(self, text: str):
-        self.orig = text.replace("\r\n", "\n").replace("\r", "\n")
+        # GCC skips a byte order mark, so a directive right after one is at a line start.
+        self.orig = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
         parts: list[str] = []
         self.at: list[int] = []  # offset in the joined text where a join was removed
         self.removed: list[int] = []  # characters removed up to and including that join
