@@ -147,3 +147,33 @@ def test_forged_commit_is_not_in_the_branch_window(tmp_path, capsys):
     with open_db(url) as db, db.session() as s:
         # the made-up run was not judged either: its "improvements" would be alerts
         assert s.scalars(select(Comparison).where(Comparison.run_id == 2)).all() == []
+
+
+# ------------------------------------------------------------------ the Run page
+
+
+def test_run_page_marks_untrusted_runs_and_bounds_each_field(tmp_path, capsys, monkeypatch):
+    import json
+
+    from realdata import dashboard_app
+    from sqlalchemy import create_engine, text
+
+    url, _ = _history(tmp_path, capsys)
+    # A database filled before the limits, or by another tool: one field of 5 MB, one
+    # failure message of 1 MB. The page sends a page's worth of each, not all of it.
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE runs SET env = :env WHERE id = 2"),
+                     {"env": json.dumps({"blob": "e" * (5 * 2**20)})})
+        conn.execute(text("UPDATE results SET status = 'failed', message = :m WHERE id IN "
+                          "(SELECT min(id) FROM results WHERE run_id = 2)"),
+                     {"m": "m" * 2**20})
+    engine.dispose()
+    at = dashboard_app(url, monkeypatch, page="run", run="2")
+    assert any("Untrusted run, stored by import by" in w.value for w in at.warning)
+    shown = [c.value for c in at.code]
+    assert shown and max(map(len, shown)) < 25_000 and "more characters not shown" in shown[-1]
+    fails = next(d.value for d in at.dataframe if "message" in d.value.columns)
+    assert max(map(len, fails["message"])) < 2_100
+    at = dashboard_app(url, monkeypatch, page="run", run="1")
+    assert not any("Untrusted" in w.value for w in at.warning)

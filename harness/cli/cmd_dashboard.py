@@ -27,12 +27,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def upload_limit_mb() -> int:
+    """Streamlit's `server.maxUploadSize` for the Submit page, in its unit (MiB, whole):
+    a submission's total size limit, rounded up. Streamlit's own default is 200 MB, which
+    it would read into the server's memory for anyone with the page open, token or not."""
+    from harness.submissions.sources import MAX_TOTAL_BYTES
+
+    return max(1, -(-MAX_TOTAL_BYTES // 2**20))
+
+
 def command(args: argparse.Namespace) -> list[str]:
     """The `streamlit run` command line for these arguments (through harness.dashboard.serve, which
     imports the dashboard's libraries before the server starts answering)."""
     cmd = [sys.executable, "-m", "harness.dashboard.serve", "run", str(APP),
            "--server.headless", "true", "--server.port", str(args.port),
-           "--server.address", args.address, "--browser.gatherUsageStats", "false"]
+           "--server.address", args.address, "--browser.gatherUsageStats", "false",
+           "--server.maxUploadSize", str(upload_limit_mb())]
     if args.db:
         cmd += ["--", "--db", args.db]
     return cmd

@@ -12,9 +12,21 @@ from harness.dashboard import flags as flag_list
 from harness.dashboard.data import Ctx
 from harness.dashboard.queries import FLAGGED
 
-ENV_FIELDS = ("commit", "parent_commit", "branch", "created_at", "source", "gpu_name",
-              "gpu_uuid", "gpu_model_key", "driver", "cuda", "torch", "cupy", "python",
-              "hostname", "schema_version", "uuid", "record_sha256")
+ENV_FIELDS = ("commit", "parent_commit", "branch", "created_at", "source", "origin",
+              "trusted", "gpu_name", "gpu_uuid", "gpu_model_key", "driver", "cuda", "torch",
+              "cupy", "python", "hostname", "schema_version", "uuid", "record_sha256")
+# The most characters of one field a page sends to the browser: a record's free-form
+# objects are bounded at import (harness.records.validate.FIELD_LIMITS), but a database
+# filled before, or by another tool, may hold anything.
+MAX_SHOWN = 20_000
+MAX_MESSAGE_SHOWN = 2_000
+
+
+def clip(text: str, limit: int = MAX_SHOWN) -> str:
+    """At most `limit` characters of `text`, saying how many were left out."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n... ({len(text) - limit:,} more characters not shown)"
 
 
 def render(ctx: Ctx) -> None:
@@ -23,7 +35,9 @@ def render(ctx: Ctx) -> None:
     if token is not None:
         run_id = ctx.q("resolve_run", token, None)
         if run_id is None:
-            st.error(f"Run `{token}` does not exist in this database (it takes a run id or "
+            # Shown as code, which Markdown leaves alone unless a backquote closes it.
+            shown = clip(token, 80).replace("`", "'").replace("\n", " ")
+            st.error(f"Run `{shown}` does not exist in this database (it takes a run id or "
                      "a commit). Pick one of the recent runs below.")
     else:
         run_id = None
@@ -40,7 +54,12 @@ def render(ctx: Ctx) -> None:
     if detail is None:  # deleted between the lookup and now
         st.error(f"Run {run_id} does not exist in this database.")
         return
-    st.subheader(f"#{run_id} · {ui.short(detail['commit'])} · {detail.get('gpu_name') or '?'}")
+    st.subheader(f"#{run_id} · {ui.md_escape(ui.short(detail['commit']))} · "
+                 f"{ui.md_escape(clip(detail.get('gpu_name') or '?', 200))}")
+    if detail.get("trusted") is False:
+        # Kept apart (harness.records.db.store.Origin): shown, never a baseline.
+        st.warning(f"Untrusted run, stored by {ui.md_escape(clip(str(detail.get('origin')), 300))}"
+                   ": it is never a baseline, never in the noise history, and not judged.")
 
     flt = case_filter.pick(ctx)
     if flt.active:
@@ -77,13 +96,13 @@ def render(ctx: Ctx) -> None:
 
     st.markdown("#### Environment")
     env = pd.DataFrame({"field": list(ENV_FIELDS),
-                        "value": [str(detail.get(f)) if detail.get(f) is not None else "-"
-                                  for f in ENV_FIELDS]})
+                        "value": [clip(str(detail.get(f)), 500) if detail.get(f) is not None
+                                  else "-" for f in ENV_FIELDS]})
     st.dataframe(env, hide_index=True)
     for field in ("clocks", "calibration", "grids", "env"):
         if detail.get(field):
             with st.expander(field):
-                st.code(json.dumps(detail[field], indent=2, sort_keys=True, default=str),
+                st.code(clip(json.dumps(detail[field], indent=2, sort_keys=True, default=str)),
                         language="json")
 
     st.markdown("#### Compile resources")
@@ -100,4 +119,7 @@ def render(ctx: Ctx) -> None:
         st.success("No failed, crashed, timed-out, erroneous or invalid result.")
     else:
         st.error(f"{len(fails)} result(s) did not pass.")
+        if "message" in fails:
+            fails = fails.assign(message=fails["message"].map(
+                lambda m: clip(m, MAX_MESSAGE_SHOWN) if isinstance(m, str) else m))
         st.dataframe(fails, hide_index=True)

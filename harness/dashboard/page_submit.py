@@ -5,11 +5,20 @@ go through exactly the checks of `fa-harness submit` (harness.submissions.submit
 manifest, compile options, launch limits, an nvcc compile. A valid submission is queued
 for a worker; a rejected one is recorded with its message. The page writes to the
 database only through harness.submissions.submit, after the token has been verified.
+
+Uploads are refused before they are read: the file uploader is drawn only once a valid
+token has been entered, and the server takes no upload larger than the submission's total
+size limit (Streamlit's `server.maxUploadSize`, which `fa-harness dashboard` sets:
+harness.cli.cmd_dashboard.upload_limit_mb; Streamlit checks it on the request's length
+before reading the body, and again while the body streams in). Every text a submitter wrote
+(names, compiler messages quoting their files) is shown escaped, never as Markdown.
 """
 
 from __future__ import annotations
 
 import streamlit as st
+
+from harness.dashboard.ui import md_escape
 
 ACCEPTED_TYPES = ["cu", "cuh", "toml", "md", "txt"]
 
@@ -33,11 +42,29 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):g} MiB"
 
 
+def _verified(db_url: str | None, token: str):  # noqa: ANN202 - TokenInfo | None
+    """The token's row, or None with the reason shown (unknown, revoked, no database)."""
+    from harness.records.db import DatabaseError, open_db
+    from harness.submissions.tokens import TokenError, verify_token
+
+    try:
+        db = open_db(db_url, create=False)
+    except DatabaseError as e:
+        st.error(f"The database cannot be used: {md_escape(e)}")
+        return None
+    try:
+        return verify_token(db.engine, token)
+    except TokenError as e:
+        st.error(md_escape(e))
+        return None
+    finally:
+        db.close()
+
+
 def render(db_url: str | None = None) -> None:
     from harness.records.db import DatabaseError, open_db
     from harness.submissions import submit
     from harness.submissions.sources import MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES
-    from harness.submissions.tokens import TokenError, verify_token
 
     st.title("Submit a kernel")
     st.markdown(
@@ -51,28 +78,32 @@ def render(db_url: str | None = None) -> None:
     name = st.text_input("Display name (optional)")
     limits = (f"at most {MAX_FILES} files, {_mib(MAX_FILE_BYTES)} each, "
               f"{_mib(MAX_TOTAL_BYTES)} in all")
-    # The uploader's own size line reads its limit in whole megabytes: 1 (the per-file
-    # limit, 1 MiB); the real limits are checked again on the server by `submit`.
-    uploads = st.file_uploader("Kernel files", type=ACCEPTED_TYPES, accept_multiple_files=True,
-                               max_upload_size=max(1, MAX_FILE_BYTES >> 20),
-                               help=f"`.cu`, `.cuh`, `manifest.toml`: {limits}.")
+    # The token first: nobody without one gets an uploader to send files to.
+    info = _verified(db_url, token) if token else None
+    uploads = None
+    if info is not None:
+        # The uploader's own size line reads its limit in whole megabytes: 1 (the per-file
+        # limit, 1 MiB); the real limits are checked again on the server by `submit`.
+        uploads = st.file_uploader("Kernel files", type=ACCEPTED_TYPES,
+                                   accept_multiple_files=True,
+                                   max_upload_size=max(1, MAX_FILE_BYTES >> 20),
+                                   help=f"`.cu`, `.cuh`, `manifest.toml`: {limits}.")
+    elif not token:
+        st.info("Enter your submission token to upload files.")
     st.caption(f"Limits: {limits} (checked again when the submission is validated).")
     if not st.button("Submit", type="primary"):
         return
     if not token:
         st.error("A submission token is required.")
         return
+    if info is None:
+        return  # why is already shown under the token
     try:
         db = open_db(db_url, create=False)
     except DatabaseError as e:
-        st.error(f"The database cannot be used: {e}")
+        st.error(f"The database cannot be used: {md_escape(e)}")
         return
     try:
-        try:
-            info = verify_token(db.engine, token)
-        except TokenError as e:
-            st.error(str(e))
-            return
         if not uploads:
             st.error("Choose the kernel files to upload first.")
             return
@@ -95,10 +126,10 @@ def render(db_url: str | None = None) -> None:
             st.success(f"Submission {res.id} queued. A worker will score it; its verdict "
                        "appears on the Leaderboard page.")
         else:
-            st.error(f"Submission {res.id} rejected: {res.message}")
+            st.error(f"Submission {res.id} rejected: {md_escape(res.message)}")
         recent = _recent(db.engine, info.id)
         if recent:
-            st.subheader(f"Your recent submissions ({info.name})")
+            st.subheader(f"Your recent submissions ({md_escape(info.name)})")
             st.dataframe(recent, hide_index=True)
     finally:
         db.close()

@@ -337,7 +337,7 @@ def err_ratio_history(engine: Engine, variant: str, gpu: str) -> pd.DataFrame:
 _RUN_COLUMNS = ("id", "uuid", "commit", "parent_commit", "branch", "created_at", "source",
                 "gpu_name", "gpu_uuid", "gpu_model_key", "driver", "cuda", "torch", "cupy",
                 "python", "hostname", "clocks", "calibration", "grids", "schema_version",
-                "record_sha256", "env")
+                "record_sha256", "env", "origin", "trusted")
 
 
 def run_detail(engine: Engine, run_id: int) -> dict[str, Any] | None:
