@@ -338,3 +338,12 @@ def test_a_claim_whose_commit_was_not_heard_of_is_put_back(db, monkeypatch):
     with db.sessions() as s:
         row = s.get(Submission, sid)
     assert (row.status, row.verdict, row.attempts) == ("done", "scored", 1)
+
+
+def test_the_lease_must_outlast_the_job_limit(tmp_path, capsys):
+    from harness.cli import main
+
+    rc = main(["worker", "--db", str(tmp_path / "q.sqlite"), "--job-timeout", "60",
+               "--lease", "30"])
+    assert rc == 2
+    assert "--lease (30 s) must exceed --job-timeout (60 s)" in capsys.readouterr().err

@@ -152,3 +152,32 @@ def test_the_launcher_restarts_a_dead_worker_but_not_a_host_that_cannot_score():
     assert script == {"A": [], "B": []}
     assert rc == 4
     assert sum("starting it again" in m for m in logs) == 2
+
+
+@pytest.mark.postgres
+def test_a_gpu_lock_lost_with_its_connection_is_taken_again(pg_url, tmp_path):
+    """The database half of a GPU lock is a session advisory lock, which a dropped
+    connection loses silently: between jobs the worker checks it (`keep`), takes it again,
+    and stops (GpuBusy) if a worker elsewhere took the GPU meanwhile."""
+    from sqlalchemy import text
+
+    from harness.submissions import gpulock
+
+    db = open_db(pg_url)
+    key = f"GPU-{uuid.uuid4()}"
+    lock = gpulock.acquire(key, engine=db.engine, directory=tmp_path / "here")
+    pid = lock.pg_conn.execute(text("SELECT pg_backend_pid()")).scalar()
+    lock.pg_conn.commit()
+    with db.engine.begin() as c:  # the connection is cut: the server ends the session
+        c.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+    # A worker of another host (its own lock files) now gets the GPU.
+    other = gpulock.acquire(key, engine=db.engine, directory=tmp_path / "elsewhere",
+                            wait=True, timeout_s=10, poll_s=0.1)
+    with pytest.raises(gpulock.GpuBusy, match="another worker holds it now"):
+        lock.keep()
+    other.release()
+    lock.keep()  # free again: taken back, and held
+    with pytest.raises(gpulock.GpuBusy):
+        gpulock.acquire(key, engine=db.engine, directory=tmp_path / "third")
+    lock.release()
+    db.close()
