@@ -347,3 +347,45 @@ def test_the_lease_must_outlast_the_job_limit(tmp_path, capsys):
                "--lease", "30"])
     assert rc == 2
     assert "--lease (30 s) must exceed --job-timeout (60 s)" in capsys.readouterr().err
+
+
+def test_a_job_whose_claim_is_lost_is_stopped_and_not_stored(db):
+    """The job's lease expired (its worker was cut off or frozen) and it was re-queued:
+    the worker's next heartbeat finds the claim gone, stops the scoring child at once and
+    stores nothing."""
+    import threading
+
+    from sqlalchemy import update
+
+    with db.session() as s:
+        row = Submission(name="slow", submitter="t", status="queued", source_hash="slow",
+                         source=json.dumps({"mode.txt": "slow", "sleep.txt": "60"}))
+        s.add(row)
+        s.flush()
+        sid = row.id
+    logs: list[str] = []
+    lost = threading.Event()
+
+    def log(m: str) -> None:
+        logs.append(m)
+        if "claim lost while scoring" in m:
+            lost.set()
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=work, args=(db.engine, _config(heartbeat_s=0.2,
+                                                              case_timeout_s=90.0)),
+                          kwargs={"should_stop": lost.is_set, "log": log})
+    th.start()
+    deadline = time.monotonic() + 60
+    while not any("scoring, attempt 1" in m for m in logs):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with db.session() as s:  # what another worker's requeue_stale does at lease expiry
+        s.execute(update(Submission).where(Submission.id == sid).values(
+            status="queued", worker=None, claim_token=None, heartbeat_at=None))
+    th.join(120)
+    assert not th.is_alive() and time.monotonic() - t0 < 30, "the child was not stopped"
+    assert lost.is_set(), logs
+    with db.sessions() as s:
+        row = s.get(Submission, sid)
+    assert (row.status, row.verdict, row.finished_at) == ("queued", None, None)
