@@ -18,8 +18,9 @@ in its own process group, killed with the worker if the worker dies, and watches
   ranges); the GPU memory is capped inside the child through torch's allocator fraction;
 - a child that dies without a result (segfault, CUDA teardown abort) -> `crashed`, with
   the case it was on and the tail of its stderr.
-Whatever happens, the worker writes a verdict and takes the next job: it survives every
-bad submission. (The child's side of a job is harness.submissions.worker_run.)
+Whatever a submission does, the worker writes a verdict and takes the next job: it
+survives every bad submission. (Starting and watching one job's child is
+harness.submissions.worker_run; the child itself harness.submissions.worker_child.)
 
 Nothing of the host is ever a verdict on a submission, and no result is lost:
 - `fa-harness worker` checks first that the host can score (`worker_run.preflight`: the
