@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from harness.cli._dbopt import add_db_option, open_or_fail
+from harness.cli.console import plain
 from harness.cli.errors import UsageError
 
 
@@ -74,5 +75,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), indent=1, sort_keys=True, default=str))
     else:
-        print(report.markdown(), end="")
+        # Candidate and case names come from stored records, written by anyone.
+        print(plain(report.markdown(), lines=True), end="")
     return 1 if report.regressed else 0

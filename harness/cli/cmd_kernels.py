@@ -19,12 +19,11 @@ import argparse
 import json
 import re
 
-from rich.markup import escape
-
 from harness.cli._discoveryopt import add_discovery_options
+from harness.cli.console import markup
 from harness.cli.errors import EXIT_FAIL, EXIT_OK, UsageError
 
-ARCH_RE = re.compile(r"^sm_\d+[af]?$")
+ARCH_RE = re.compile(r"^sm_\d+[af]?\Z")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -231,11 +230,11 @@ def _print_table(rows: list[dict], errors: list[str], notes: list[str],
                  "origin": _origin_cell(r["origin"], narrow),
                  "bwd": _bwd_cell(r["backward"])}
         t.add_row(*(("yes" if cells[c] else "no") if isinstance(cells[c], bool)
-                    else escape(str(cells[c])) for c in cols))
+                    else markup(str(cells[c])) for c in cols))
     console.print(t)
     for line in srcs:  # every source searched, with what it gave (nothing, too)
-        console.print(f"from {escape(line)}", soft_wrap=True)
+        console.print(f"from {markup(line)}", soft_wrap=True)
     for n in notes:
-        console.print(f"note: {escape(n)}")
+        console.print(f"note: {markup(n)}")
     for e in errors:
-        console.print(f"[red]variant load error:[/red] {escape(e)}", soft_wrap=True)
+        console.print(f"[red]variant load error:[/red] {markup(e, lines=True)}", soft_wrap=True)

@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-
 from harness.cli._discoveryopt import add_discovery_options
+from harness.cli.console import markup
 from harness.cli.errors import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
 
 MAX_FAILURES_SHOWN = 20
@@ -143,16 +142,16 @@ def run(args: argparse.Namespace) -> int:
         console.print("no CUDA device here: running the CPU candidates only")
     candidates = _select(args, cuda)
     for note in registry.notes():
-        console.print(f"note: {escape(note)}")
+        console.print(f"note: {markup(note)}")
     for err in registry.load_errors():
-        console.print(f"[red]variant load error:[/red] {escape(str(err))}")
+        console.print(f"[red]variant load error:[/red] {markup(str(err), lines=True)}")
 
     code = EXIT_FAIL if registry.load_errors() else EXIT_OK
     if args.sanitize:
         from harness.execution.sanitize import sanitize_candidates
 
         for line, found in sanitize_candidates(candidates):
-            console.print(escape(line))
+            console.print(markup(line, lines=True))
             if found:
                 code = EXIT_FAIL
     results: list = []
@@ -214,7 +213,7 @@ def _print_failures(console: Any, results: list) -> None:
     bad = [r for r in results if r.status in FAILING]
     for r in bad[:MAX_FAILURES_SHOWN]:
         console.print(f"[red]{r.status.value.upper()}[/red] {r.kernel} {r.case.id}: "
-                      f"{escape(r.message)}", soft_wrap=True)
+                      f"{markup(r.message, lines=True)}", soft_wrap=True)
     if len(bad) > MAX_FAILURES_SHOWN:
         console.print(f"... and {len(bad) - MAX_FAILURES_SHOWN} more failing case(s)")
 

@@ -13,6 +13,7 @@ import sys
 import time
 
 from harness.cli._discoveryopt import add_discovery_options
+from harness.cli.console import plain
 from harness.cli.errors import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
 
 
@@ -80,7 +81,8 @@ def _submit(args: argparse.Namespace) -> int:
         except submit.CannotCheck as e:
             raise UsageError(str(e)) from None
         if not res.accepted:
-            print(f"fa-harness submit: rejected (submission {res.id}): {res.message}",
+            print(f"fa-harness submit: rejected (submission {res.id}): "
+                  f"{plain(res.message, lines=True)}",
                   file=sys.stderr)
             return EXIT_USAGE
         print(f"submission {res.id} queued")
@@ -107,7 +109,7 @@ def _wait(engine, sid: int, timeout: float | None) -> int:  # noqa: ANN001 - Eng
             last = status
         if status in ("done", "error"):
             score_s = f" score {score:.4f}" if score is not None else ""
-            print(f"submission {sid}: {verdict}{score_s}: {message}")
+            print(f"submission {sid}: {verdict}{score_s}: {plain(message, lines=True)}")
             _print_backward(engine, sid)
             # The exit status is the forward's: the backward is ranked on its own board.
             return EXIT_OK if verdict == "scored" else EXIT_FAIL
@@ -130,5 +132,6 @@ def _print_backward(engine, sid: int) -> None:  # noqa: ANN001 - Engine
         if row is None:
             return
         score_s = f" score {row.score:.4f}" if row.score is not None else ""
-        print(f"submission {sid} backward: {row.verdict}{score_s}: {row.message}")
+        print(f"submission {sid} backward: {row.verdict}{score_s}: "
+              f"{plain(row.message, lines=True)}")
 

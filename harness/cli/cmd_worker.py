@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from harness.cli._discoveryopt import add_discovery_options
+from harness.cli.console import plain
 from harness.cli.errors import EXIT_FAIL, EXIT_OK, UsageError
 
 # This host cannot score (no usable GPU at start, or jobs failed on it in a row): the
@@ -121,7 +122,7 @@ def _worker(args: argparse.Namespace) -> int:
     try:
         n = work(db.engine, config, once=args.once, drain=args.drain,
                  should_stop=lambda: stop["flag"],
-                 log=lambda m: print(m, file=sys.stderr, flush=True))
+                 log=lambda m: print(plain(m, lines=True), file=sys.stderr, flush=True))
     except GpuBusy as e:
         print(f"fa-harness worker: error: {e}", file=sys.stderr)
         return EXIT_FAIL
