@@ -182,3 +182,31 @@ def test_the_life_of_an_alert_through_the_gate(db_url: str, tmp_path: Path) -> N
         # The gate's run synced again (a retried job): nothing moves.
         assert sync_alerts(db, out.run_id, out.report, owned=lambda k: k == "mine") == []
         assert [a.state for a in list_alerts(db)] == ["recovered", "withdrawn"]
+
+
+def test_a_history_judged_before_alerts_gets_them_by_replay(walk: str) -> None:
+    """A database upgraded to migration 0006 has verdicts and no alerts: replaying the
+    stored verdicts gives the alerts the runs gave as they were judged; twice, the same.
+    (The walk's own alerts were synced as it was imported, since the first run judged:
+    `backfill` had nothing to replay then but that run.)"""
+    from harness.records.alert_replay import backfill, replay_alerts
+
+    def shape(db):  # noqa: ANN001, ANN202
+        return sorted((a.gpu_model_key, a.variant, a.state, a.owned, a.first_bad_commit,
+                       a.last_good_commit, tuple(a.cases), a.confirmations)
+                      for a in list_alerts(db))
+
+    with _db(walk) as db:
+        synced = shape(db)
+        with db.session() as s:
+            from harness.records.db.models import AlertRow
+
+            s.query(AlertRow).delete()
+        assert list_alerts(db) == []
+        # What the gate and import call before they sync a run: every judged run (the
+        # first run of each GPU model has no baseline), once.
+        assert backfill(db) == 5
+        assert shape(db) == synced
+        assert backfill(db) == 0
+        replay_alerts(db)
+        assert shape(db) == synced

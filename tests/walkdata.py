@@ -1,6 +1,6 @@
 """The regression walk: a committed H200 gate record and four commits after it with planted
-steps, imported the way a user imports records (`fa-harness import --trusted`), so the
-alerts come from the same code the gate runs.
+steps, imported as the project's own records are (`realdata.fa_import`: `fa-harness
+import --trusted`), so the alerts come from the same code the gate runs.
 
 - C[0]: flex_attention 10% slower, C[1] back: one run's noise, withdrawn.
 - C[1] on: fa2_mma 5% slower: one alert from C[1] (last good C[0]), not one per commit.
@@ -12,6 +12,7 @@ Building it costs a minute on a loaded 2-core machine (every record is validated
 the JSON Schema twice), so the prepared SQLite file is cached under pytest's cache folder,
 keyed by the records, the plan above and the source of everything that writes it
 (`harness/records`, `harness/cli/cmd_import.py`); a test copies it and works on the copy.
+`pytest --cache-clear` builds it afresh.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +30,6 @@ C = [f"{i:x}" * 40 for i in (10, 11, 12, 13)]  # four commits after the base rec
 H100 = {"name": "NVIDIA H100 80GB HBM3", "model_key": "nvidia-h100-80gb-hbm3",
         "uuid": "GPU-walk-h100"}
 PLAN = "flex C0 x1.10; fa2_mma C1.. x1.05; sdpa_flash C2.. x1.08; h100 fa2_mma C1 x1.05; v1"
-
-
-def _t(stamp: str) -> datetime:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def records() -> list[dict[str, Any]]:
@@ -77,14 +73,6 @@ def _key() -> str:
     return h.hexdigest()[:16]
 
 
-def _import(url: str, *paths: Path) -> None:
-    from harness.cli import main
-
-    # --trusted: the project's own records (and what is derived from them) are judged
-    # and may be baselines, as `fa-harness import --trusted results/` makes them.
-    assert main(["import", "--trusted", *map(str, paths), "--db", url]) == 0
-
-
 def build(directory: Path, cache: Path | None = None) -> str:
     """A SQLite URL of a fresh copy of the walk database under `directory`, built once
     per key in `cache` (pytest's cache folder) when one is given."""
@@ -96,8 +84,8 @@ def build(directory: Path, cache: Path | None = None) -> str:
         shutil.rmtree(work, ignore_errors=True)
         url = f"sqlite:///{work / 'walk.sqlite'}"
         realdata.write([], work)
-        _import(url, BASE)
-        _import(url, realdata.write(records(), work / "planted"))
+        realdata.fa_import(url, BASE)
+        realdata.fa_import(url, realdata.write(records(), work / "planted"))
         if cached is None:
             shutil.move(work / "walk.sqlite", target)
             return f"sqlite:///{target}"
@@ -105,5 +93,8 @@ def build(directory: Path, cache: Path | None = None) -> str:
         tmp = cached.with_suffix(f".{os.getpid()}.tmp")
         shutil.copyfile(work / "walk.sqlite", tmp)
         os.replace(tmp, cached)  # atomic: a parallel worker sees all of it or nothing
+        for old in cache.glob("walk-*.sqlite"):
+            if old != cached:
+                old.unlink(missing_ok=True)  # built by an older harness: never read again
     shutil.copyfile(cached, target)
     return f"sqlite:///{target}"

@@ -50,7 +50,7 @@ def render(ctx: Ctx) -> None:
         return
     # Runs named by id decide their GPU; `gpu=` (and `base_gpu=` for the base run, when
     # it is on another GPU model) pick the rest.
-    alert = _alert(ctx)
+    alert = _alert(ctx, next(iter(names)))
     new_id = _resolve(ctx, "new", ui.param("gpu") if ui.param("gpu") in names else None)
     base_gpu_param = ui.param("base_gpu") or ui.param("gpu")
     base_id = _resolve(ctx, "base", base_gpu_param if base_gpu_param in names else None)
@@ -185,15 +185,19 @@ def render(ctx: Ctx) -> None:
         "p_value": st.column_config.NumberColumn("p", format="%.2g")})
 
 
-def _alert(ctx: Ctx) -> dict | None:
+def _alert(ctx: Ctx, busiest: str) -> dict | None:
     """The alert Compare opens on: `?alert=ID`, else (Compare opened bare, from the
-    sidebar) the newest open or acknowledged alert, the team's first (the gate's list); its runs become `base` and `new`
-    unless the link names them."""
+    sidebar) the newest open or acknowledged alert of the GPU model the pickers open on
+    (`busiest`: the one with the most runs, unless `gpu=` names one), the team's first;
+    its runs become `base` and `new` unless the link names them."""
     wanted = ui.param("alert")
     bare = wanted is None and ui.param("base") is None and ui.param("new") is None
     if wanted is None and bare:
-        rows = ctx.q("alert_list", 1, ("open", "acknowledged"), None, None, None)
-        wanted = str(int(rows.iloc[0]["id"])) if len(rows) else None
+        rows = ctx.q("stored_alerts", ("open", "acknowledged"), None,
+                     ui.param("gpu") or busiest, None)
+        if len(rows):
+            wanted = str(int(rows.sort_values("owned", ascending=False,
+                                              kind="stable").iloc[0]["id"]))
     if wanted is None:
         return None
     alert = ctx.q("alert_detail", int(wanted)) if wanted.isdigit() else None

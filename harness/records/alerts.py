@@ -77,11 +77,11 @@ class Alert:
     kind: str  # "timing" or "correctness"
     owned: bool  # the team's candidate; False for a yardstick (never fails the gate)
     state: str
-    first_bad_commit: str | None
-    last_good_commit: str | None
-    first_run_id: int | None
-    last_run_id: int | None
-    cases: list[str]
+    first_bad_commit: str | None  # the range: the step's, else the flagging run's commit
+    last_good_commit: str | None  # ... and its baseline's; None where unknown
+    first_run_id: int | None  # the run that opened it (detail["new_run_id"]: the run at
+    last_run_id: int | None  # first_bad, detail["base_run_id"]: at last_good); the last
+    cases: list[str]  # run that extended, confirmed or closed it; the cases it flagged
     worst_ratio: float | None
     worst_case: str | None
     who: str | None
@@ -132,7 +132,7 @@ def _alert(row: AlertRow) -> Alert:
 
 
 @contextmanager
-def _session(db: Any) -> Iterator[Session]:
+def transaction(db: Any) -> Iterator[Session]:
     """One transaction on a Database, an Engine or a database URL."""
     engine: Engine = make_engine(db) if isinstance(db, str) else getattr(db, "engine", db)
     try:
@@ -150,7 +150,7 @@ def _session(db: Any) -> Iterator[Session]:
 
 
 def get_alert(db: Any, alert_id: int) -> Alert:
-    with _session(db) as s:
+    with transaction(db) as s:
         row = s.get(AlertRow, int(alert_id))
         if row is None:
             raise AlertError(f"no alert {alert_id}")
@@ -176,7 +176,7 @@ def list_alerts(db: Any, *, state: str | Sequence[str] | None = None,
         q = q.where(AlertRow.variant == name)
         if rest:
             q = q.where(AlertRow.pass_name == rest.rstrip(")"))
-    with _session(db) as s:
+    with transaction(db) as s:
         rows = [_alert(r) for r in s.scalars(q)]
     rows.sort(key=lambda a: (STATE_ORDER.get(a.state, 9), -a.created_at.timestamp(), -a.id))
     return rows
@@ -207,7 +207,7 @@ def set_state(db: Any, alert_id: int, state: str, *, who: str, reason: str | Non
         raise AlertError("accepting an alert as expected needs a reason")
     if link and not link.startswith(("https://", "http://")):
         raise AlertError("a link is a http(s) address")
-    with _session(db) as s:
+    with transaction(db) as s:
         row = s.get(AlertRow, int(alert_id))
         if row is None:
             raise AlertError(f"no alert {alert_id}")
@@ -222,7 +222,7 @@ def set_culprit(db: Any, alert_id: int, commit: str) -> Alert:
     commit = (commit or "").strip()
     if not commit:
         raise AlertError("no commit given")
-    with _session(db) as s:
+    with transaction(db) as s:
         row = s.get(AlertRow, int(alert_id))
         if row is None:
             raise AlertError(f"no alert {alert_id}")
@@ -319,7 +319,7 @@ def sync_alerts(db: Any, run_id: int, report: Any, *,
         if kind is not None:
             groups.setdefault((v.variant, v.pass_name, kind), []).append(v)
     changed: dict[int, AlertRow] = {}
-    with _session(db) as s:
+    with transaction(db) as s:
         run = s.get(Run, int(run_id))
         if run is None:
             raise AlertError(f"no run {run_id}")
