@@ -61,7 +61,8 @@ class Finding:
     what: str
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.what}"
+        where = f"{self.file}:{self.line}" if self.line else self.file  # 0: the whole file
+        return f"{where}: {self.what}"
 
 
 def check_spellings(name: str, text: str) -> Finding | None:
@@ -107,11 +108,14 @@ def _regions(text: str, labels: list[str], nonce: str
             seen.append(current)
             current = None
             continue
+        if key in ends or key in begins:
+            break  # another source's sentinel: this one ran into what follows it
         yield labels[current], line, raw
         m = _MARKER.match(raw)
         line = int(m.group(1)) if m else line + 1
     if seen != list(range(len(labels))):
-        missing = next(i for i in range(len(labels)) if i not in seen)
+        missing = current if current is not None else \
+            next(i for i in range(len(labels)) if i not in seen)
         yield Finding(_short(labels[missing]), 0, "does not end where it should for the "
                       "preprocessor (an unterminated comment, #if or line continuation "
                       "runs into what follows it), so it cannot be checked")
