@@ -189,7 +189,7 @@ def _t(stamp: str) -> datetime:
 
 
 def build(directory: Path) -> tuple[str, list[Any]]:
-    """`fa-harness import results/`, then the serving runs: (database URL, their records)."""
+    """`fa-harness import --trusted results/`, then the serving runs: (database URL, their records)."""
     directory.mkdir(parents=True, exist_ok=True)
     url = realdata.fa_import(f"sqlite:///{directory / 'serving.sqlite'}", realdata.RESULTS)
     recs = records()

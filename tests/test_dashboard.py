@@ -308,7 +308,7 @@ def test_unreachable_database(page: str, monkeypatch: pytest.MonkeyPatch) -> Non
 def test_missing_sqlite_file_is_not_created(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "none.sqlite"
     at = app(f"sqlite:///{path}", monkeypatch)
-    assert "fa-harness import results/" in texts(at.info)
+    assert "fa-harness import --trusted results/" in texts(at.info)
     assert not path.exists()
 
 
@@ -317,7 +317,7 @@ def test_database_without_tables(tmp_path: Path, monkeypatch) -> None:
     create_engine(f"sqlite:///{path}").connect().close()
     at = app(f"sqlite:///{path}", monkeypatch, page="history")
     assert "no fa-harness tables" in texts(at.info)
-    assert "fa-harness import results/" in texts(at.info)
+    assert "fa-harness import --trusted results/" in texts(at.info)
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -329,7 +329,7 @@ def test_empty_database(page: str, tmp_path: Path, monkeypatch) -> None:
         assert "No submissions yet" in texts(at.info)
     else:
         assert "has no runs yet" in texts(at.info)
-        assert "fa-harness import results/" in texts(at.info)
+        assert "fa-harness import --trusted results/" in texts(at.info)
 
 
 def test_bad_url(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,8 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "dashboard", help="serve the results dashboard (Streamlit, headless)",
         description="Serve the results dashboard. With no --db it reads the default SQLite "
-                    "database (FA_HARNESS_DB overrides); `fa-harness import results/` fills "
-                    "it with this project's H200 history.")
+                    "database (FA_HARNESS_DB overrides); `fa-harness import --trusted "
+                    "results/` fills it with this project's H200 history.")
     p.add_argument("--db", metavar="URL", default=None,
                    help="SQLAlchemy URL or SQLite file path of the results database")
     p.add_argument("--port", type=int, default=8501, help="TCP port (default 8501)")

@@ -20,7 +20,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from harness.dashboard.schema import engine as engine_mod
 
-IMPORT_HINT = "fa-harness import results/"
+IMPORT_HINT = "fa-harness import --trusted results/"
 
 
 def url_from_argv(argv: list[str]) -> str | None:
