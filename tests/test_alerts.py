@@ -151,12 +151,13 @@ def test_the_life_of_an_alert_through_the_gate(db_url: str, tmp_path: Path) -> N
     opts = GateOptions(db_url=db_url, spool_dir=tmp_path / "spool")
     commits = [f"{i:x}" * 40 for i in range(1, 7)]
 
-    def run(i: int, **slower: float):  # noqa: ANN202 - a GateOutcome
+    def run(i: int, commit: str | None = None, parent: str | None = None,
+            branch: str = "main", **slower: float):  # noqa: ANN202 - a GateOutcome
         specs = specs_for(kernels=("mine", "peer"))
         for s in specs:
             s.median_ms *= slower.get(s.kernel, 1.0)
-        rec = make_record(specs, seed=i, commit=commits[i],
-                          parent=commits[i - 1] if i else None, minutes=i)
+        rec = make_record(specs, seed=i, commit=commit or commits[i], branch=branch,
+                          parent=parent or (commits[i - 1] if i else None), minutes=i)
         rec.kernels["peer"]["kind"] = "peer"
         return finish(rec, opts, log=lambda _line: None)
 
@@ -167,6 +168,12 @@ def test_the_life_of_an_alert_through_the_gate(db_url: str, tmp_path: Path) -> N
     first, yard = out.open_alerts
     assert (first.last_good_commit, first.first_bad_commit) == (commits[0], commits[1])
     assert "Yardsticks (reported, never a failure):" in out.summary
+    # A pull request's run without the step, and the last good commit run again: neither
+    # says anything of main's alert.
+    run(10, commit="9" * 40, parent=commits[0], branch="pr")
+    run(11, commit=commits[0], parent="8" * 40)
+    with _db(db_url) as db:
+        assert [get_alert(db, a.id).state for a in (first, yard)] == ["open", "open"]
     # mine holds its level (no new verdict: the same alert, confirmed); the peer is back
     # before any run confirmed it: withdrawn.
     out = run(2, mine=1.10)

@@ -15,19 +15,21 @@ acts on it once. `sync_alerts`, called once a run's verdicts are stored (the gat
 - A live alert of the same series absorbs the group (the same step, seen again) unless
   most of its flagged cases are slower than the alert's level after by more than their
   threshold: a further step, which opens an alert of its own.
-- Each live alert of the run's GPU model is then judged on this run's results of its
-  cases: a case is "back" when its median is nearer the level before than the level after
-  (for correctness: it passes), "held" otherwise. Cases not timed here (another grid,
-  skipped, failed for a timing alert) are evidence of nothing, never "same". More held than
+- Each live alert of the run's GPU model and branch (an alert keeps the branch that
+  opened it) is then judged on this run's results of its cases, unless the run is of a
+  commit run before the alert opened (a re-run of the last good one shows the old level,
+  not a recovery): a case is "back" when its median is nearer the level before than the
+  level after (for correctness: it passes), "held" otherwise. Cases not timed here
+  (another grid, skipped, failed for a timing alert) are evidence of nothing. More held than
   back (or a flag absorbed) confirms the alert; more back than held closes it: `withdrawn`
   while no later run had confirmed it (it was one run's noise), else `recovered`. An
   accepted alert is only extended: its new level is the expected one.
 
 Triage (`set_state`): acknowledge, accept as expected (with a reason and a link), reopen;
 `set_culprit` records what `fa-harness bisect --alert ID` found. Every change is kept in
-`detail["events"]`. The functions take a `Database` (harness.records.db.database), a SQLAlchemy
-`Engine` or a database URL; this module imports neither the store nor the judging code, so the
-dashboard may read (and, behind a token, write) alerts through it.
+`detail["events"]`. The functions take a `Database` (harness.records.db.database), a
+SQLAlchemy `Engine` or a database URL; this module imports neither the store nor the
+judging code, so the dashboard may read (and, behind a token, write) alerts through it.
 """
 
 from __future__ import annotations
@@ -264,7 +266,8 @@ def _new_alert(s: Session, run: Run, gpu: str, key: tuple[str, str, str], flags:
                    verdict=flags[0].verdict, owned=owned, state="open",
                    first_bad_commit=first_bad, last_good_commit=last_good,
                    first_run_id=run.id, last_run_id=run.id, confirmations=0, cases=[],
-                   detail={"levels": {}, "opened_by_run": run.id, "events": []},
+                   detail={"levels": {}, "opened_by_run": run.id, "events": [],
+                           "branch": run.branch},
                    created_at=now, updated_at=now)
     rules.absorb(row, flags, kind)
     # The runs that show the step (the dashboard's Compare): the newest of this GPU
@@ -288,6 +291,19 @@ def _run_at(s: Session, gpu: str, commit: str | None, run: Run, *,
     rows = s.execute(q.limit(50)).all()
     same = [r for r, g in rows if not grids or not g or grids & set(g)]
     return same[0] if same else (rows[0][0] if rows else None)
+
+
+def _old_commit(s: Session, run: Run, row: AlertRow) -> bool:
+    """A run of a commit already run before the alert opened (the last good commit or an
+    earlier one, re-run later): it shows the level before the step, not that the step
+    was undone."""
+    if not run.commit or run.commit == row.first_bad_commit:
+        return False
+    if run.commit == row.last_good_commit:
+        return True
+    return s.execute(select(Run.id).where(
+        Run.gpu_model_key == row.gpu_model_key, Run.commit == run.commit,
+        Run.id < (row.first_run_id or 0)).limit(1)).first() is not None
 
 
 def _results(s: Session, run_id: int, series: set[tuple[str, str]]
@@ -334,9 +350,12 @@ def sync_alerts(db: Any, run_id: int, report: Any, *,
                               .order_by(AlertRow.id)))
         if any(run.id in rules.runs_of(r) for r in rows):
             return []  # synced already
-        live = {(r.variant, r.pass_name, r.kind): r for r in rows if r.state in LIVE}
+        # A branch's runs speak for its own alerts only: a pull request's run without
+        # main's step must not withdraw main's alert, nor its own step open one on main.
+        mine = [r for r in rows if (r.detail or {}).get("branch") in (None, run.branch)]
+        live = {(r.variant, r.pass_name, r.kind): r for r in mine if r.state in LIVE}
         closed = {(r.variant, r.pass_name, r.kind, r.first_bad_commit): r
-                  for r in rows if r.state not in LIVE}
+                  for r in mine if r.state not in LIVE}
         absorbed: set[int] = set()
         for key, flags in groups.items():
             row = live.get(key)
@@ -368,8 +387,9 @@ def sync_alerts(db: Any, run_id: int, report: Any, *,
             changed[row.id] = row
         results = _results(s, run.id, {(r.variant, r.pass_name) for r in live.values()})
         for row in live.values():
-            if row.id in changed or run.id < (row.first_run_id or 0):
-                continue  # opened by this run, or a run stored before the alert opened
+            if row.id in changed or run.id < (row.first_run_id or 0) or _old_commit(
+                    s, run, row):
+                continue  # opened by this run, stored before it, or a re-run from before
             held, back = rules.outcome(row, results.get((row.variant, row.pass_name), {}))
             if row.id in absorbed or held > back:
                 row.confirmations += 1
