@@ -160,7 +160,12 @@ def render(ctx: Ctx) -> None:
         shown = still.assign(since=[f"{ui.short(g)}..{ui.short(b)}" for g, b in
                                     zip(still["last_good"], still["first_bad"], strict=True)],
                              whose=still["owned"].map({True: "team", False: "yardstick"}))
-        shown.insert(0, "compare", [f"./?page=compare&alert={int(i)}" for i in shown["id"]])
+        # The alert's own runs in the link (its label reads "base vs new"), and the alert.
+        shown.insert(0, "compare", [
+            (ui.compare_href(b, n) + f"&alert={int(i)}") if pd.notna(b) and pd.notna(n)
+            else f"./?page=compare&alert={int(i)}"
+            for i, b, n in zip(shown["id"], shown["base_run_id"], shown["run_id"],
+                               strict=True)])
         tables.show(ctx, shown[["compare", "id", "state", "whose", "gpu_model_key", "variant",
                                 "since", "cases", "worst_ratio", "worst_case", "bisect"]],
                     key="latest_open_alerts", links=["compare"], hide_index=True,
