@@ -208,6 +208,8 @@ class Heartbeat:
                 self.failures += 1
                 self.log(f"submission {self.job.id}: heartbeat error {first_line(e)}")
                 continue
+            if self._stop.is_set():
+                return  # a beat that outlived its job (slow on a failing server): moot
             if down:
                 self.log(f"submission {self.job.id}: heartbeat back")
                 down = False
