@@ -6,6 +6,7 @@ and the gate's summary lists the open alerts the dashboard's Overview lists."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,17 @@ from harness.records.alerts import (
 H200 = "nvidia-h200"
 
 
+@pytest.fixture(scope="module")
+def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    url = walkdata.build(tmp_path_factory.mktemp("walk"), walkdata.cache_dir(request.config))
+    return Path(url.removeprefix("sqlite:///"))
+
+
 @pytest.fixture
-def walk(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def walk(built: Path, tmp_path: Path) -> str:
     """A fresh copy of the walk database (the tests below change it)."""
-    return walkdata.build(tmp_path, request.config.cache.mkdir("fa-harness-walk"))
+    shutil.copyfile(built, tmp_path / "walk.sqlite")
+    return f"sqlite:///{tmp_path / 'walk.sqlite'}"
 
 
 def _db(url: str):  # noqa: ANN202 - a Database

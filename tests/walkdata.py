@@ -98,3 +98,10 @@ def build(directory: Path, cache: Path | None = None) -> str:
                 old.unlink(missing_ok=True)  # built by an older harness: never read again
     shutil.copyfile(cached, target)
     return f"sqlite:///{target}"
+
+
+def cache_dir(config: Any) -> Path | None:
+    """pytest's cache folder for the walk, None where the cache plugin is off
+    (`-p no:cacheprovider`): then every build imports the records afresh."""
+    cache = getattr(config, "cache", None)
+    return None if cache is None else cache.mkdir("fa-harness-walk")
