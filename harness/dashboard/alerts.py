@@ -25,7 +25,7 @@ from harness.records import alerts as records_alerts
 ALERT_COLUMNS = ["id", "ids", "state", "states", "gpus", "gpu_model_key", "variant", "owned",
                  "kind", "verdict", "cases", "worst_ratio", "worst_case", "last_good",
                  "first_bad", "run_id", "base_run_id", "created_at", "updated_at", "who",
-                 "reason", "link", "culprit", "bisect"]
+                 "reason", "link", "culprit", "bisect", "branch"]
 STATES = records_alerts.STATE_ORDER
 
 
@@ -38,7 +38,8 @@ def _row(a: records_alerts.Alert) -> dict[str, Any]:
             "first_bad": a.first_bad_commit, "run_id": d.get("new_run_id") or a.first_run_id,
             "base_run_id": d.get("base_run_id"), "created_at": a.created_at,
             "updated_at": a.updated_at, "who": a.who, "reason": a.reason, "link": a.link,
-            "culprit": a.culprit_commit, "bisect": a.bisect_command}
+            "culprit": a.culprit_commit, "bisect": a.bisect_command,
+            "branch": d.get("branch")}
 
 
 def stored_alerts(engine: Engine, state: Sequence[str] | None = None,

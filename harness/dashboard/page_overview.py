@@ -116,12 +116,15 @@ def render(ctx: Ctx) -> None:
         table["run_id"].map(by_status[other].sum(axis=1)).fillna(0) if other else 0)
     n_flags = flags.groupby("run_id").size() if len(flags) else pd.Series(dtype="int64")
     table["regressions flagged"] = table["run_id"].map(n_flags).fillna(0).astype(int)
-    # A step stays open after the run that flagged it: the runs of its GPU model count it
-    # (the team's; a yardstick's never fails a gate) until it is recovered or triaged.
+    # A step stays open after the run that flagged it: the runs of its GPU model and
+    # branch count it (the team's; a yardstick's never fails a gate) until it is
+    # recovered or triaged.
     live = ctx.q("open_by_gpu")
     team = live[live["owned"]] if len(live) else live
-    per_gpu = team.groupby("gpu_model_key").size() if len(team) else pd.Series(dtype="int64")
-    table["open alerts"] = table["gpu_model_key"].map(per_gpu).fillna(0).astype(int)
+    table["open alerts"] = [
+        int(((team["gpu_model_key"] == g) & team["branch"].isin([b, None])).sum())
+        if len(team) else 0 for g, b in zip(table["gpu_model_key"], table["branch"],
+                                            strict=True)]
     table["commit"] = table["commit"].map(ui.short)
     table["run"] = table["run_id"].map(ui.run_href)
     tables.show(
