@@ -244,6 +244,8 @@ class Report:
     gpu_model_key: str
     verdicts: list[Verdict]
     policy: Policy = DEFAULT_POLICY
+    # Each candidate as a whole, where the history knows its noise (verdict_stats).
+    candidates: list[Any] = field(default_factory=list)
 
     @property
     def failing(self) -> list[Verdict]:
@@ -380,6 +382,8 @@ def compare_records(base: RunRecord | Sequence[RunRecord], new: RunRecord,
         v.base_uuid = next((b.uuid for b, ix in zip(bases, indexes, strict=True) if k in ix),
                            None)
         verdicts.append(v)
+    decided = None if noise is None else _decide(verdicts, new, bases, indexes, new_index,
+                                                      noise)
     for k in sorted({k for ix in indexes for k in ix} - set(new_index)):
         holder = next(b.uuid for b, ix in zip(bases, indexes, strict=True) if k in ix)
         verdicts.append(Verdict(k[0], k[2], "missing", detail={"reason": "not in this run"},
@@ -388,7 +392,31 @@ def compare_records(base: RunRecord | Sequence[RunRecord], new: RunRecord,
     label = base_label or ", ".join(_label(b) for b in bases[:3]) + (
         f" (+{len(bases) - 3} more)" if len(bases) > 3 else "")
     return Report(base_label=label, new_label=_label(new), gpu_model_key=key,
-                  verdicts=verdicts, policy=policy)
+                  verdicts=verdicts, policy=policy,
+                  candidates=decided.candidates if decided is not None else [])
+
+
+def _decide(verdicts: list[Verdict], new: RunRecord, bases: Sequence[RunRecord],
+            indexes: Sequence[dict[tuple[str, str, str], dict[str, Any]]],
+            new_index: dict[tuple[str, str, str], dict[str, Any]], noise: NoiseModel) -> Any:
+    """The history-aware verdicts of the whole run (harness.records.verdict_stats)."""
+    from harness.records.verdict_stats import decide
+
+    sources: dict[str, str] = {}
+    for b in bases:  # newest first: the baseline's code is its newest run's
+        for name, info in b.kernels.items():
+            sources.setdefault(name, (info or {}).get("source_hash") or "")
+    by_key = {k: [b for b, ix in zip(bases, indexes, strict=True) if k in ix]
+              for k in new_index}
+
+    def yardstick(name: str) -> bool:
+        info = new.kernels.get(name) or {}
+        return info.get("kind") == "peer" or info.get("owned") is False
+
+    entries = {k: [ix[k] for ix in indexes if k in ix] for k in new_index}
+    return decide(verdicts, new_index, entries, sources, noise,
+                  device=(new.gpu or {}).get("uuid") or "",
+                  across_of=lambda k: _across(new, by_key.get(k, [])), yardstick=yardstick)
 
 
 def _across(new: RunRecord, bases: Sequence[RunRecord]) -> bool | None:

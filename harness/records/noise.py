@@ -87,9 +87,14 @@ class NoiseModel:
     oldest first ("" where the GPU uuid is unknown)."""
 
     points: dict[Key, list[tuple[str, float, str]]] = field(default_factory=dict)
+    # The run each point came from (a database id; None where unknown), beside `points`:
+    # what groups a candidate's cases into runs (harness.records.verdict_stats).
+    runs: dict[Key, list[Any]] = field(default_factory=dict)
 
-    def add(self, key: Key, source: str, median: float, device: str = "") -> None:
+    def add(self, key: Key, source: str, median: float, device: str = "",
+            run: Any = None) -> None:
         self.points.setdefault(key, []).append((source, median, device or ""))
+        self.runs.setdefault(key, []).append(run)
 
     def pairs(self, key: Key, across: bool | None = None) -> list[float]:
         """|log ratio| of consecutive runs at the same source (A/A pairs): all of them
@@ -105,7 +110,7 @@ class NoiseModel:
                 out.append(abs(b - a))
         return out
 
-    def _used(self, key: Key, across: bool | None) -> list[float]:
+    def used(self, key: Key, across: bool | None) -> list[float]:
         """The pairs a comparison of kind `across` is judged by (module doc)."""
         if across is False:
             own = self.pairs(key, False)
@@ -113,11 +118,11 @@ class NoiseModel:
         return self.pairs(key, across)
 
     def spread(self, key: Key, across: bool | None = None) -> float | None:
-        diffs = self._used(key, across)
+        diffs = self.used(key, across)
         return _spread(diffs) if len(diffs) >= MIN_PAIRS else None
 
     def history(self, key: Key, across: bool | None = None) -> int:
-        return len(self._used(key, across))
+        return len(self.used(key, across))
 
     def threshold(self, key: Key, practical: float, across: bool | None = None) -> float:
         """The smallest timing change that counts for `key` (module doc)."""
@@ -175,19 +180,19 @@ def judge(verdict: str, ratio: float | None, spread: float | None, n_history: in
 
 
 def from_rows(rows: Iterable[tuple]) -> NoiseModel:
-    """A model from (candidate, source hash, pass, case id, median[, GPU uuid]) rows,
-    oldest first."""
+    """A model from (candidate, source hash, pass, case id, median[, GPU uuid[, run]])
+    rows, oldest first."""
     model = NoiseModel()
-    for name, src, pass_name, case_id, median, *device in rows:
+    for name, src, pass_name, case_id, median, *rest in rows:
         model.add((name, pass_name or "fwd", case_id), src or "", float(median),
-                  (device[0] if device else "") or "")
+                  (rest[0] if rest else "") or "", rest[1] if len(rest) > 1 else None)
     return model
 
 
 def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int, runs: int,
                   include_upto: bool, kernels: Sequence[str] | None = None,
                   lookback: int = LOOKBACK_RUNS, trusted_only: bool = True) -> list[tuple]:
-    """(candidate, source hash, pass, case id, commit, median, GPU uuid) of the passed, timed
+    """(candidate, source hash, pass, case id, commit, median, GPU uuid, run id) of the passed, timed
     results on `gpu_model_key` up to run `upto_run_id` (itself included or not), oldest
     first, the last `runs` of each (candidate, pass, case): what the noise model and the
     step search (harness.records.steps) read. Counted per series, not per stored run: a
@@ -226,7 +231,7 @@ def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int, runs:
         rows = rows.where(Variant.name.in_(list(kernels)))
     r = rows.subquery()
     stmt = (select(r.c.name, r.c.source_hash, r.c.pass_name, r.c.case_id, r.c.commit,
-                   r.c.median_ms, r.c.gpu_uuid)
+                   r.c.median_ms, r.c.gpu_uuid, r.c.run)
             .where(r.c.nth <= runs).order_by(r.c.at, r.c.run))
     with db.session() as s:
         return [tuple(row) for row in s.execute(stmt).all()]
@@ -238,4 +243,4 @@ def from_db(db: Any, gpu_model_key: str | None, *, before_run_id: int,
     before run `before_run_id`: the last `runs` of each (candidate, pass, case)."""
     rows = timed_history(db, gpu_model_key, upto_run_id=before_run_id, runs=runs,
                          include_upto=False)
-    return from_rows([(n, src, p, c, m, dev) for n, src, p, c, _commit, m, dev in rows])
+    return from_rows([(n, src, p, c, m, dev, run) for n, src, p, c, _commit, m, dev, run in rows])

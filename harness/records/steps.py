@@ -222,7 +222,7 @@ def history_from_db(db: Any, gpu_model_key: str | None, *, upto_run_id: int,
                          include_upto=True, kernels=kernels)
     out: dict[tuple[str, str, str], dict[str, float]] = {}
     sources: Sources = {}
-    for name, src, pass_name, case_id, commit, median, _gpu in rows:
+    for name, src, pass_name, case_id, commit, median, *_ in rows:
         if commit is not None:
             per_commit = out.setdefault((name, pass_name or "fwd", case_id), {})
             per_commit.pop(commit, None)  # a re-run moves the commit to its newest place
@@ -312,8 +312,9 @@ def confirmed_steps(series: Series, commit: str, sources: Sources | None = None
     from its first bad commit on, the new level holds `CONFIRM_POINTS` to
     `CONFIRM_WINDOW` commits, the last of them this one, and has not recovered. A
     slowdown spread over small commits that no pairwise comparison flags is caught here
-    once it is complete; it stays flagged for the next few commits (an open regression),
-    then ages out of the gate (the dashboard's history keeps it). Each candidate's mean
+    once it is complete; while it stays confirmed the next few commits still show it,
+    and `unreported` keeps only the steps no stored verdict has flagged yet (a step is
+    one regression, at the commit that first flagged it; its alert stays open). Each candidate's mean
     over its cases is searched too (`candidate_series`, key (candidate, pass,
     ALL_CASES)): a slowdown of the whole kernel that each case's noise hides. `sources`
     (`history_from_db`) tells where the candidate's source changed: the prior of where
@@ -325,13 +326,47 @@ def confirmed_steps(series: Series, commit: str, sources: Sources | None = None
         names = [c for c, _ in pts]
         changed = source_changes(names, None if sources is None else
                                  sources.get(key[:2], {}))
-        found = find_steps(names, [m for _, m in pts], changed=changed)
-        for st in reversed(found):
-            held = len(pts) - names.index(st.first_bad)  # commits at the new level
-            if st.direction == "regression" and st.recovered_at is None and \
-                    CONFIRM_POINTS <= held <= CONFIRM_WINDOW:
-                out[key] = st
-                break
+        st = _confirmed(names, [m for _, m in pts], changed)
+        if st is not None:
+            out[key] = st
+    return out
+
+
+def _confirmed(names: Sequence[str], meds: Sequence[float], changed: list[bool] | None
+               ) -> Step | None:
+    """The regression step the newest point of a series confirms (confirmed_steps)."""
+    for st in reversed(find_steps(names, meds, changed=changed)):
+        held = len(names) - names.index(st.first_bad)  # commits at the new level
+        if st.direction == "regression" and st.recovered_at is None and \
+                CONFIRM_POINTS <= held <= CONFIRM_WINDOW:
+            return st
+    return None
+
+
+def unreported(db: Any, gpu_model_key: str | None, run_id: int, series: Series,
+               steps: dict[tuple[str, str, str], Step]) -> dict[tuple[str, str, str], Step]:
+    """The `steps` that no earlier stored run has flagged: a regression verdict of the same
+    candidate and pass on the GPU model, in a run of a commit from the step's first bad
+    one on. The gate is red once for a step, at the commit whose run first flagged it
+    (pairwise, as a whole candidate, or by this search), not again at every commit that
+    still holds the new level."""
+    from sqlalchemy import select
+
+    from harness.records.db.models import Comparison, Run
+
+    out = {}
+    for key, st in steps.items():
+        commits = [c for c, _ in series.get(key) or candidate_series(series).get(key, [])]
+        after = commits[commits.index(st.first_bad):] if st.first_bad in commits else []
+        with db.session() as s:
+            seen = s.execute(
+                select(Comparison.id).join(Run, Run.id == Comparison.run_id)
+                .where(Run.gpu_model_key == gpu_model_key, Run.id != run_id,
+                       Run.commit.in_(after), Comparison.variant == key[0],
+                       Comparison.pass_name == key[1], Comparison.verdict == "regression")
+                .limit(1)).scalar() if after else None
+        if seen is None:
+            out[key] = st
     return out
 
 

@@ -1,0 +1,293 @@
+"""What a team's gate says at each commit of a long history: how often a commit that
+changed nothing is red, and how soon a real slowdown is.
+
+Each trial is a series of `--length` commits of one runner, stored and judged through
+the real path of `fa-harness import` (harness.records.db.store.store_record, then
+harness.records.baseline.judge_runs: the baseline, the noise model of the stored
+history, the per-commit verdicts, the step search), exactly as `fa-harness ci` judges
+the run it made. A commit's gate is red when any stored verdict of an owned candidate
+fails (`Verdict.fails`: regression, correctness or precision), as GateOutcome.exit_code.
+
+The runs: a committed `ci` record (`--template`: which owned candidates, passes and
+cases the gate times by default, their samples) with each timed median, and its samples,
+scaled per commit by exp(case residual + candidate residual [+ step]):
+- the case residuals, drawn from the committed records' per-case log residuals of one
+  noise band (bench/detection_steps.residual_pools: what moved between runs of
+  unchanged code, series banded by their own spread);
+- the candidate residual, one per commit and candidate, drawn from the same band's
+  candidate pool (detection_steps.candidate_pools: the mean over a candidate's cases of
+  one run's residuals), so the cases of one run move together as the real ones do (on an
+  H100, fa3_wgmma's cases moved 0.58% run to run and their mean 0.52%). The case pool
+  already holds a share of that common part, so each case is noisier here than in the
+  records: a conservative simulation of false alarms.
+- one chip (`--chips one`): every run on one GPU uuid, the pools of one chip's runs
+  (`--per-chip` series); across chips (`--chips many`): a new GPU uuid every run and the
+  pools of the whole committed history, as the project's H200 records are.
+- each commit changes a candidate's source hash with probability `--source-changes`
+  (a no-op for timing: the code of other candidates, docs, tests); a planted step always
+  changes it (a step comes with a code change).
+A planted step: the whole of one owned candidate (every case, both passes) or one case,
+by 1, 2, 3 or 5%, from a commit in the last third of the series.
+
+Reported per band: the share of no-op commits whose gate is red (per run, and per owned
+candidate), the share of planted steps red at their own commit, and flagged within 2
+commits (at the stepped candidate, or the stepped case).
+
+    python bench/gate_verdicts.py [--trials 6] [--length 60] [--chips one|many|both]
+        [--steps whole:2,case:5] [--bands all] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+import uuid as uuidlib
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from detection_steps import BANDS, candidate_pools, residual_pools  # noqa: E402
+
+TEMPLATE = "h100-20261206T135511Z-ci-aa1.json"
+FAILING = ("regression", "correctness_regression", "precision_drift")
+
+
+def _timed(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in rec["results"] if e.get("status") == "passed" and e.get("median_ms")]
+
+
+def slim(template: dict[str, Any]) -> dict[str, Any]:
+    """The template's timed entries only: a correctness-only entry is judged the same at
+    every commit here (same status, same errors), and storing 150 of them a run would
+    spend most of the benchmark's time."""
+    return {**template, "results": _timed(template)}
+
+
+def make_run(template: dict[str, Any], i: int, gpu: str, factors: dict[tuple, float],
+             sources: dict[str, str], start: datetime) -> dict[str, Any]:
+    """Commit `i` of a series: the template with its timed medians and samples scaled."""
+    rec = copy.deepcopy(template)
+    rec["uuid"] = str(uuidlib.uuid4())
+    rec["commit"] = f"{i:040x}"
+    rec["parent"] = f"{i - 1:040x}" if i else None
+    rec["branch"] = "main"
+    rec["created_at"] = (start + timedelta(minutes=10 * i)).isoformat()
+    rec["gpu"] = {**rec["gpu"], "uuid": gpu}
+    for name, src in sources.items():
+        rec["kernels"][name] = {**rec["kernels"][name], "source_hash": src}
+    for e in _timed(rec):
+        f = factors[(e["kernel"], e.get("pass") or "fwd", e["case_id"])]
+        e["median_ms"] *= f
+        e["samples_ms"] = [x * f for x in e.get("samples_ms") or []]
+        for k in ("min_ms", "iqr_ms"):
+            if e.get(k) is not None:
+                e[k] *= f
+    return rec
+
+
+def series(template: dict[str, Any], pools: tuple[list[float], list[float]], *, length: int,
+           chips: str, step: tuple[str, float] | None, source_changes: float,
+           rng: random.Random) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The records of one trial and what was planted (module doc)."""
+    case_pool, cand_pool = pools
+    owned = sorted(k for k, v in template["kernels"].items() if v.get("owned"))
+    keys = sorted({(e["kernel"], e.get("pass") or "fwd", e["case_id"]) for e in _timed(template)})
+    groups = sorted({k[:2] for k in keys})
+    k0 = rng.randrange(2 * length // 3, length - 2)
+    planted: dict[str, Any] = {"commit": k0, "kind": None}
+    if step:
+        kind, size = step
+        victim = rng.choice([k for k in owned if any(x[0] == k for x in keys)])
+        case = rng.choice([x for x in keys if x[0] == victim]) if kind == "case" else None
+        planted.update(kind=kind, size=size, variant=victim, case=case)
+    sources = {k: f"src{rng.randrange(1 << 30):08x}" for k in template["kernels"]}
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    one = f"GPU-{uuidlib.UUID(int=rng.getrandbits(128))}"
+    runs = []
+    for i in range(length):
+        for name in sources:
+            if rng.random() < source_changes or (step and i == k0 and name == planted["variant"]):
+                sources[name] = f"src{rng.randrange(1 << 30):08x}"
+        common = {g: rng.choice(cand_pool) for g in groups}
+        factors = {}
+        for key in keys:
+            f = math.exp(rng.choice(case_pool) + common[key[:2]])
+            if step and i >= k0 and key[0] == planted["variant"] and (
+                    planted["kind"] == "whole" or key == planted["case"]):
+                f *= 1.0 + planted["size"]
+            factors[key] = f
+        gpu = one if chips == "one" else f"GPU-{uuidlib.UUID(int=rng.getrandbits(128))}"
+        runs.append(make_run(template, i, gpu, factors, dict(sources), start))
+    return runs, planted
+
+
+def judge_series(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Store and judge every run as `fa-harness import` does; the verdicts per commit."""
+    from sqlalchemy import select
+
+    from harness.records.baseline import judge_runs
+    from harness.records.db.models import Comparison
+    from harness.records.db.store import open_db, store_record
+    from harness.records.record import RunRecord
+
+    out = []
+    with tempfile.TemporaryDirectory() as tmp, open_db(f"sqlite:///{tmp}/g.sqlite") as db:
+        for rec in runs:
+            rid = store_record(db, RunRecord.from_dict(rec))
+            judge_runs(db, [rid])
+            with db.session() as s:
+                rows = s.execute(
+                    select(Comparison.variant, Comparison.pass_name, Comparison.case_id,
+                           Comparison.verdict, Comparison.ratio, Comparison.detail)
+                    .where(Comparison.run_id == rid)).all()
+            out.append([{"kernel": n, "pass": p or "fwd", "case": c, "verdict": v, "ratio": r,
+                         "detail": d} for n, p, c, v, r, d in rows])
+    return out
+
+
+def score(template: dict[str, Any], verdicts: list[list[dict[str, Any]]],
+          planted: dict[str, Any]) -> dict[str, Any]:
+    owned = {k for k, v in template["kernels"].items() if v.get("owned")}
+    k0 = planted["commit"]
+    noop = [i for i in range(1, len(verdicts)) if not planted["kind"] or not
+            (k0 <= i <= k0 + 2)]
+    red = [i for i in noop if any(v["verdict"] in FAILING and v["kernel"] in owned
+                                  for v in verdicts[i])]
+    per_cand = Counter(v["kernel"] for i in noop for v in verdicts[i]
+                       if v["verdict"] in FAILING and v["kernel"] in owned)
+    out: dict[str, Any] = {"noop": len(noop), "red": len(red),
+                           "red_candidates": dict(per_cand),
+                           "candidate_commits": len(noop) * len(owned)}
+    if planted["kind"]:
+        def hit(i: int) -> bool:
+            return any(v["verdict"] == "regression" and v["kernel"] == planted["variant"]
+                       and (planted["kind"] == "whole" or
+                            (v["pass"], v["case"]) == planted["case"][1:])
+                       for v in verdicts[i])
+        out["at_commit"] = hit(k0)
+        out["within_2"] = any(hit(i) for i in range(k0, min(k0 + 3, len(verdicts))))
+    return out
+
+
+def _show(template: dict[str, Any], verdicts: list[list[dict[str, Any]]],
+          planted: dict[str, Any]) -> None:
+    owned = {k for k, v in template["kernels"].items() if v.get("owned")}
+    for i, vs in enumerate(verdicts):
+        if planted["kind"] and planted["commit"] <= i <= planted["commit"] + 2:
+            continue
+        for v in vs:
+            if v["verdict"] in FAILING and v["kernel"] in owned:
+                d = v["detail"] or {}
+                print(f"  commit {i}: {v['kernel']} {v['pass']} {v['case']} {v['ratio']:.4f} "
+                      f"{ {k: d.get(k) for k in ('step', 'candidate', 'p_slower', 'history', 'run_to_run_spread', 'spread_pairs', 'base_window_runs', 'threshold') if k in d} }")
+
+
+def _tails(results: Path) -> None:
+    """How heavy the tails of real run-to-run noise are (harness.records.verdict_stats, 5.):
+    each pool's residuals in robust spreads (1.4826 x median |r|; exact zeros, a series'
+    own median point, left out), the share beyond 3 and 5 spreads, and a Student t fit."""
+    import numpy as np
+    from scipy import stats
+
+    print("| chips | pool | band | residuals | beyond 3 spreads | beyond 5 | t fit: df |")
+    print("|---|---|---|---|---|---|---|")
+    for per_chip in (True, False):
+        for name, pools in (("case", residual_pools(results, per_chip=per_chip, judged=True,
+                                                    pattern="h*-*.json")),
+                            ("candidate", candidate_pools(results, per_chip=per_chip,
+                                                          judged=True, pattern="h*-*.json"))):
+            for band, pool in pools.items():
+                x = np.array([r for r in pool if r != 0.0])
+                if len(x) < 10:
+                    continue
+                z = x / (1.4826 * float(np.median(np.abs(x))))
+                df = stats.t.fit(z, floc=0)[0]
+                print(f"| {'one' if per_chip else 'many'} | {name} | {band} | {len(x)} "
+                      f"| {np.mean(np.abs(z) > 3):.1%} | {np.mean(np.abs(z) > 5):.1%} "
+                      f"| {df:.2g} |")
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=6, help="series per band and step")
+    ap.add_argument("--length", type=int, default=60)
+    ap.add_argument("--chips", choices=("one", "many", "both"), default="both")
+    ap.add_argument("--steps", default="none,whole:0.01,whole:0.02,whole:0.03,whole:0.05,"
+                                        "case:0.01,case:0.02,case:0.03,case:0.05")
+    ap.add_argument("--source-changes", type=float, default=0.3)
+    ap.add_argument("--template", default=TEMPLATE)
+    ap.add_argument("--seed", type=int, default=20261206)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--show-red", action="store_true", help="print each false red verdict")
+    ap.add_argument("--tails", action="store_true",
+                    help="first, Student t fits of the residual pools in robust spreads")
+    args = ap.parse_args(argv)
+    rng = random.Random(args.seed)
+    results = ROOT / "results"
+    template = slim(json.loads((results / args.template).read_text()))
+    if args.tails:
+        _tails(results)
+    steps: list[tuple[str, float] | None] = []
+    for s in args.steps.split(","):
+        steps.append(None if s == "none" else (s.split(":")[0], float(s.split(":")[1])))
+    rows = []
+    print("| chips | band | step | series | no-op commits | red (share) "
+          "| owned candidate-commits red | red at its commit | flagged within 2 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for chips in (("one", "many") if args.chips == "both" else (args.chips,)):
+        per_chip = chips == "one"
+        cases = residual_pools(results, per_chip=per_chip, judged=True, pattern="h*-*.json")
+        cands = candidate_pools(results, per_chip=per_chip, judged=True, pattern="h*-*.json")
+        for *_, band in BANDS:
+            if len(cases[band]) < 10 or len(cands[band]) < 10:
+                print(f"| {chips} | {band} | - | too few residuals "
+                      f"({len(cases[band])}, {len(cands[band])}) | | | | | |")
+                continue
+            for step in steps:
+                t0 = time.monotonic()
+                tot: Counter[str] = Counter()
+                for _ in range(args.trials):
+                    runs, planted = series(template, (cases[band], cands[band]),
+                                           length=args.length, chips=chips, step=step,
+                                           source_changes=args.source_changes, rng=rng)
+                    verdicts = judge_series(runs)
+                    sc = score(template, verdicts, planted)
+                    if args.show_red:
+                        _show(template, verdicts, planted)
+                    tot.update({"noop": sc["noop"], "red": sc["red"],
+                                "cand": sc["candidate_commits"],
+                                "cand_red": sum(sc["red_candidates"].values()),
+                                "at": sc.get("at_commit", 0), "w2": sc.get("within_2", 0)})
+                name = "none" if step is None else f"{step[0]} {step[1]:.0%}"
+                at = "-" if step is None else f"{tot['at'] / args.trials:.0%}"
+                w2 = "-" if step is None else f"{tot['w2'] / args.trials:.0%}"
+                row = {"chips": chips, "band": band, "step": name, "series": args.trials,
+                       "noop": tot["noop"], "red": tot["red"],
+                       "candidate_commits": tot["cand"], "candidate_red": tot["cand_red"],
+                       "at_commit": None if step is None else tot["at"] / args.trials,
+                       "within_2": None if step is None else tot["w2"] / args.trials,
+                       "seconds": round(time.monotonic() - t0, 1)}
+                rows.append(row)
+                print(f"| {chips} | {band} | {name} | {args.trials} | {tot['noop']} "
+                      f"| {tot['red']} ({tot['red'] / max(tot['noop'], 1):.1%}) "
+                      f"| {tot['cand_red']} of {tot['cand']} | {at} | {w2} |", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1)
+                                   + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

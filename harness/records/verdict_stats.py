@@ -1,0 +1,378 @@
+"""The per-commit timing verdict once the run-to-run noise is known: one run against the
+runs before it, every case of every candidate at once.
+
+A commit's gate compares dozens of cases. Judged one by one, each against a bar of a few
+spreads of *one* run's median, a long history turned most commits that changed nothing
+red (3-4% of no-op comparisons flagged, two-sided; at 16 timed cases a candidate, most
+no-op commits). What is done instead, for each (candidate, pass, case) whose run-to-run
+spread the history knows (`harness.records.noise`):
+
+1. **The difference of runs.** The case's change is d = ln(new median) - mean of the ln
+   medians of its baseline window: the last `WINDOW` runs of the history at the
+   baseline's source hash (the same code), on the new run's chip where that chip has
+   them. A difference of one run and the mean of n has the spread s * sqrt(1 + 1/n) where
+   s is one run's (the standard error of a difference of means); the old bar forgot the
+   first term's partner and flagged 2.1-sigma changes.
+2. **A spread shrunk where its history is short.** s is the robust scale of the case's
+   A/A pairs (1.4826 x their median |difference| / sqrt 2), worth about `MAD_EFFICIENCY`
+   degrees of freedom per pair (the asymptotic efficiency of a median-absolute-deviation
+   scale at the normal), combined with a prior spread s0 of `PRIOR_DF` degrees of
+   freedom: s^2 = (PRIOR_DF s0^2 + nu s_hat^2) / (PRIOR_DF + nu), and the change is read
+   against Student's t with PRIOR_DF + nu degrees of freedom, so the uncertainty of a
+   spread estimated from two pairs is counted, not ignored. This is the moderated t of
+   Smyth (2004), "Linear models and empirical Bayes methods for assessing differential
+   expression in microarray experiments" (Stat. Appl. Genet. Mol. Biol. 3(1)), with the
+   prior taken as the median spread of the candidate's other cases (else of every case
+   of the GPU model) instead of fitted.
+3. **The candidate as a whole.** A change to a kernel moves all its cases; the evidence
+   pooled over them is where the power is. The candidate's change is the Hodges-Lehmann
+   estimate (median of the Walsh averages) of its cases' d, robust to one case's outlier;
+   its spread comes from the same statistic over the candidate's consecutive A/A runs in
+   the history (so whatever a run's cases share, the chip's clock and power state, stays
+   in it: on an H100 fa3_wgmma's cases moved 0.58% run to run and their mean 0.52%), moderated
+   toward the median of the GPU model's other candidates (else the candidate's own case
+   spread). One-sided (only a slowdown fails), Bonferroni over the owned candidates.
+4. **The many cases of one run.** Per-case p-values (one-sided each way) go through the
+   Benjamini-Hochberg procedure (Benjamini and Hochberg 1995, "Controlling the false
+   discovery rate"; `scipy.stats.false_discovery_control`) over all the owned cases of
+   the run, the yardsticks' apart: with no change at all this bounds the chance that any
+   case is flagged by `CASE_Q`. A candidate found slower as a whole (3.) flags its cases
+   that are slower by `MIN_CHANGE` at p < `PROTECTED_ALPHA` each (Fisher's protected
+   test: the family's null is already rejected), at least its most significant one, so
+   the gate's red names cases.
+
+5. **Heavy tails.** Real run-to-run noise is not normal: in robust spreads, 4% of the
+   committed per-case residuals of one chip's quiet series lie beyond 5 spreads (a cold
+   first run, a power-capped turn), and a Student t fit gives 1.3 degrees of freedom
+   (the mean of a run's cases: 3). So every p-value is read from Student's t with at
+   most `CASE_TAIL_DF` (per case) or `CANDIDATE_TAIL_DF` (per candidate) degrees of
+   freedom, whatever the spread's own: a 9-spread excursion of one case is then p = 0.02,
+   not 3e-5, and one case alone needs a change far beyond its spread to be flagged at its
+   commit; the step search (`harness.records.steps`) flags it once the next commit holds
+   the new level. Except a change larger than any real excursion: beyond `LARGE_CHANGE`
+   and `LARGE_K` spreads of the difference it is flagged whatever the count (the largest
+   committed residual of one chip's runs is 1.7%, 15 spreads).
+
+A flag also needs the change to be at least `MIN_CHANGE` (1%). The budget of a run that
+changed nothing: `CASE_Q` + `CANDIDATE_ALPHA` (0.5%), half the 1% a team can bear, the
+other half left for the step search across commits and for the heavy tail of real
+run-to-run noise. `bench/gate_verdicts.py` measures what a team's gate gives at each
+commit of long series built from the committed records' residuals (docs/regressions.md).
+
+Cases the history cannot judge (no A/A pair and no prior) keep the within-run rules of
+`harness.records.compare`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scipy import stats
+
+from harness.records.noise import Key, NoiseModel
+
+WINDOW = 5  # baseline runs at the same source whose mean a change is taken against
+PRIOR_DF = 4.0  # degrees of freedom the prior spread is worth
+MAD_EFFICIENCY = 0.37  # degrees of freedom per A/A pair of a robust (MAD) scale
+MIN_CHANGE = 0.01  # the smallest change that is flagged, per case and per candidate
+CASE_Q = 0.0025  # Benjamini-Hochberg level over the owned cases of one run
+CANDIDATE_ALPHA = 0.0025  # one-sided, split over the owned candidates (Bonferroni)
+# The tails of real run-to-run noise (module doc, 5.): Student t fits of the committed
+# records' residuals in robust spreads, per case and per candidate (the mean of a run's
+# cases), on one chip: bench/gate_verdicts.py --tails.
+CASE_TAIL_DF = 1.5
+CANDIDATE_TAIL_DF = math.inf
+PROTECTED_ALPHA = 0.05  # a case of a candidate found slower as a whole
+OPEN_ALPHA = 0.01  # unadjusted p below this and beyond MIN_CHANGE: "inconclusive"
+LARGE_CHANGE = 0.05  # a case's change this large ...
+LARGE_K = 15.0  # ... and this many spreads of the difference is flagged on its own
+MIN_COMMON = 2  # cases two runs must share for a candidate-level A/A pair
+
+
+def _log(m: Any) -> float | None:
+    try:
+        x = float(m)
+    except (TypeError, ValueError):
+        return None
+    return math.log(x) if x > 0 and math.isfinite(x) else None
+
+
+def robust_scale(diffs: Sequence[float]) -> float:
+    """One run's spread from |differences| of A/A pairs (noise module's scale)."""
+    return 1.4826 * statistics.median(abs(d) for d in diffs) / math.sqrt(2.0)
+
+
+def walsh_median(xs: Sequence[float]) -> float:
+    """The one-sample Hodges-Lehmann estimate: the median of all (x_i + x_j) / 2, i <= j."""
+    return statistics.median((a + b) / 2.0 for i, a in enumerate(xs) for b in xs[i:])
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A moderated run-to-run spread (module doc, 2.): the value, its degrees of freedom,
+    the pairs it saw and the prior it was shrunk toward."""
+
+    value: float
+    df: float
+    pairs: int
+    prior: float | None
+
+    @staticmethod
+    def moderate(pairs: Sequence[float], prior: float | None) -> Spread | None:
+        nu = MAD_EFFICIENCY * len(pairs) if len(pairs) >= 2 else 0.0
+        own = robust_scale(pairs) if nu else None
+        if prior is None or not math.isfinite(prior) or prior <= 0:
+            return Spread(own, nu, len(pairs), None) if own else None
+        if own is None:
+            return Spread(prior, PRIOR_DF, len(pairs), prior)
+        var = (PRIOR_DF * prior ** 2 + nu * own ** 2) / (PRIOR_DF + nu)
+        return Spread(math.sqrt(var), PRIOR_DF + nu, len(pairs), prior)
+
+    def t(self, d: float, n_base: int) -> float:
+        return d / (self.value * math.sqrt(1.0 + 1.0 / max(n_base, 1)))
+
+    def p_up(self, d: float, n_base: int, tail_df: float = math.inf) -> float:
+        return float(stats.t.sf(self.t(d, n_base), min(self.df, tail_df)))
+
+    def p_down(self, d: float, n_base: int, tail_df: float = math.inf) -> float:
+        return float(stats.t.cdf(self.t(d, n_base), min(self.df, tail_df)))
+
+
+@dataclass
+class CaseChange:
+    key: Key
+    d: float  # ln(new) - mean ln(window)
+    n_base: int
+    spread: Spread
+    p_up: float
+    p_down: float
+    yardstick: bool
+
+
+@dataclass
+class CandidateChange:
+    """The candidate-level verdict (module doc, 3.)."""
+
+    variant: str
+    pass_name: str
+    cases: int
+    ratio: float
+    spread: Spread
+    p_value: float  # one-sided, slower
+    alpha: float
+    yardstick: bool
+    verdict: str = "same"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"variant": self.variant, "pass": self.pass_name, "cases": self.cases,
+                "ratio": self.ratio, "spread": self.spread.value, "df": self.spread.df,
+                "pairs": self.spread.pairs, "p_value": self.p_value, "alpha": self.alpha,
+                "verdict": self.verdict}
+
+
+@dataclass
+class RunDecision:
+    """What the history-aware rules decided for one run: per case and per candidate."""
+
+    cases: dict[Key, CaseChange] = field(default_factory=dict)
+    candidates: list[CandidateChange] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------- history reading
+
+
+def _points(noise: NoiseModel, key: Key) -> list[tuple[str, float, str, Any]]:
+    runs = noise.runs.get(key) or [None] * len(noise.points.get(key, []))
+    return [(src, x, dev, run) for (src, m, dev), run in zip(noise.points.get(key, []), runs,
+                                                             strict=True)
+            if (x := _log(m)) is not None]
+
+
+def window(noise: NoiseModel, key: Key, source: str, device: str,
+           base: Sequence[dict[str, Any]] = ()) -> list[float]:
+    """The ln medians of the last `WINDOW` runs at `source`, of `device` where it has any
+    (module doc, 1.). `base`: the baseline's entries of the key, newest first; a history
+    that does not end with the newest of them (the baseline is not in it) gives way to
+    their medians."""
+    pts = [(x, dev) for src, x, dev, _ in _points(noise, key) if src == source]
+    own = [x for x, dev in pts if device and dev == device]
+    win = (own or [x for x, _ in pts])[-WINDOW:]
+    first = _log(base[0].get("median_ms")) if base else None
+    if first is not None and not any(abs(x - first) < 1e-12 for x in win):
+        return [x for e in base[:WINDOW] if (x := _log(e.get("median_ms"))) is not None]
+    return win
+
+
+def _candidate_pairs(noise: NoiseModel, variant: str, pass_name: str,
+                     across: bool | None) -> list[float]:
+    """The Walsh-median change of consecutive runs of one candidate at one source over the
+    cases both timed (A/A pairs of the candidate as a whole), of the kind `across` is."""
+    runs: dict[Any, dict[str, tuple[float, str, str]]] = {}
+    for key in noise.points:
+        if key[0] != variant or key[1] != pass_name:
+            continue
+        for src, x, dev, run in _points(noise, key):
+            if run is not None:
+                runs.setdefault(run, {})[key[2]] = (x, src, dev)
+    # Run ids grow with the history (database ids, or the order rows were added in).
+    ordered = [runs[r] for r in sorted(runs, key=lambda r: (isinstance(r, str), r))]
+    out = []
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        common = sorted(set(a) & set(b))
+        if len(common) < MIN_COMMON:
+            continue
+        sa = {a[c][1] for c in common}
+        if len(sa) != 1 or sa != {b[c][1] for c in common}:
+            continue  # the code changed between them: not an A/A pair
+        da = {a[c][2] for c in common}
+        db = {b[c][2] for c in common}
+        if across is not None and (len(da) != 1 or len(db) != 1 or "" in da or "" in db
+                                   or (da != db) != across):
+            continue
+        out.append(walsh_median([b[c][0] - a[c][0] for c in common]))
+    return out
+
+
+def _case_spreads(noise: NoiseModel, across: bool | None) -> dict[Key, list[float]]:
+    return {k: noise.used(k, across) for k in noise.points}
+
+
+# ----------------------------------------------------------------- the decision
+
+
+def decide(verdicts: Sequence[Any], new_entries: dict[Key, dict[str, Any]],
+           base_entries: dict[Key, list[dict[str, Any]]], base_sources: dict[str, str],
+           noise: NoiseModel, *, device: str,
+           across_of: Callable[[Key], bool | None],
+           yardstick: Callable[[str], bool]) -> RunDecision:
+    """Judge `verdicts` (harness.records.compare.Verdict, changed in place) by the module's
+    rules where the history knows the noise: `new_entries` the new run's entries by key,
+    `base_entries` the baseline's (newest first), `base_sources` the baseline's source
+    hash per candidate, `device` the new run's GPU
+    uuid, `across_of(key)` whether that comparison crosses chips, `yardstick(name)`
+    whether a candidate never fails the gate. Returns what was decided."""
+    out = RunDecision()
+    pools: dict[bool | None, dict[Key, list[float]]] = {}
+    for v in verdicts:
+        key = (v.variant, v.pass_name, v.case_id)
+        entry = new_entries.get(key)
+        x = _log((entry or {}).get("median_ms"))
+        if entry is None or x is None or entry.get("status") != "passed":
+            continue
+        across = across_of(key)
+        base = [e for e in base_entries.get(key, []) if e.get("status") == "passed"]
+        win = window(noise, key, base_sources.get(v.variant, ""),
+                     device if not across else "", base)
+        if not win:
+            continue
+        pairs = pools.setdefault(across, _case_spreads(noise, across))
+        own = pairs.get(key, [])
+        others = [robust_scale(p) for k, p in pairs.items()
+                  if k[:2] == key[:2] and k != key and len(p) >= 2]
+        pool = others or [robust_scale(p) for k, p in pairs.items() if len(p) >= 2]
+        spread = Spread.moderate(own, statistics.median(pool) if pool else None)
+        if spread is None:
+            continue
+        d = x - statistics.fmean(win)
+        n = len(win)
+        out.cases[key] = CaseChange(key, d, n, spread, spread.p_up(d, n, CASE_TAIL_DF),
+                                    spread.p_down(d, n, CASE_TAIL_DF), yardstick(v.variant))
+    _candidates(out, noise, across_of)
+    _flag(out, verdicts)
+    return out
+
+
+def _candidates(out: RunDecision, noise: NoiseModel,
+                across_of: Callable[[Key], bool | None]) -> None:
+    groups: dict[tuple[str, str], list[CaseChange]] = {}
+    for c in out.cases.values():
+        groups.setdefault(c.key[:2], []).append(c)
+    owned = sum(1 for (name, _), cs in groups.items() if not cs[0].yardstick)
+    theirs: dict[tuple[str, str], float] = {}
+    kinds = {g: across_of(cs[0].key) for g, cs in groups.items()}
+    for g in groups:
+        pairs = _candidate_pairs(noise, g[0], g[1], kinds[g])
+        if len(pairs) >= 2:
+            theirs[g] = robust_scale(pairs)
+    for (name, pass_name), cs in sorted(groups.items()):
+        if len(cs) < MIN_COMMON:
+            continue
+        pairs = _candidate_pairs(noise, name, pass_name, kinds[(name, pass_name)])
+        others = [s for g, s in theirs.items() if g != (name, pass_name)]
+        prior = statistics.median(others) if others else statistics.median(
+            c.spread.value for c in cs)
+        spread = Spread.moderate(pairs, prior)
+        if spread is None:
+            continue
+        d = walsh_median([c.d for c in cs])
+        n_base = int(statistics.median(c.n_base for c in cs))
+        alpha = CANDIDATE_ALPHA / max(owned, 1)
+        cand = CandidateChange(name, pass_name, len(cs), math.exp(d), spread,
+                               spread.p_up(d, n_base, CANDIDATE_TAIL_DF), alpha,
+                               cs[0].yardstick)
+        if cand.p_value < alpha and d >= math.log1p(MIN_CHANGE):
+            cand.verdict = "regression"
+        out.candidates.append(cand)
+
+
+def _bh(ps: list[float], q: float) -> list[bool]:
+    if not ps:
+        return []
+    adj = stats.false_discovery_control(ps, method="bh")
+    return [bool(a <= q) for a in adj]
+
+
+def _large(c: CaseChange, sign: float) -> bool:
+    """A change beyond any real excursion (module doc, 5.), in the direction `sign`."""
+    return sign * c.d >= math.log1p(LARGE_CHANGE) and sign * c.spread.t(c.d, c.n_base) >= LARGE_K
+
+
+def _flag(out: RunDecision, verdicts: Sequence[Any]) -> None:
+    by_key = {(v.variant, v.pass_name, v.case_id): v for v in verdicts}
+    up_flag: set[Key] = set()
+    down_flag: set[Key] = set()
+    for yard in (False, True):
+        fam = [c for c in out.cases.values() if c.yardstick == yard]
+        up_flag |= {c.key for c, ok in zip(fam, _bh([c.p_up for c in fam], CASE_Q),
+                                           strict=True)
+                    if (ok and c.d >= math.log1p(MIN_CHANGE)) or _large(c, 1.0)}
+        down_flag |= {c.key for c, ok in zip(fam, _bh([c.p_down for c in fam], CASE_Q),
+                                             strict=True)
+                      if (ok and c.d <= -math.log1p(MIN_CHANGE)) or _large(c, -1.0)}
+    whole = {(c.variant, c.pass_name): c for c in out.candidates if c.verdict == "regression"}
+    for g in whole:
+        cs = [c for c in out.cases.values() if c.key[:2] == g]
+        hit = [c.key for c in cs if c.p_up < PROTECTED_ALPHA and c.d >= math.log1p(MIN_CHANGE)]
+        up_flag |= set(hit or [min(cs, key=lambda c: c.p_up).key])
+    for key, c in out.cases.items():
+        v = by_key[key]
+        ratio = math.exp(c.d)
+        for k in ("reason", "history", "rules", "threshold"):
+            v.detail.pop(k, None)
+        v.detail.update(run_to_run_spread=c.spread.value, spread_df=round(c.spread.df, 2),
+                        spread_pairs=c.spread.pairs, base_window_runs=c.n_base,
+                        window_ratio=ratio, p_slower=c.p_up, p_faster=c.p_down)
+        if c.spread.prior is not None:
+            v.detail["spread_prior"] = c.spread.prior
+        v.ratio = ratio
+        v.p_value = min(c.p_up, c.p_down)
+        if key in up_flag:
+            v.verdict = "regression"
+            cand = whole.get(key[:2])
+            if cand is not None:
+                v.detail["candidate"] = cand.to_dict()
+        elif key in down_flag:
+            v.verdict = "improvement"
+        elif abs(c.d) >= math.log1p(MIN_CHANGE) and min(c.p_up, c.p_down) < OPEN_ALPHA:
+            v.verdict = "inconclusive"
+            v.detail["reason"] = (f"{ratio - 1:+.2%} against runs spread {c.spread.value:.2%}"
+                                  f" (p = {v.p_value:.2g}), not significant once the run's "
+                                  f"{len(out.cases)} comparisons are counted")
+        else:
+            v.verdict = "same"
+            v.detail["reason"] = (f"within the run-to-run noise: {ratio - 1:+.2%} against "
+                                  f"runs spread {c.spread.value:.2%} (p = {v.p_value:.2g})")
