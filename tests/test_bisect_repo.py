@@ -192,6 +192,7 @@ def test_alert_culprit_and_backfill_runs_in_commit_order_never_a_baseline(
             assert all(t0 < r.created_at < t0 + timedelta(hours=6) for r in backfill)
             assert all(r.branch is None and r.env["backfill"]["alert"] == alert_id
                        for r in backfill)
+            assert all(r.trusted and r.origin.startswith("bisect by ") for r in backfill)
         # the history sees the commits in the range's order
         series, _src = history_from_db(db, get_run(db, bad_id).gpu_model_key,
                                        upto_run_id=max(r.id for r in runs), kernels=[KERNEL])

@@ -260,12 +260,14 @@ def _placer(p: Prepared, db_url: str | None) -> Callable[[str, str | None], date
 def _storer(db_url: str | None) -> Callable[[Any], str]:
     def store(record: Any) -> str:
         from harness.records.db.engine import target_of
-        from harness.records.db.store import DatabaseError, open_db, store_record
+        from harness.records.db.store import DatabaseError, local_origin, open_db, store_record
         from harness.records.record import spool
 
         try:
             with open_db(db_url) as db:
-                return f"stored as backfill run {store_record(db, record)}"
+                # This runner timed it: trusted, as the gate's own runs, its origin "bisect".
+                run_id = store_record(db, record, local_origin("bisect"))
+                return f"stored as backfill run {run_id}"
         except DatabaseError as exc:
             path = spool(record, target=target_of(db_url))
             return f"database unavailable ({exc}); kept in {path}"
