@@ -24,7 +24,9 @@
 #   aa         AA_RUNS (default 3) runs of `ci $AA_OPTS` on this one commit, numbered
 #              from AA_FIRST (default 1), on warm caches after the first; each run after
 #              the first is compared with the first (AA_BASE: its uuid, when it ran in an
-#              earlier call): nothing may be flagged
+#              earlier call; AA_BASE=none: the gate's own baseline and history, as on a
+#              team's runner; AA_HISTORY: earlier runs' records to import into a new
+#              database first): nothing may be flagged
 #   planted    fa2_mma slowed by PLANT_PERCENT (default 2) in a copy of the package, as
 #              the next commit (FA_HARNESS_PARENT = this one): its A/A runs are the
 #              baseline and the noise model's history; must exit 1 naming fa2_mma
@@ -150,9 +152,19 @@ for stage in "$@"; do
       export FA_HARNESS_HOME=$WORK/home
       mkdir -p "$FA_HARNESS_HOME"
       first=${AA_FIRST:-1}
+      # AA_HISTORY: records of earlier A/A runs (an earlier call's, on a machine since
+      # returned) imported first when this machine's database is new.
+      if [ -n "${AA_HISTORY:-}" ] && [ ! -f "$WORK/gate.sqlite" ]; then
+        # shellcheck disable=SC2086
+        step aa-history 120 python3 -m harness import --trusted $AA_HISTORY
+      fi
       for i in $(seq "$first" $((first + ${AA_RUNS:-3} - 1))); do
         base=${AA_BASE:-}
-        if [ -z "$base" ] && [ "$i" -gt 1 ] && [ -f "$WORK/aa-1-record.json" ]; then
+        # AA_BASE=none: no --baseline, each run judged as a team's gate judges it (the
+        # runs before it on the branch, the noise history of the database).
+        if [ "$base" = none ]; then
+          base=""
+        elif [ -z "$base" ] && [ "$i" -gt 1 ] && [ -f "$WORK/aa-1-record.json" ]; then
           base=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['uuid'])" \
             "$WORK/aa-1-record.json")
         fi

@@ -51,7 +51,10 @@ spread the history knows (`harness.records.noise`):
    commit; the step search (`harness.records.steps`) flags it once the next commit holds
    the new level. Except a change larger than any real excursion: beyond `LARGE_CHANGE`
    and `LARGE_K` spreads of the difference it is flagged whatever the count (the largest
-   committed residual of one chip's runs is 1.7%, 15 spreads).
+   committed residual of one chip's runs is 1.7%, 15 spreads). Across chips (a run on
+   another GPU than its baseline's) there is no such bound, and the candidate as a whole
+   has the tails too: the chips of one model differ by several percent, so there both
+   tests read `ACROSS_TAIL_DF`, and a small step is left to the step search.
 
 A flag also needs the change to be at least `MIN_CHANGE` (1%). The budget of a run that
 changed nothing: `CASE_Q` + `CANDIDATE_ALPHA` (0.5%), half the 1% a team can bear, the
@@ -85,7 +88,10 @@ CANDIDATE_ALPHA = 0.0025  # one-sided, split over the owned candidates (Bonferro
 # records' residuals in robust spreads, per case and per candidate (the mean of a run's
 # cases), on one chip: bench/gate_verdicts.py --tails.
 CASE_TAIL_DF = 1.5
-CANDIDATE_TAIL_DF = math.inf
+CANDIDATE_TAIL_DF = math.inf  # one chip: the moderated spread's own degrees of freedom
+# Across chips (a run on another GPU than its baseline's, or unknown): the chips of one
+# model differ by several percent for a whole candidate (1.3 degrees of freedom fitted).
+ACROSS_TAIL_DF = 1.5
 PROTECTED_ALPHA = 0.05  # a case of a candidate found slower as a whole
 OPEN_ALPHA = 0.01  # unadjusted p below this and beyond MIN_CHANGE: "inconclusive"
 LARGE_CHANGE = 0.05  # a case's change this large ...
@@ -151,6 +157,7 @@ class CaseChange:
     p_up: float
     p_down: float
     yardstick: bool
+    one_chip: bool = True  # its baseline ran on the same GPU (uuid known and equal)
 
 
 @dataclass
@@ -166,12 +173,14 @@ class CandidateChange:
     alpha: float
     yardstick: bool
     verdict: str = "same"
+    bar: float = 0.0  # the smallest whole-candidate slowdown this run could flag
+
 
     def to_dict(self) -> dict[str, Any]:
         return {"variant": self.variant, "pass": self.pass_name, "cases": self.cases,
                 "ratio": self.ratio, "spread": self.spread.value, "df": self.spread.df,
                 "pairs": self.spread.pairs, "p_value": self.p_value, "alpha": self.alpha,
-                "verdict": self.verdict}
+                "bar": self.bar, "verdict": self.verdict}
 
 
 @dataclass
@@ -280,7 +289,8 @@ def decide(verdicts: Sequence[Any], new_entries: dict[Key, dict[str, Any]],
         d = x - statistics.fmean(win)
         n = len(win)
         out.cases[key] = CaseChange(key, d, n, spread, spread.p_up(d, n, CASE_TAIL_DF),
-                                    spread.p_down(d, n, CASE_TAIL_DF), yardstick(v.variant))
+                                    spread.p_down(d, n, CASE_TAIL_DF), yardstick(v.variant),
+                                    one_chip=across is False)
     _candidates(out, noise, across_of)
     _flag(out, verdicts)
     return out
@@ -311,12 +321,29 @@ def _candidates(out: RunDecision, noise: NoiseModel,
         d = walsh_median([c.d for c in cs])
         n_base = int(statistics.median(c.n_base for c in cs))
         alpha = CANDIDATE_ALPHA / max(owned, 1)
+        tail = CANDIDATE_TAIL_DF if all(c.one_chip for c in cs) else ACROSS_TAIL_DF
         cand = CandidateChange(name, pass_name, len(cs), math.exp(d), spread,
-                               spread.p_up(d, n_base, CANDIDATE_TAIL_DF), alpha,
-                               cs[0].yardstick)
+                               spread.p_up(d, n_base, tail), alpha, cs[0].yardstick,
+                               bar=_bar(spread, n_base, alpha, tail))
         if cand.p_value < alpha and d >= math.log1p(MIN_CHANGE):
             cand.verdict = "regression"
         out.candidates.append(cand)
+
+
+def _bar(spread: Spread, n_base: int, alpha: float, tail_df: float) -> float:
+    """The smallest slowdown whose one-sided p is below `alpha` (and MIN_CHANGE)."""
+    t = float(stats.t.isf(alpha, min(spread.df, tail_df)))
+    return max(MIN_CHANGE, math.expm1(t * spread.value * math.sqrt(1.0 + 1.0 / max(n_base, 1))))
+
+
+def _case_bar(c: CaseChange, m: int) -> float:
+    """The smallest slowdown of this case alone that flags it: the first step of the
+    Benjamini-Hochberg procedure over `m` cases, or the large-change rule."""
+    bh = _bar(c.spread, c.n_base, CASE_Q / max(m, 1), CASE_TAIL_DF)
+    if not c.one_chip:
+        return bh
+    return min(bh, max(LARGE_CHANGE, math.expm1(LARGE_K * c.spread.value
+                                                * math.sqrt(1.0 + 1.0 / max(c.n_base, 1)))))
 
 
 def _bh(ps: list[float], q: float) -> list[bool]:
@@ -327,8 +354,11 @@ def _bh(ps: list[float], q: float) -> list[bool]:
 
 
 def _large(c: CaseChange, sign: float) -> bool:
-    """A change beyond any real excursion (module doc, 5.), in the direction `sign`."""
-    return sign * c.d >= math.log1p(LARGE_CHANGE) and sign * c.spread.t(c.d, c.n_base) >= LARGE_K
+    """A change beyond any real excursion of one chip's runs (module doc, 5.), in the
+    direction `sign`. Across chips there is no such bound: a chip of the same model ran
+    a committed case 27% slower."""
+    return c.one_chip and sign * c.d >= math.log1p(LARGE_CHANGE) and \
+        sign * c.spread.t(c.d, c.n_base) >= LARGE_K
 
 
 def _flag(out: RunDecision, verdicts: Sequence[Any]) -> None:
@@ -351,11 +381,13 @@ def _flag(out: RunDecision, verdicts: Sequence[Any]) -> None:
     for key, c in out.cases.items():
         v = by_key[key]
         ratio = math.exp(c.d)
-        for k in ("reason", "history", "rules", "threshold"):
+        for k in ("reason", "history", "rules"):
             v.detail.pop(k, None)
+        m = sum(1 for o in out.cases.values() if o.yardstick == c.yardstick)
         v.detail.update(run_to_run_spread=c.spread.value, spread_df=round(c.spread.df, 2),
                         spread_pairs=c.spread.pairs, base_window_runs=c.n_base,
-                        window_ratio=ratio, p_slower=c.p_up, p_faster=c.p_down)
+                        window_ratio=ratio, p_slower=c.p_up, p_faster=c.p_down,
+                        threshold=_case_bar(c, m))
         if c.spread.prior is not None:
             v.detail["spread_prior"] = c.spread.prior
         v.ratio = ratio
