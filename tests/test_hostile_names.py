@@ -4,6 +4,8 @@ commands that never guess whether "1" is a name or an id."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from sqlalchemy import select
 
@@ -143,3 +145,20 @@ def test_token_revoke_never_guesses_between_name_and_id(db, capsys):
     # a name that matches nothing says how to revoke by id
     assert main(["token", "revoke", "99", "--db", db.url]) == 2
     assert "--id" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kernel", [f"fa2{CLEAR}", "[/]", "fa2\n", "fa2 (bwd)", ":red[x]"])
+def test_record_kernel_names_are_names(kernel, tmp_path, capsys):
+    # A record's candidate names reach every page and log: one that is not a name is
+    # refused at import with the record, like any other invalid field.
+    from harness.records.synthetic import make_record, specs_for
+
+    data = make_record(specs_for(), seed=1).to_dict()
+    data["results"][0]["kernel"] = kernel
+    data["kernels"][kernel] = {}
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(data))
+    url = f"sqlite:///{tmp_path / 'k.sqlite'}"
+    assert main(["import", str(path), "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert "is not a candidate name" in err and "\x1b" not in err

@@ -28,6 +28,7 @@ from sqlalchemy import (
     cast,
     distinct,
     func,
+    inspect,
     literal,
     or_,
     select,
@@ -337,12 +338,16 @@ def err_ratio_history(engine: Engine, variant: str, gpu: str) -> pd.DataFrame:
 _RUN_COLUMNS = ("id", "uuid", "commit", "parent_commit", "branch", "created_at", "source",
                 "gpu_name", "gpu_uuid", "gpu_model_key", "driver", "cuda", "torch", "cupy",
                 "python", "hostname", "clocks", "calibration", "grids", "schema_version",
-                "record_sha256", "env", "origin", "trusted")
+                "record_sha256", "env")
+# Migration 0007's: a database not yet upgraded has no origins (its runs are trusted).
+_ORIGIN_COLUMNS = ("origin", "trusted")
 
 
 def run_detail(engine: Engine, run_id: int) -> dict[str, Any] | None:
-    cols = [getattr(Run, c) for c in _RUN_COLUMNS]
     with engine.connect() as conn:
+        have = {c["name"] for c in inspect(conn).get_columns(Run.__tablename__)}
+        names = [*_RUN_COLUMNS, *(c for c in _ORIGIN_COLUMNS if c in have)]
+        cols = [getattr(Run, c) for c in names]
         row = conn.execute(select(*cols).where(Run.id == run_id)).mappings().first()
     return None if row is None else dict(row)
 

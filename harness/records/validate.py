@@ -16,6 +16,7 @@ then the checks that need the harness itself (a valid UUID and time, a valid `Ca
 from __future__ import annotations
 
 import json
+import re
 import uuid as uuidlib
 from datetime import UTC, datetime
 from functools import cache
@@ -40,6 +41,10 @@ FIELD_LIMITS = {
     "results[*].extra": 256 * KiB, "results[*].samples_ms": 2 * MiB,
     "results[*].errors": 64 * KiB, "results[*].bytes": 64 * KiB,
 }
+# A candidate's name, matched whole: what every candidate kind allows (letters, digits,
+# '_', '-'; a benchmark file's names may add '.', ':', '+', '@', '/'), never a control
+# character, a space, markup or a trailing newline: names are shown on every page and log.
+KERNEL_NAME = re.compile(r"\w[\w.:+@/\-]{0,254}\Z")
 # Any one string anywhere in a record (a message, a hostname, an argv entry, a key).
 MAX_STRING = 64 * KiB
 MAX_RESULTS = 1_000_000
@@ -124,8 +129,16 @@ def _semantic(data: dict[str, Any], problems: list[str]) -> None:
         parse_time(data["created_at"])
     except ValueError:
         problems.append(f"created_at: {_short(data['created_at'])} is not an ISO 8601 time")
+    for name in data.get("kernels") or {}:
+        if not KERNEL_NAME.match(name):
+            problems.append(f"kernels: {_short(name)} is not a candidate name (letters, "
+                            "digits and _-.:+@/)")
     seen: dict[str, int] = {}
     for i, e in enumerate(data["results"]):
+        if not KERNEL_NAME.match(e["kernel"]):
+            problems.append(f"results[{i}].kernel: {_short(e['kernel'])} is not a candidate "
+                            "name (letters, digits and _-.:+@/)")
+            continue
         try:
             case_id = Case.from_dict(e["case"]).id
         except (ValueError, TypeError) as exc:
