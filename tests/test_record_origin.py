@@ -71,11 +71,11 @@ def test_record_within_limits_still_imports(tmp_path):
 # ------------------------------------------------------------------ origins
 
 
-def _history(tmp_path: Path, capsys) -> tuple[str, str]:
+def _history(tmp_path: Path, capsys, url: str | None = None) -> tuple[str, str]:
     """A genuine parent run (imported --trusted), a forged run of the same parent commit
     on the same GPU and branch with every time halved (imported plainly), then the
     genuine child commit (--trusted). Returns (database URL, the child import's output)."""
-    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
+    url = url or f"sqlite:///{tmp_path / 'h.sqlite'}"
     specs = specs_for()
     genuine = make_record(specs, seed=1, commit=PARENT, minutes=0)
     forged = make_record([replace(s, median_ms=s.median_ms / 2) for s in specs], seed=2,
@@ -90,8 +90,15 @@ def _history(tmp_path: Path, capsys) -> tuple[str, str]:
     return url, capsys.readouterr().out
 
 
-def test_forged_import_is_not_the_baseline(tmp_path, capsys):
-    url, out = _history(tmp_path, capsys)
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'h.sqlite'}"
+    return request.getfixturevalue("pg_url")
+
+
+def test_forged_import_is_not_the_baseline(tmp_path, capsys, db_url):
+    url, out = _history(tmp_path, capsys, db_url)
     assert "run 3 vs run 1 (parent commit aaaaaaaaaaaa)" in out
     assert "regression" not in out
     with open_db(url) as db:
