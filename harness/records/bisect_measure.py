@@ -80,6 +80,7 @@ class WorktreeMeasure:
         self._commit: str | None = None
         self._tree: Path | None = None
         self.worktrees_made = 0
+        self._said_unplaced = False
 
     def _checkout(self, commit: str) -> Path:
         from harness.records.bisect_git import worktree
@@ -160,8 +161,10 @@ class WorktreeMeasure:
                                   "kernel": self.kernel}
         when = self.place(commit, record.gpu_model_key) if self.place else None
         if when is None:
-            self.log(f"{commit[:12]}: run not stored (no stored runs of both ends of the "
-                     "range on this GPU model: its place in commit order is unknown)")
+            if not self._said_unplaced:  # once: it holds for every commit of the range
+                self.log("runs not stored: no stored runs of both ends of the range on "
+                         "this GPU model, so their place in commit order is unknown")
+                self._said_unplaced = True
             return
         record.created_at = iso_utc(when)
         if self.store is not None:
