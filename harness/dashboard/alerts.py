@@ -45,10 +45,17 @@ def _row(a: records_alerts.Alert) -> dict[str, Any]:
 def stored_alerts(engine: Engine, state: Sequence[str] | None = None,
                   owned: bool | None = None, gpu: str | None = None,
                   variant: str | None = None) -> pd.DataFrame:
-    """One row per stored alert (per GPU model), by state then newest first."""
-    rows = [_row(a) for a in records_alerts.list_alerts(
-        engine, state=list(state) if state else None, owned=owned, gpu_model_key=gpu,
-        variant=variant)]
+    """One row per stored alert (per GPU model), by state then newest first. A database
+    not yet upgraded to the alerts table (migration 0006) has none: the dashboard reads
+    and never migrates (`fa-harness db upgrade` does)."""
+    from sqlalchemy import inspect
+
+    if not inspect(engine).has_table("alerts"):
+        rows = []
+    else:
+        rows = [_row(a) for a in records_alerts.list_alerts(
+            engine, state=list(state) if state else None, owned=owned, gpu_model_key=gpu,
+            variant=variant)]
     return pd.DataFrame(rows) if rows else pd.DataFrame(
         columns=[c for c in ALERT_COLUMNS if c not in ("ids", "states", "gpus")])
 
