@@ -20,7 +20,7 @@ Exit codes:
      that could not be measured); the range it narrowed to is printed
   2  bad input: no git, not a repository, uncommitted changes, a range that is not one
      (the good commit not an ancestor of the bad one), an unknown alert, case or kernel
-  3  not measured: no working CUDA GPU on this runner
+  3  not measured: no working CUDA GPU on this runner.
 """
 
 from __future__ import annotations
