@@ -327,9 +327,23 @@ def confirmed_steps(series: Series, commit: str, sources: Sources | None = None
         changed = source_changes(names, None if sources is None else
                                  sources.get(key[:2], {}))
         st = _confirmed(names, [m for _, m in pts], changed)
-        if st is not None:
+        if st is not None and (key[2] == ALL_CASES or _case_sized(st)):
             out[key] = st
     return out
+
+
+CASE_STEP_MIN = 0.02  # a step of one case alone must be this large ...
+CASE_STEP_K = 3.0  # ... and this many of its series' spreads
+
+
+def _case_sized(st: Step) -> bool:
+    """A run's dozens of case series each get a search, so a step of one case is held to
+    more than a candidate's mean is: at least CASE_STEP_MIN and CASE_STEP_K spreads. On
+    series from the committed residuals of the 0.5-1.5% band, 1.0-1.5% steps of single
+    cases turned 5% of no-op commits red (bench/gate_verdicts.py); a slowdown of the
+    whole kernel is found by the candidate's mean, which keeps the plain rule."""
+    size = abs(math.log(st.ratio)) if st.ratio > 0 else 0.0
+    return size >= max(math.log1p(CASE_STEP_MIN), CASE_STEP_K * st.sigma)
 
 
 def _confirmed(names: Sequence[str], meds: Sequence[float], changed: list[bool] | None
