@@ -67,7 +67,9 @@ def _decide(model, new_medians, yard=()):
     keys = list(new_medians)
     verdicts = [Verdict(k[0], k[2], "same", pass_name=k[1]) for k in keys]
     entries = {k: {"status": "passed", "median_ms": m} for k, m in new_medians.items()}
-    out = vs.decide(verdicts, entries, {}, {k[0]: "src" for k in keys}, model, device="GPU-a",
+    # The baseline is the history's newest run (the gate's parent run).
+    base = {k: [{"status": "passed", "median_ms": model.points[k][-1][1]}] for k in keys}
+    out = vs.decide(verdicts, entries, base, {k[0]: "src" for k in keys}, model, device="GPU-a",
                     across_of=lambda k: False, yardstick=lambda n: n in yard)
     return out, {(v.variant, v.pass_name, v.case_id): v for v in verdicts}
 

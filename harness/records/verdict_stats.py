@@ -272,6 +272,8 @@ def decide(verdicts: Sequence[Any], new_entries: dict[Key, dict[str, Any]],
         x = _log((entry or {}).get("median_ms"))
         if entry is None or x is None or entry.get("status") != "passed":
             continue
+        if not base_entries.get(key) or v.verdict in ("new", "missing"):
+            continue  # not in the baseline: "new" names no base run to be judged against
         across = across_of(key)
         base = [e for e in base_entries.get(key, []) if e.get("status") == "passed"]
         win = window(noise, key, base_sources.get(v.variant, ""),
