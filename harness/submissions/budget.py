@@ -85,6 +85,13 @@ class Budget:
         the clock the budget set says that the budget is spent, not that the run was
         slow."""
         if not (res.timed_out or res.killed_by):
+            # A compiler whose own child was stopped at the deadline (nvcc's cc1plus,
+            # killed by the CPU limit the budget set: "CPU time limit exceeded") exits
+            # with an error of its own. The CPU limit is the wall limit in whole seconds,
+            # so that child dies up to a second before the deadline: a failure with at
+            # most that much (and a margin) left is the budget's.
+            if self.binding and res.returncode not in (0, None) and self.remaining() <= 1.5:
+                return self.exceeded(step)
             return None
         if res.killed_by in ("wall clock", "cpu") and self.binding:
             return self.exceeded(step)
