@@ -262,6 +262,8 @@ def _mut(path: str, value, delete: bool = False) -> dict:
     ("supports.masked_lse", "nan", "supports.masked_lse", "-inf"),
     ("supports.max_seqlen_q", 0, "supports.max_seqlen_q", ">= 1"),
     ("supports.shape", 1, "supports.shape", "unknown field"),
+    ("supports.softcap", "yes", "supports.softcap", "true or false"),
+    ("supports.sinks", True, "supports.sinks", "cannot declare it yet"),
     ("tiles.block_q", 0, "tiles.block_q", ">= 1"),
     ("tiles.block_q", "64", "tiles.block_q", "must be an integer"),
     ("tiles.heads", 4, "tiles.heads", "not size names"),

@@ -50,6 +50,7 @@ from harness.candidates.variant_spec import (
     MAX_HEAD_DIM,
     MAX_TENSOR_MAPS,
     MAX_WORKSPACES,
+    SCORE_MODS,
     SUPPORTS_OPTIONAL,
     SUPPORTS_REQUIRED,
     TENSOR_MAP_OPTIONAL,
@@ -404,6 +405,11 @@ def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
     mk_ = table.get("max_seqlen_k")
     layouts = _enum_list(ctx, table.get("layouts", ["dense"]), "supports.layouts", Layout,
                          "layout")
+    for mod in SCORE_MODS:
+        if _bool(ctx, table.get(mod, False), f"supports.{mod}"):
+            raise ctx.fail(f"supports.{mod}", "a CUDA variant cannot declare it yet: FaParams "
+                           "carries no score-modifier values (docs/score-mods.md); Python "
+                           "candidates can")
     return SupportSpec(
         dtypes=dtypes, head_dims=head_dims, max_head_dim=max_head_dim, masks=tuple(masks),
         gqa=_bool(ctx, table["gqa"], "supports.gqa"),

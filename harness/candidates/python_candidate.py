@@ -38,6 +38,13 @@ result is the kernel's own memory). Paged: k and v are page pools. The backward 
 serving layout is not part of the protocol (skipped with the reason); a dense
 windowed case's backward runs for a kernel declaring `backward_window=True` only.
 
+Score modifiers (harness.core.reference's doc: softcap, ALiBi, sinks). A kernel declaring
+`softcap=True`, `alibi=True` or `sinks=True` gets, in its forward, the keyword `softcap`
+(the cap, 0.0 for none), `alibi_slopes` or `sinks` (float32 (H,) on `device`, None when
+the case has none) respectively; a kernel declaring none is called as before, and cases
+needing a modifier it does not declare are skipped with the reason. The backward of a
+modified case is not checked yet (skipped with the reason).
+
 It is registered by an entry point in the group `fa_harness.candidates` (its value
 names a `PythonKernel`, a list of them, or a function of no arguments returning either)
 or named on the command line as `--candidate module:attr`. The harness copies the
@@ -126,6 +133,13 @@ class PythonKernel:
     # serving keywords (module doc); the others are called as before.
     layouts: tuple[str, ...] = ("dense",)
     window: bool = False
+    # Score modifiers (harness.core.reference's doc; docs/score-mods.md): the forward of
+    # a kernel declaring one gets its keyword (softcap: the cap, 0.0 for none;
+    # alibi_slopes, sinks: float32 (H,) on `device`, or None), on every case. Cases with
+    # a modifier it does not declare are skipped with the reason.
+    softcap: bool = False
+    alibi: bool = False
+    sinks: bool = False
 
     def problems(self) -> list[str]:
         """What is wrong with the declaration (empty when it is valid)."""
@@ -211,6 +225,7 @@ class PythonCandidate(Candidate):
         """The call the timing method measures: the candidate's own call, no copy."""
         assert self.kernel is not None
         fn, q, k, v, kw = self.kernel.fn, inputs.q, inputs.k, inputs.v, self._args(case, inputs)
+        kw.update(_mod_args(self.kernel, case, inputs))
         if self.kernel.prepare is not None:
             return self.kernel.prepare(q, k, v, **kw)
         return lambda: fn(q, k, v, **kw)
@@ -286,6 +301,18 @@ class PythonCandidate(Candidate):
         return result, None
 
 
+def _mod_args(k: PythonKernel, case: Case, inputs: Inputs) -> dict[str, Any]:
+    """The score-modifier keywords of the forward: only those `k` declares."""
+    kw: dict[str, Any] = {}
+    if k.softcap:
+        kw["softcap"] = case.softcap
+    if k.alibi:
+        kw["alibi_slopes"] = inputs.alibi_slopes
+    if k.sinks:
+        kw["sinks"] = inputs.sinks
+    return kw
+
+
 def _sequence_rows(inputs: Inputs) -> torch.Tensor:
     """int64 indices of the packed rows that belong to a sequence of a varlen case (its
     `serving` index: slot starts cu_seqlens_q, lengths seqlens_q)."""
@@ -317,7 +344,8 @@ def to_candidate(k: PythonKernel, origin: str) -> PythonCandidate:
                       writes_lse=k.lse is not None, masked_lse=k.lse or "-inf",
                       deterministic=k.deterministic, backward=k.has_backward,
                       backward_deterministic=k.backward_deterministic,
-                      layouts=frozenset(Layout(x) for x in k.layouts), window=k.window)
+                      layouts=frozenset(Layout(x) for x in k.layouts), window=k.window,
+                      softcap=k.softcap, alibi=k.alibi, sinks=k.sinks)
     return PythonCandidate(name=k.name, kind="python", device=k.device, algorithm=k.algorithm,
                            support=support, description=k.description, isolate=True,
                            tiles=dict(k.tiles),

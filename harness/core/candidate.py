@@ -47,6 +47,12 @@ class Support:
     # applies a sliding window.
     layouts: frozenset[Layout] = frozenset({Layout.DENSE})
     window: bool = False
+    # Score modifiers (harness.core.reference's doc): logit soft-capping, ALiBi biases from
+    # per-head slopes, per-head sink logits. A case needing one it does not declare is
+    # skipped with the reason.
+    softcap: bool = False
+    alibi: bool = False
+    sinks: bool = False
 
     def reason_unsupported(self, case: Case) -> str | None:
         if case.dtype not in self.dtypes:
@@ -59,6 +65,10 @@ class Support:
             return f"{case.layout.value} layout not supported"
         if case.has_window and not self.window:
             return "sliding window not supported"
+        for mod, needed in (("softcap", bool(case.softcap)), ("alibi", case.alibi),
+                            ("sinks", case.sinks)):
+            if needed and not getattr(self, mod):
+                return f"score modifier {mod} not supported (declares {mod} = false)"
         if not self.gqa and case.kv_heads != case.heads:
             return "GQA/MQA not supported"
         if self.max_seqlen_q is not None and case.seqlen_q > self.max_seqlen_q:

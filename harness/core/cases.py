@@ -36,8 +36,13 @@ DTYPE_SHORT = {"float16": "fp16", "bfloat16": "bf16"}
 SERVING_DEFAULTS = {"window_left": -1, "window_right": -1, "layout": "dense", "page_size": 0,
                     "full_lengths": False}
 # Case fields with a default: records written before a field existed still load.
+# The score modifiers (harness.core.reference's doc has their semantics): a case without
+# them is written, named and drawn as before they existed.
+MOD_DEFAULTS = {"softcap": 0.0, "alibi": False, "sinks": False}
 OPTIONAL_FIELDS = frozenset({"dtype", "mask", "seed", "window_left", "window_right", "layout",
-                             "page_size", "full_lengths"})
+                             "page_size", "full_lengths", *MOD_DEFAULTS})
+# Draw index of a case's ALiBi slopes and sink logits: never one of q/k/v's draws.
+MODS_DRAW = 1 << 43
 
 
 class MaskKind(StrEnum):
@@ -78,6 +83,13 @@ class Case:
     # Varlen and paged: every sequence at the full Nq x Nk (throughput cases, comparable
     # with the dense case of the same shape) instead of the mixed lengths drawn per case.
     full_lengths: bool = False
+    # Score modifiers: logit soft-capping (0: none), ALiBi biases with per-head slopes,
+    # and a learnable per-head sink logit in the softmax denominator. The slopes and sink
+    # logits are inputs the harness draws from the case's seed (`Inputs.alibi_slopes`,
+    # `Inputs.sinks`).
+    softcap: float = 0.0
+    alibi: bool = False
+    sinks: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -91,6 +103,7 @@ class Case:
         object.__setattr__(self, "mask", MaskKind(self.mask))
         object.__setattr__(self, "layout", Layout(self.layout))
         problems += self._serving_problems()
+        problems += self._mod_problems()
         if problems:
             raise ValueError("invalid case: " + "; ".join(problems))
 
@@ -110,10 +123,22 @@ class Case:
             problems.append("full_lengths is for the varlen and paged layouts only")
         return problems
 
+    def _mod_problems(self) -> list[str]:
+        problems = []
+        cap = float(self.softcap)
+        object.__setattr__(self, "softcap", cap)
+        if not (cap >= 0.0 and cap != float("inf")):
+            problems.append("softcap must be a finite number >= 0 (0: none)")
+        if self.has_score_mods and self.layout is not Layout.DENSE:
+            problems.append("score modifiers (softcap, alibi, sinks) are for the dense "
+                            "layout only")
+        return problems
+
     # Readable, stable id used by pytest, records and the dashboard:
     # "b2h4-113x203-d64-fp16-causal_br" (kv heads shown only when they differ: "b2h8k2-...");
     # a window adds "-wl64r0" (a side left out is unbounded), a layout "-varlen" or
-    # "-paged64" ("f" after it: full lengths).
+    # "-paged64" ("f" after it: full lengths); score modifiers add "-sc30" (softcap),
+    # "-alibi" and "-sink".
     @property
     def id(self) -> str:
         kv = f"k{self.kv_heads}" if self.kv_heads != self.heads else ""
@@ -126,14 +151,27 @@ class Case:
         if self.layout is not Layout.DENSE:
             layout = f"-{self.layout.value}" + (str(self.page_size) if self.page_size else "")
             layout += "f" if self.full_lengths else ""
+        mods = (f"-sc{self.softcap:g}" if self.softcap else "") + (
+            "-alibi" if self.alibi else "") + ("-sink" if self.sinks else "")
         return (
             f"b{self.batch}h{self.heads}{kv}-{self.seqlen_q}x{self.seqlen_k}-d{self.head_dim}"
-            f"-{DTYPE_SHORT[self.dtype]}-{self.mask.value}{window}{layout}{seed}"
+            f"-{DTYPE_SHORT[self.dtype]}-{self.mask.value}{window}{layout}{mods}{seed}"
         )
 
     @property
     def has_window(self) -> bool:
         return self.window_left >= 0 or self.window_right >= 0
+
+    @property
+    def has_score_mods(self) -> bool:
+        """Softcap, ALiBi or sinks: a score modifier a candidate must declare."""
+        return bool(self.softcap) or self.alibi or self.sinks
+
+    @property
+    def diagonal_offset(self) -> int:
+        """The offset o of the alignment windows and ALiBi use: query row i sits at key
+        position i + o; 0 under CAUSAL_TL, else Nk - Nq (FlashAttention's bottom-right)."""
+        return 0 if self.mask is MaskKind.CAUSAL_TL else self.seqlen_k - self.seqlen_q
 
     @property
     def is_serving(self) -> bool:
@@ -164,17 +202,25 @@ class Case:
         return self.heads // self.kv_heads
 
     def columns(self) -> dict[str, Any]:
-        """Every field, the serving ones too (a database row)."""
+        """Every field with a database column, the serving ones too (a database row). The
+        score modifiers have none: the case id, the row's key, carries them."""
+        d = self._fields()
+        for name in MOD_DEFAULTS:
+            del d[name]
+        return d
+
+    def _fields(self) -> dict[str, Any]:
         d = asdict(self)
         d["mask"] = self.mask.value
         d["layout"] = self.layout.value
         return d
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields, without serving fields at their defaults: a dense, windowless case
-        is written as it was before those fields existed (records stay comparable)."""
-        d = self.columns()
-        for name, default in SERVING_DEFAULTS.items():
+        """The fields, without serving fields or score modifiers at their defaults: a
+        dense, windowless, unmodified case is written as it was before those fields
+        existed (records stay comparable)."""
+        d = self._fields()
+        for name, default in (SERVING_DEFAULTS | MOD_DEFAULTS).items():
             if d[name] == default:
                 del d[name]
         return d
@@ -194,16 +240,19 @@ class Case:
 
         m = re.fullmatch(
             r"b(\d+)h(\d+)(?:k(\d+))?-(\d+)x(\d+)-d(\d+)-(fp16|bf16)-([a-z_]+?)"
-            r"(?:-w(?:l(\d+))?(?:r(\d+))?)?(?:-(varlen|paged)(\d+)?(f)?)?(?:-s(\d+))?",
+            r"(?:-w(?:l(\d+))?(?:r(\d+))?)?(?:-(varlen|paged)(\d+)?(f)?)?"
+            r"(?:-sc(\d+(?:\.\d+)?(?:e[-+]?\d+)?))?(-alibi)?(-sink)?(?:-s(\d+))?",
             case_id,
         )
         if not m:
             raise ValueError(f"not a case id: {case_id!r}")
-        b, h, k, nq, nk, d, dt, mask, wl, wr, layout, ps, full, seed = m.groups()
+        (b, h, k, nq, nk, d, dt, mask, wl, wr, layout, ps, full, cap, alibi, sink,
+         seed) = m.groups()
         dtype = {v: key for key, v in DTYPE_SHORT.items()}[dt]
         return cls(int(b), int(h), int(k or h), int(nq), int(nk), int(d), dtype, MaskKind(mask),
                    int(seed or 0), int(wl) if wl else -1, int(wr) if wr else -1,
-                   Layout(layout or "dense"), int(ps or 0), bool(full))
+                   Layout(layout or "dense"), int(ps or 0), bool(full),
+                   float(cap) if cap else 0.0, bool(alibi), bool(sink))
 
 
 @dataclass
@@ -221,6 +270,10 @@ class Inputs:
     mask: torch.Tensor | None = None
     key_lengths: torch.Tensor | None = None
     serving: Any = None
+    # Score modifiers (float32, one per query head): the ALiBi slopes of an `alibi` case
+    # and the sink logits of a `sinks` case, None otherwise.
+    alibi_slopes: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None
 
     def to(self, device: str | torch.device) -> Inputs:
         return dataclasses.replace(self, **_moved(self, device))
@@ -310,7 +363,11 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", *, secret: int =
         mask = (torch.arange(case.seqlen_k)[None, :] < key_lengths[:, None])[:, None, None, :]
     elif case.mask is MaskKind.RANDOM:
         mask = random_mask(case, cpu_gen)
-    return Inputs(q, k, v, mask, key_lengths).to(device)
+    from harness.core.score_mods import score_mod_inputs
+
+    slopes, sinks = score_mod_inputs(case, derive_seed(case, secret, MODS_DRAW + draw))
+    return Inputs(q, k, v, mask, key_lengths, alibi_slopes=slopes, sinks=sinks).to(device)
+
 
 
 # Draw index of the output gradient dO: its own seed, never one of the inputs' draws.

@@ -10,6 +10,10 @@ the diagonal (N(N+1)/2 pairs, not N^2/2). Sliding windows and the serving layout
 per sequence from each row's key interval (harness.core.serving), so a packed batch
 counts only its sequences' own pairs and a paged one only its keys.
 
+The score modifiers (softcap's tanh, the ALiBi bias, a sink's one extra exp per row) are
+elementwise work of O(pairs) or O(rows), not counted, like the softmax's exp: a modified
+case has the FLOPs of the same case unmodified (the sink is no key: it adds no pair).
+
 The backward does five such products per visible pair: S = QK^T again (FlashAttention's
 backward recomputes it from Q, K and the LSE instead of storing P), dV += P^T dO,
 dP = dO V^T, dQ += dS K and dK += dS^T Q: 10 * d FLOPs, 2.5x the forward's. The

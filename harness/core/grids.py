@@ -1,4 +1,5 @@
-"""The named case grids: smoke, full, perf, decode, serving, and the backward's perf-bwd.
+"""The named case grids: smoke, full, perf, decode, serving, mods, and the backward's
+perf-bwd.
 
 Every grid is a deterministic list (same order in every process, which pytest-xdist
 needs). Inputs are drawn per case from the case id (harness.core.cases.derive_seed), so every
@@ -329,9 +330,38 @@ def serving_grid() -> list[Case]:
     return cases
 
 
+# The score modifiers the mods grid meets (harness.core.reference's doc): each alone, and
+# all three together. A softcap of 10 bends the scores of N(0, 1) inputs measurably (30,
+# Grok's, and 50, Gemma 2's, barely do at this scale: their effect stays within the
+# tolerance of half-precision inputs).
+MOD_SETS: tuple[dict, ...] = ({"softcap": 10.0}, {"alibi": True}, {"sinks": True},
+                              {"softcap": 20.0, "alibi": True, "sinks": True})
+# (batch, heads, kv_heads, Nq, Nk, d, dtype, mask, window_left): every mask kind, Nq > Nk
+# and Nq < Nk under bottom-right causal (fully masked rows, and ALiBi's alignment), GQA
+# and MQA, a causal sliding window, a decode row.
+MOD_SHAPES = (
+    (2, 4, 4, 113, 203, 64, "float16", MaskKind.NONE, -1),
+    (2, 4, 2, 203, 113, 64, "bfloat16", MaskKind.CAUSAL_BR, -1),
+    (2, 6, 2, 113, 203, 128, "float16", MaskKind.CAUSAL_BR, -1),
+    (2, 4, 1, 113, 203, 64, "bfloat16", MaskKind.CAUSAL_TL, -1),
+    (3, 4, 2, 97, 130, 64, "float16", MaskKind.KEY_PADDING, -1),
+    (2, 4, 4, 70, 150, 64, "bfloat16", MaskKind.RANDOM, -1),
+    (2, 4, 2, 113, 203, 64, "float16", MaskKind.CAUSAL_BR, 48),
+    (1, 8, 2, 1, 239, 128, "bfloat16", MaskKind.NONE, -1),
+)
+
+
+def mods() -> list[Case]:
+    """The score-modifier grid (32 cases): every MOD_SETS entry on every MOD_SHAPES shape.
+    Only candidates declaring the modifiers run them; the others skip each case with the
+    reason."""
+    return [Case(b, h, kv, nq, nk, d, dt, mask, window_left=wl, **mod)
+            for mod in MOD_SETS for b, h, kv, nq, nk, d, dt, mask, wl in MOD_SHAPES]
+
+
 GRIDS: dict[str, Callable[[], list[Case]]] = {
     "smoke": smoke, "full": full, "perf": perf, "decode": decode, "perf-bwd": perf_bwd,
-    "serving": serving_grid,
+    "serving": serving_grid, "mods": mods,
 }
 # The pass a grid's cases are run through: "fwd" unless named here.
 GRID_PASS: dict[str, str] = {"perf-bwd": "bwd"}

@@ -23,6 +23,9 @@ rounded up to B_k; FA1 skips Q blocks that see no key of a K/V block). Key paddi
 arbitrary masks are not modelled (every tile is assumed loaded). For GQA, every query
 head reads its K/V head's blocks itself (no sharing across the group) except in `ideal`.
 
+Score modifiers move no more than H float32 values (ALiBi slopes, sink logits), read
+once per program: not modelled. A softcap is a scalar argument.
+
 Everything is per (batch, head) and summed: `hbm_bytes(algorithm, case, tiles)`.
 """
 

@@ -16,6 +16,20 @@ Conventions (shared by every candidate):
   side unbounded), o the offset of `causal_align` (applied with or without causal);
 - a fully masked row gives out = 0 exactly and lse = -inf.
 
+Score modifiers (dense cases; with any mask, window and GQA). For query row i, key j and
+query head h, in this order:
+1. s = scale * q_i . k_j;
+2. softcap c > 0: s = c * tanh(s / c) (before the bias and the mask);
+3. ALiBi: s += -slope_h * |i + o - j|, o the alignment offset of the causal mask and the
+   window (0 under causal top-left, else Nk - Nq: FlashAttention's bottom-right);
+4. the mask and window: s = -inf where j is not visible;
+5. a sink z_h (a per-head logit in the units of s, neither capped nor biased) joins the
+   softmax's denominator only, as a key with no value:
+   m = max(max_j s_j, z_h),  out_i = sum_j e^(s_j - m) v_j / (e^(z_h - m) + sum_j e^(s_j - m)),
+   lse_i = m + log(e^(z_h - m) + sum_j e^(s_j - m)) = log(e^z_h + sum_j e^s_j).
+   A row that sees no key then has out = 0 and lse = z_h (not -inf): the sink holds it all.
+The slopes and sink logits are inputs (harness.core.score_mods draws them per case).
+
 The serving layouts (varlen, paged) reduce to one such call: harness.core.serving writes
 their semantics and `serving.oracle_problem` the equivalent dense problem (packed
 sequences under a block-diagonal mask, or the pages gathered); `problem_for_case` picks.
@@ -27,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -106,12 +121,57 @@ def grouped(t: torch.Tensor, hkv: int, group: int, rows: int) -> torch.Tensor:
     return t.reshape(t.shape[0], hkv, group * t.shape[2], t.shape[3])
 
 
+@dataclass(frozen=True)
+class BlockMods:
+    """The score modifiers of one row block, grouped like its scores (`grouped`): softcap
+    (0: none), the ALiBi bias (B|1, Hkv, G * rows, Nk) and the sink (1, Hkv, G * rows, 1),
+    both float64 (None: none)."""
+
+    softcap: float = 0.0
+    bias: torch.Tensor | None = None
+    sink: torch.Tensor | None = None
+
+
+def block_mods(rows: slice, nq: int, nk: int, causal_align: str, softcap: float,
+               alibi_slopes: torch.Tensor | None, sinks: torch.Tensor | None, hkv: int,
+               group: int, device: torch.device) -> BlockMods | None:
+    """The modifiers (module doc) of the query rows `rows`, or None without any."""
+    if not softcap and alibi_slopes is None and sinks is None:
+        return None
+    n = rows.stop - rows.start
+    bias = sink = None
+    if alibi_slopes is not None:
+        offset = nk - nq if causal_align == "bottom_right" else 0
+        i = torch.arange(rows.start, rows.stop, device=device)[:, None] + offset
+        j = torch.arange(nk, device=device)[None, :]
+        dist = (i - j).abs().double()  # |i + o - j|, (rows, Nk)
+        slopes = alibi_slopes.to(device=device, dtype=torch.float64)
+        bias = grouped(-slopes[None, :, None, None] * dist[None, None], hkv, group, n)
+    if sinks is not None:
+        z = sinks.to(device=device, dtype=torch.float64)[None, :, None, None]
+        sink = grouped(z.expand(1, z.shape[1], n, 1), hkv, group, n)
+    return BlockMods(float(softcap), bias, sink)
+
+
+def _modified(s: torch.Tensor, mods: BlockMods | None) -> torch.Tensor:
+    """Steps 2 and 3 of the module doc (softcap, then the ALiBi bias), in s's dtype."""
+    if mods is None:
+        return s
+    if mods.softcap:
+        s = mods.softcap * torch.tanh(s / mods.softcap)
+    if mods.bias is not None:
+        s = s + mods.bias.to(s.dtype)
+    return s
+
+
 def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                        causal_align: str, mask: torch.Tensor | None, scale: float | None,
                        block_rows: int | None, elem_bytes: int,
                        block_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
                        out_dtype: torch.dtype, lse_dtype: torch.dtype,
-                       window: tuple[int, int] = (-1, -1),
+                       window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                       alibi_slopes: torch.Tensor | None = None,
+                       sinks: torch.Tensor | None = None,
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     if causal_align not in CAUSAL_ALIGNS:
         raise ValueError(f"causal_align must be one of {CAUSAL_ALIGNS}, got {causal_align!r}")
@@ -128,23 +188,31 @@ def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cau
         qg = grouped(q[:, :, r], hkv, group, n)  # (B, Hkv, G * rows, d)
         vis = block_visibility(r, nq, nk, causal, causal_align, mask, q.device, window)
         vis = None if vis is None else grouped(vis, hkv, group, n)
-        o_blk, lse_blk = block_fn(qg, k, v, vis, scale)
+        mods = block_mods(r, nq, nk, causal_align, softcap, alibi_slopes, sinks, hkv, group,
+                          q.device)
+        o_blk, lse_blk = block_fn(qg, k, v, vis, scale, mods)
         out[:, :, r] = o_blk.reshape(b, h, n, d)
         lse[:, :, r] = lse_blk.reshape(b, h, n)
     return out, lse
 
 
 def _ref_block(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor,
-               vis: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    s = (qg @ kg.transpose(-1, -2)) * scale  # inputs are float64 already
+               vis: torch.Tensor | None, scale: float, mods: BlockMods | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    s = _modified((qg @ kg.transpose(-1, -2)) * scale, mods)  # inputs are float64 already
     if vis is not None:
         s = s.masked_fill(~vis, -math.inf)
     m = s.amax(dim=-1, keepdim=True)
+    sink = None if mods is None else mods.sink
+    if sink is not None:  # the sink takes part in the max (step 5), and is finite
+        m = torch.maximum(m, sink)
     # -inf guard: a fully masked row has m = -inf and exp(-inf - (-inf)) would be NaN;
     # subtracting 0 instead leaves every exp at exactly 0, so the row sum is 0 below.
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     p = torch.exp(s - m)
     denom = p.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        denom = denom + torch.exp(sink - m)  # in the denominator only, with no value
     o = (p @ vg) / torch.where(denom > 0, denom, torch.ones_like(denom))
     lse = (m + torch.log(denom)).squeeze(-1)  # log(0) = -inf for fully masked rows
     return o, lse
@@ -153,34 +221,50 @@ def _ref_block(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor,
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                   causal_align: str = "bottom_right", mask: torch.Tensor | None = None,
                   scale: float | None = None, block_rows: int | None = None,
-                  window: tuple[int, int] = (-1, -1),
+                  window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                  alibi_slopes: torch.Tensor | None = None,
+                  sinks: torch.Tensor | None = None,
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 attention on the inputs' device: (out (B, H, Nq, d), lse (B, H, Nq)), both
-    float64. Fully masked rows: out 0, lse -inf. `block_rows` overrides the budget."""
+    float64. Fully masked rows: out 0, lse -inf (with sinks: the sink logit).
+    `block_rows` overrides the budget. `softcap`, `alibi_slopes` (H,) and `sinks` (H,)
+    are the score modifiers of the module doc."""
     # Upcast once (not per block): per-block conversions of K/V would dominate at large N.
     q, k, v = q.double(), k.double(), v.double()
     return _blocked_attention(q, k, v, causal=causal, causal_align=causal_align, mask=mask,
                               scale=scale, block_rows=block_rows, elem_bytes=8,
                               block_fn=_ref_block, out_dtype=torch.float64,
-                              lse_dtype=torch.float64, window=window)
+                              lse_dtype=torch.float64, window=window, softcap=softcap,
+                              alibi_slopes=alibi_slopes, sinks=sinks)
 
 
 def _naive_block(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor,
-                 vis: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 vis: torch.Tensor | None, scale: float, mods: BlockMods | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     # What a careful eager implementation does in the input dtype: QK^T in the dtype,
     # scale and softmax in float32, P cast back to the dtype, PV in the dtype. A matmul "in
     # the dtype" is float32 accumulation rounded to the dtype (what GPU matmuls do); it is
     # written out that way so that CPU and GPU agree and the CPU, whose half-precision
     # matmuls are slow, stays fast. Products of fp16/bf16 values are exact in float32.
     dt = qg.dtype
+    # The score modifiers in float32 too, where a kernel applies them.
     s = (qg.float() @ kg.float().transpose(-1, -2)).to(dt).float() * scale
+    s = _modified(s, mods)
     if vis is not None:
         s = s.masked_fill(~vis, -math.inf)
-    lse = torch.logsumexp(s, dim=-1)  # -inf on fully masked rows
+    sink = None if mods is None or mods.sink is None else mods.sink.float()
+    if sink is not None:  # the sink as one more logit of the row, with no value
+        lse = torch.logsumexp(torch.cat((s, sink.expand(*s.shape[:-1], 1)), dim=-1), dim=-1)
+    else:
+        lse = torch.logsumexp(s, dim=-1)  # -inf on fully masked rows
     m = s.amax(dim=-1, keepdim=True)
+    if sink is not None:
+        m = torch.maximum(m, sink)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     p = torch.exp(s - m)
     denom = p.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        denom = denom + torch.exp(sink - m)
     p = (p / torch.where(denom > 0, denom, torch.ones_like(denom))).to(dt)
     return (p.float() @ vg.float()).to(dt), lse
 
@@ -188,23 +272,34 @@ def _naive_block(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor,
 def attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     causal_align: str = "bottom_right", mask: torch.Tensor | None = None,
                     scale: float | None = None, block_rows: int | None = None,
-                    window: tuple[int, int] = (-1, -1),
+                    window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: torch.Tensor | None = None,
+                    sinks: torch.Tensor | None = None,
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same-precision naive attention: (out in the input dtype, lse float32). Same
-    conventions as `attention_ref`, fully masked rows 0 (and lse -inf)."""
+    conventions as `attention_ref`, fully masked rows 0 (and lse -inf, or the sink)."""
     return _blocked_attention(q, k, v, causal=causal, causal_align=causal_align, mask=mask,
                               scale=scale, block_rows=block_rows, elem_bytes=4,
                               block_fn=_naive_block, out_dtype=q.dtype,
-                              lse_dtype=torch.float32, window=window)
+                              lse_dtype=torch.float32, window=window, softcap=softcap,
+                              alibi_slopes=alibi_slopes, sinks=sinks)
 
 
 def case_flags(case: Case, inputs: Inputs) -> dict:
-    """Keyword flags of `attention_ref`/`attention_naive` that express a dense case's mask
-    and window (the window aligned like the causal mask: top-left only under CAUSAL_TL)."""
+    """Keyword flags of `attention_ref`/`attention_naive` that express a dense case's mask,
+    window (aligned like the causal mask: top-left only under CAUSAL_TL) and score
+    modifiers (ALiBi aligned the same way)."""
     align = "top_left" if case.mask is MaskKind.CAUSAL_TL else "bottom_right"
     flags: dict = {"causal": case.mask.is_causal, "causal_align": align, "mask": None}
     if case.has_window:
         flags["window"] = (case.window_left, case.window_right)
+    if case.softcap:
+        flags["softcap"] = case.softcap
+    for name, needed in (("alibi_slopes", case.alibi), ("sinks", case.sinks)):
+        if needed:
+            if getattr(inputs, name) is None:
+                raise ValueError(f"case {case.id} needs inputs.{name}")
+            flags[name] = getattr(inputs, name)
     if case.mask in (MaskKind.KEY_PADDING, MaskKind.RANDOM):
         if inputs.mask is None:
             raise ValueError(f"case {case.id} needs inputs.mask for mask kind {case.mask.value}")

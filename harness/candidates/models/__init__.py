@@ -6,7 +6,9 @@ those loops move (`model.last_bytes` after a run). They pass the harness's corre
 check; the planted bugs (`planted_bugs`) must not. The FA2 and split-KV models also run
 the serving case kinds (FA2: varlen batches and sliding windows; split-KV: those and paged
 caches), per sequence from the case's index tensors; their planted bugs are
-`planted_serving_bugs`. The FA2 model also has FA2's backward (`run_backward`,
+`planted_serving_bugs`. The FA2 model applies the score modifiers (softcap, ALiBi,
+sinks; their planted bugs are `planted_mod_bugs`). It also has FA2's backward
+(`run_backward`,
 harness.candidates.models.fa2_bwd), whose planted bugs are `planted_backward_bugs`.
 """
 
@@ -18,13 +20,15 @@ from harness.candidates.models.fa2 import FA2Model
 from harness.candidates.models.naive import NaiveModel
 from harness.candidates.models.planted import planted_bugs
 from harness.candidates.models.planted_bwd import planted_backward_bugs
+from harness.candidates.models.planted_mods import planted_mod_bugs
 from harness.candidates.models.planted_serving import planted_serving_bugs
 from harness.candidates.models.splitkv import SplitKVModel, choose_num_splits
 from harness.candidates.models.tiles import ByteCounter
 
 __all__ = ["ByteCounter", "FA1Model", "FA2Model", "ModelCandidate", "NaiveModel",
            "SplitKVModel", "all_models", "choose_num_splits", "planted_backward_bugs",
-           "named_planted_bugs", "planted_bugs", "planted_serving_bugs"]
+           "named_planted_bugs", "planted_bugs", "planted_mod_bugs",
+           "planted_serving_bugs"]
 
 
 def all_models() -> list[ModelCandidate]:
@@ -34,6 +38,7 @@ def all_models() -> list[ModelCandidate]:
 
 def named_planted_bugs() -> list[ModelCandidate]:
     """The planted bugs `--kernels bug_*` can name: the dense ones, the serving ones
-    (which only the serving grid exposes) and the backward's (`bug_bwd_*`, whose forward
-    is right: `--backward` exposes them)."""
-    return [*planted_bugs(), *planted_serving_bugs(), *planted_backward_bugs()]
+    (which only the serving grid exposes), the score modifiers' (the mods grid) and the
+    backward's (`bug_bwd_*`, whose forward is right: `--backward` exposes them)."""
+    return [*planted_bugs(), *planted_serving_bugs(), *planted_mod_bugs(),
+            *planted_backward_bugs()]

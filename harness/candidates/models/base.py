@@ -3,7 +3,8 @@ the harness-owned buffers and records the HBM bytes its loops moved.
 
 The steps a kernel engineer can get wrong are methods: here the softmax scale, the K/V head
 of a query head, the causal alignment, which tiles exist and the mask, the sliding
-window's sides and alignment, the K/V tile load (a page lookup per key tile for paged
+window's sides and alignment, the score modifiers (softcap, the ALiBi bias and its
+alignment), the K/V tile load (a page lookup per key tile for paged
 caches) and the store of a row block; in the algorithm classes the online-softmax update,
 the final normalisation and the split combine. A planted-bug model
 (harness.candidates.models.planted, planted_serving) overrides exactly one of them.
@@ -96,6 +97,25 @@ class ModelCandidate(Candidate):
         top-left (0) under CAUSAL_TL, else bottom-right (Nk - Nq), per sequence."""
         return 0 if case.window_top_left else case.seqlen_k - case.seqlen_q
 
+    def cap(self, case: Case, s: torch.Tensor) -> torch.Tensor:
+        """Logit soft-capping c * tanh(s / c) of a tile's scaled scores (no softcap: s)."""
+        return case.softcap * torch.tanh(s / case.softcap) if case.softcap else s
+
+    def alibi_offset(self, case: Case) -> int:
+        """ALiBi's alignment: row i sits at key position i + o (the window's o)."""
+        return case.diagonal_offset
+
+    def alibi_bias(self, case: Case, inputs: Inputs, rows: tuple[int, int],
+                   cols: tuple[int, int]) -> torch.Tensor | None:
+        """-slope_h * |i + o - j| over a tile: (1, H, rows, cols) float32, None without
+        ALiBi."""
+        if not case.alibi or inputs.alibi_slopes is None:
+            return None
+        i = torch.arange(*rows)[:, None] + self.alibi_offset(case)
+        j = torch.arange(*cols)[None, :]
+        slopes = inputs.alibi_slopes.float()[None, :, None, None]
+        return -slopes * (i - j).abs().float()[None, None]
+
     def page_ids(self, seq: SeqView, logical: torch.Tensor) -> torch.Tensor:
         """Pool page of each logical page index of sequence `seq`: its block-table row."""
         return seq.table[seq.b, logical]
@@ -170,8 +190,12 @@ class ModelCandidate(Candidate):
     def scores(self, case: Case, inputs: Inputs, q: torch.Tensor, k: torch.Tensor,
                rows: tuple[int, int], cols: tuple[int, int], counter: T.ByteCounter,
                ) -> torch.Tensor:
-        """Scaled, masked float32 scores of one tile: (B, H, rows, cols)."""
-        s = torch.matmul(q, k.transpose(-1, -2)) * self.softmax_scale(case)
+        """Scaled, soft-capped, ALiBi-biased, masked float32 scores of one tile:
+        (B, H, rows, cols)."""
+        s = self.cap(case, torch.matmul(q, k.transpose(-1, -2)) * self.softmax_scale(case))
+        bias = self.alibi_bias(case, inputs, rows, (cols[0], cols[0] + s.shape[-1]))
+        if bias is not None:
+            s = s + bias
         use_mask = self.uses_mask_tensor(case)
         if case.has_window:
             lo, hi = self.row_intervals(case, *rows)

@@ -18,6 +18,11 @@ keys (paged: looked up in the block table per key tile), and only its rows are s
 the padding rows of a packed batch stay unwritten. A sequence with no query row costs
 nothing; one with an empty cache stores O = 0 and LSE = -inf without reading anything.
 
+Score modifiers (dense cases): softcap and the ALiBi bias are applied to each score tile
+(`ModelCandidate.scores`), before the mask; a sink is folded in after the K/V loop as one
+more key with score `sink` and value 0 (`finish_sink`), so O is rescaled, l grows and LSE
+includes it.
+
 The backward is FA2's Algorithm 2 (harness.candidates.models.fa2_bwd), dense only.
 """
 
@@ -48,13 +53,15 @@ class FA2Model(FA2Backward, ModelCandidate):
     # deterministic.
     support: Support = field(default_factory=lambda: Support(
         masked_lse="-inf", backward=True, backward_deterministic=True,
-        layouts=frozenset({Layout.DENSE, Layout.VARLEN}), window=True))
+        layouts=frozenset({Layout.DENSE, Layout.VARLEN}), window=True, softcap=True,
+        alibi=True, sinks=True))
     # Bytes moved by the last `run_backward` (None before the first one).
     last_bytes_bwd: T.ByteCounter | None = field(default=None, repr=False, compare=False)
 
     def supports_backward(self, case: Case) -> str | None:
-        if case.is_serving or case.has_window:
-            return "the backward model covers dense cases without a sliding window"
+        if case.is_serving or case.has_window or case.has_score_mods:
+            return ("the backward model covers dense cases without a sliding window or "
+                    "score modifiers")
         return None
 
     def compute(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None,
@@ -77,9 +84,15 @@ class FA2Model(FA2Backward, ModelCandidate):
         """All Q blocks of a dense problem (`case`: the whole dense case, or one sequence
         as a dense problem of its own lengths), stored through `store_rows`."""
         all_keys = self.key_tiles(case)
+        # The sink logits: H floats, read once per program (not counted, as the IO model
+        # does not count them).
+        sink = None if inputs.sinks is None else inputs.sinks.float()[None, :, None]
         for r0, r1 in self.query_tiles(case):
             o, m, lsum = self.attend_rows(case, inputs, (r0, r1), all_keys, counter)
-            o, blk_lse = self.finish(o, m, lsum)
+            if sink is None:
+                o, blk_lse = self.finish(o, m, lsum)
+            else:
+                o, blk_lse = self.finish_sink(o, m, lsum, sink)
             self.store_rows(seq, out, lse, r0, o, blk_lse, counter)
 
     def attend_rows(self, case: Case, inputs: Inputs, rows: tuple[int, int],
@@ -121,6 +134,16 @@ class FA2Model(FA2Backward, ModelCandidate):
         lsum = alpha * lsum + p.sum(dim=-1)
         o = alpha[..., None] * o + torch.matmul(p, v)
         return o, m_new, lsum
+
+    def finish_sink(self, o: torch.Tensor, m: torch.Tensor, lsum: torch.Tensor,
+                    sink: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`finish` with a sink logit (1, H, 1): folded in as one more key of score `sink`
+        and value 0, so the running max takes it, l gains exp(sink - m) and O is only
+        rescaled. l > 0 then: a row with no visible key ends with O = 0, LSE = sink."""
+        m_new = torch.maximum(m, sink.expand_as(m))  # finite: the sink is
+        alpha = torch.exp(m - m_new)
+        lsum = alpha * lsum + torch.exp(sink - m_new)
+        return self.finish(alpha[..., None] * o, m_new, lsum)
 
     def finish(self, o: torch.Tensor, m: torch.Tensor, lsum: torch.Tensor,
                ) -> tuple[torch.Tensor, torch.Tensor]:

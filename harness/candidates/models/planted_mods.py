@@ -1,0 +1,105 @@
+"""Planted bugs of the score modifiers (softcap, ALiBi, sinks): FA2 models with one
+mistake each in a step the modifiers added (harness.core.reference's doc has what is
+right). The `mods` grid exposes every one of them; tests/test_planted_mods.py holds each
+to the case that exposes it and to a control case on which it is invisible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness.candidates.models import tiles as T
+from harness.candidates.models.fa2 import FA2Model
+from harness.core.cases import Case, Inputs
+
+
+@dataclass
+class SoftcapAfterMask(FA2Model):
+    """Soft-capping applied after the mask instead of before it: a masked score, -inf,
+    becomes c * tanh(-inf) = -c, a finite logit, so masked keys take part in the softmax
+    (and a fully masked row averages V)."""
+
+    name: str = "bug_softcap_after_mask"
+
+    def scores(self, case: Case, inputs: Inputs, q: torch.Tensor, k: torch.Tensor,
+               rows: tuple[int, int], cols: tuple[int, int], counter: T.ByteCounter,
+               ) -> torch.Tensor:
+        s = super().scores(case, inputs, q, k, rows, cols, counter)  # bias, mask: no cap
+        return super().cap(case, s)
+
+    def cap(self, case: Case, s: torch.Tensor) -> torch.Tensor:
+        return s  # applied at the end of `scores`, after the mask
+
+
+@dataclass
+class SoftcapMissing(FA2Model):
+    """The case's softcap ignored: raw scaled scores go into the softmax."""
+
+    name: str = "bug_softcap_missing"
+
+    def cap(self, case: Case, s: torch.Tensor) -> torch.Tensor:
+        return s
+
+
+@dataclass
+class AlibiWrongSign(FA2Model):
+    """ALiBi bias added as +slope * |i - j|: distant keys favoured instead of penalised."""
+
+    name: str = "bug_alibi_wrong_sign"
+
+    def alibi_bias(self, case: Case, inputs: Inputs, rows: tuple[int, int],
+                   cols: tuple[int, int]) -> torch.Tensor | None:
+        bias = super().alibi_bias(case, inputs, rows, cols)
+        return None if bias is None else -bias
+
+
+@dataclass
+class AlibiTopLeft(FA2Model):
+    """ALiBi distances measured from the top-left diagonal (|i - j|) in every case, not
+    from the bottom-right one (|i + Nk - Nq - j|) the causal mask and windows use:
+    identical when Nq = Nk, and under causal with Nq > Nk a per-row constant the softmax
+    cancels; wrong wherever Nk > Nq."""
+
+    name: str = "bug_alibi_top_left"
+
+    def alibi_offset(self, case: Case) -> int:
+        return 0
+
+
+@dataclass
+class SinkNotInLse(FA2Model):
+    """The sink normalises O but is left out of the LSE written: log(sum_j e^s_j) instead
+    of log(e^sink + sum_j e^s_j), -inf on a row that sees no key."""
+
+    name: str = "bug_sink_not_in_lse"
+
+    def finish_sink(self, o: torch.Tensor, m: torch.Tensor, lsum: torch.Tensor,
+                    sink: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, _ = super().finish_sink(o, m, lsum, sink)
+        _, lse = self.finish(o, m, lsum)
+        return out, lse
+
+
+@dataclass
+class SinkNotInNormalisation(FA2Model):
+    """The sink is in the LSE but O is divided by sum_j e^s_j alone: the mass the sink
+    should take is spread over the keys' values."""
+
+    name: str = "bug_sink_not_in_normalisation"
+
+    def finish_sink(self, o: torch.Tensor, m: torch.Tensor, lsum: torch.Tensor,
+                    sink: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _, lse = super().finish_sink(o, m, lsum, sink)
+        out, _ = self.finish(o, m, lsum)
+        return out, lse
+
+
+PLANTED_MODS = (SoftcapAfterMask, SoftcapMissing, AlibiWrongSign, AlibiTopLeft, SinkNotInLse,
+                SinkNotInNormalisation)
+
+
+def planted_mod_bugs() -> list[FA2Model]:
+    """One fresh instance of every planted score-modifier bug."""
+    return [cls(description=" ".join((cls.__doc__ or "").split())) for cls in PLANTED_MODS]

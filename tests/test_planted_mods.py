@@ -1,0 +1,101 @@
+"""Every planted score-modifier bug (harness.candidates.models.planted_mods) is caught by
+the harness's check on the case that exposes it, for the reason it must be, and passes on
+a control case where its mistake is invisible (as in tests/test_planted_bugs.py); and the
+mods grid exposes every one of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from harness.candidates.models import FA2Model, planted_bugs, planted_mod_bugs
+from harness.core.cases import Case, MaskKind
+from harness.core.check import check_case
+from harness.core.grids import get_grid
+from harness.core.results import Status
+
+F16, BF16 = "float16", "bfloat16"
+M = MaskKind
+
+PLAIN = Case(2, 4, 2, 113, 203, 64, F16, M.NONE)
+SOFTCAP = Case(2, 4, 2, 113, 203, 64, F16, M.NONE, softcap=5.0)
+# Rows 0..89 see no key: a cap after the mask turns their -inf into -5.
+SOFTCAP_MASKED = Case(2, 4, 2, 203, 113, 64, BF16, M.CAUSAL_BR, softcap=5.0)
+ALIBI = Case(2, 4, 2, 113, 203, 64, F16, M.NONE, alibi=True)
+ALIBI_CAUSAL_WIDE = Case(2, 4, 2, 113, 203, 64, F16, M.CAUSAL_BR, alibi=True)  # Nk > Nq
+ALIBI_SQUARE = Case(2, 4, 4, 128, 128, 64, F16, M.CAUSAL_BR, alibi=True)
+# Top-left causal: the first rows see a few keys, beside which any sink weighs.
+SINKS = Case(2, 4, 2, 113, 203, 64, F16, M.CAUSAL_TL, sinks=True)
+
+
+@dataclass(frozen=True)
+class Exposure:
+    case: Case  # the bug must fail here ...
+    reason: str  # ... with this in the check's message
+    control: Case  # and pass here
+
+
+EXPOSURES: dict[str, Exposure] = {
+    "bug_softcap_after_mask": Exposure(SOFTCAP_MASKED, "fully masked row not exactly 0",
+                                       SOFTCAP),
+    "bug_softcap_missing": Exposure(SOFTCAP, "out: max error", ALIBI),
+    "bug_alibi_wrong_sign": Exposure(ALIBI, "out: max error", SOFTCAP),
+    "bug_alibi_top_left": Exposure(ALIBI_CAUSAL_WIDE, "out: max error", ALIBI_SQUARE),
+    "bug_sink_not_in_lse": Exposure(SINKS, "lse: max error", PLAIN),
+    "bug_sink_not_in_normalisation": Exposure(SINKS, "out: max error", PLAIN),
+}
+SEEDS = range(3)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _bug(name: str) -> FA2Model:
+    return next(b for b in planted_mod_bugs() if b.name == name)
+
+
+def test_every_planted_mod_bug_has_an_exposing_case():
+    names = [b.name for b in planted_mod_bugs()]
+    assert len(names) == len(set(names)) and sorted(names) == sorted(EXPOSURES)
+    assert not set(names) & {b.name for b in planted_bugs()}
+    for bug in planted_mod_bugs():
+        assert bug.kind == "model" and bug.description and bug.name.startswith("bug_")
+
+
+@pytest.mark.parametrize("name", sorted(EXPOSURES))
+def test_planted_mod_bug_is_caught(name: str):
+    exposure = EXPOSURES[name]
+    for seed in SEEDS:
+        case = Case(**{**exposure.case.to_dict(), "seed": seed})
+        result = check_case(_bug(name), case, device="cpu")
+        assert result.status is Status.FAILED, (
+            f"{name} not caught on {case.id}: {result.status.value} {result.message}")
+        assert exposure.reason in result.message, (
+            f"{name} caught on {case.id} for another reason: {result.message}")
+
+
+@pytest.mark.parametrize("name", sorted(EXPOSURES))
+def test_planted_mod_bug_is_invisible_on_its_control_case(name: str):
+    exposure = EXPOSURES[name]
+    for model in (_bug(name), FA2Model()):
+        result = check_case(model, exposure.control, device="cpu")
+        assert result.status is Status.PASSED, f"{model.name} on {exposure.control.id}: " \
+                                               f"{result.message}"
+    # The correct model passes where the bug fails.
+    result = check_case(FA2Model(), exposure.case, device="cpu")
+    assert result.status is Status.PASSED, result.message
+
+
+def test_the_mods_grid_catches_every_planted_mod_bug():
+    """Case-major, stopping when every bug has failed somewhere."""
+    bugs = planted_mod_bugs()
+    caught: dict[str, str] = {}
+    for case in get_grid("mods"):
+        for bug in bugs:
+            if bug.name not in caught and check_case(bug, case, device="cpu").status \
+                    is Status.FAILED:
+                caught[bug.name] = case.id
+        if len(caught) == len(bugs):
+            break
+    missed = [b.name for b in bugs if b.name not in caught]
+    assert not missed, f"the mods grid passes planted bug(s): {missed}"
