@@ -27,6 +27,9 @@ ALIBI_CAUSAL_WIDE = Case(2, 4, 2, 113, 203, 64, F16, M.CAUSAL_BR, alibi=True)  #
 ALIBI_SQUARE = Case(2, 4, 4, 128, 128, 64, F16, M.CAUSAL_BR, alibi=True)
 # Top-left causal: the first rows see a few keys, beside which any sink weighs.
 SINKS = Case(2, 4, 2, 113, 203, 64, F16, M.CAUSAL_TL, sinks=True)
+MLA = Case(2, 4, 2, 113, 203, 192, F16, M.CAUSAL_BR, head_dim_v=128)  # d_qk > d_v
+V_WIDER = Case(2, 4, 2, 113, 203, 128, BF16, M.NONE, head_dim_v=192)  # d_qk < d_v
+D192 = Case(2, 4, 2, 113, 203, 192, F16, M.CAUSAL_BR)
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ EXPOSURES: dict[str, Exposure] = {
     "bug_alibi_top_left": Exposure(ALIBI_CAUSAL_WIDE, "out: max error", ALIBI_SQUARE),
     "bug_sink_not_in_lse": Exposure(SINKS, "lse: max error", PLAIN),
     "bug_sink_not_in_normalisation": Exposure(SINKS, "out: max error", PLAIN),
+    "bug_head_dims_swapped": Exposure(MLA, "out: max error", D192),
 }
 SEEDS = range(3)
 
@@ -84,6 +88,13 @@ def test_planted_mod_bug_is_invisible_on_its_control_case(name: str):
     # The correct model passes where the bug fails.
     result = check_case(FA2Model(), exposure.case, device="cpu")
     assert result.status is Status.PASSED, result.message
+
+
+def test_head_dims_swapped_leaves_columns_unwritten_when_d_v_is_wider():
+    result = check_case(_bug("bug_head_dims_swapped"), V_WIDER, device="cpu")
+    assert result.status is Status.FAILED and "never written" in result.message, \
+        result.message
+    assert check_case(FA2Model(), V_WIDER, device="cpu").status is Status.PASSED
 
 
 def test_the_mods_grid_catches_every_planted_mod_bug():

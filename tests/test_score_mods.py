@@ -203,11 +203,14 @@ def test_the_backward_of_modified_cases_is_skipped_with_the_reason():
 
 def test_the_mods_grid_holds_every_modifier_and_mask():
     cases = get_grid("mods")
-    assert len(cases) == len(set(cases)) == 32
+    assert len(cases) == len(set(cases)) == 47
     assert {c.mask for c in cases} == set(MaskKind)
     assert any(c.softcap and c.alibi and c.sinks for c in cases)
     assert any(c.has_window for c in cases) and any(c.kv_heads == 1 for c in cases)
-    assert all(c.has_score_mods and Case.from_id(c.id) == c for c in cases)
+    assert all(Case.from_id(c.id) == c for c in cases)
+    assert sum(c.has_score_mods for c in cases) == 33
+    assert {c.head_dim for c in cases} >= {96, 192, 256}
+    assert {(c.head_dim, c.dv) for c in cases if c.head_dim_v} == {(192, 128), (128, 192)}
 
 
 def test_the_fa2_model_passes_the_mods_grid():

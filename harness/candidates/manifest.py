@@ -408,8 +408,7 @@ def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
     for mod in SCORE_MODS:
         if _bool(ctx, table.get(mod, False), f"supports.{mod}"):
             raise ctx.fail(f"supports.{mod}", "a CUDA variant cannot declare it yet: FaParams "
-                           "carries no score-modifier values (docs/score-mods.md); Python "
-                           "candidates can")
+                           "has no slot for it (docs/score-mods.md); Python candidates can")
     return SupportSpec(
         dtypes=dtypes, head_dims=head_dims, max_head_dim=max_head_dim, masks=tuple(masks),
         gqa=_bool(ctx, table["gqa"], "supports.gqa"),

@@ -43,7 +43,9 @@ Score modifiers (harness.core.reference's doc: softcap, ALiBi, sinks). A kernel 
 (the cap, 0.0 for none), `alibi_slopes` or `sinks` (float32 (H,) on `device`, None when
 the case has none) respectively; a kernel declaring none is called as before, and cases
 needing a modifier it does not declare are skipped with the reason. The backward of a
-modified case is not checked yet (skipped with the reason).
+modified case is not checked yet (skipped with the reason). A kernel declaring
+`head_dim_v=True` also runs cases whose V head dim d_v differs from d_qk: v and out are
+then (..., d_v) wide (the scale stays 1/sqrt(d_qk)).
 
 It is registered by an entry point in the group `fa_harness.candidates` (its value
 names a `PythonKernel`, a list of them, or a function of no arguments returning either)
@@ -140,6 +142,9 @@ class PythonKernel:
     softcap: bool = False
     alibi: bool = False
     sinks: bool = False
+    # Cases whose V head dim d_v differs from d_qk: v is (B, Hkv, Nk, d_v) and so is the
+    # result's out (B, H, Nq, d_v); no keyword (the shapes say it).
+    head_dim_v: bool = False
 
     def problems(self) -> list[str]:
         """What is wrong with the declaration (empty when it is valid)."""
@@ -345,7 +350,8 @@ def to_candidate(k: PythonKernel, origin: str) -> PythonCandidate:
                       deterministic=k.deterministic, backward=k.has_backward,
                       backward_deterministic=k.backward_deterministic,
                       layouts=frozenset(Layout(x) for x in k.layouts), window=k.window,
-                      softcap=k.softcap, alibi=k.alibi, sinks=k.sinks)
+                      softcap=k.softcap, alibi=k.alibi, sinks=k.sinks,
+                      head_dim_v=k.head_dim_v)
     return PythonCandidate(name=k.name, kind="python", device=k.device, algorithm=k.algorithm,
                            support=support, description=k.description, isolate=True,
                            tiles=dict(k.tiles),

@@ -160,7 +160,7 @@ class OutputBuffers(_GuardedSet):
     def allocate(cls, case: Case, device: str | torch.device, writes_lse: bool) -> OutputBuffers:
         """`out` has q's shape in the case's layout (packed for varlen, whose padding rows
         must stay unwritten: harness.core.serving)."""
-        shape = (case.batch, case.heads, case.seqlen_q, case.head_dim)
+        shape = (case.batch, case.heads, case.seqlen_q, case.dv)
         valid = None
         if case.is_serving:
             from harness.core.serving import row_valid, tensor_shapes
@@ -199,9 +199,10 @@ class GradBuffers(_GuardedSet):
     def allocate(cls, case: Case, device: str | torch.device) -> GradBuffers:
         q_shape = (case.batch, case.heads, case.seqlen_q, case.head_dim)
         kv_shape = (case.batch, case.kv_heads, case.seqlen_k, case.head_dim)
+        v_shape = kv_shape[:3] + (case.dv,)
         bufs = cls(*(_Guarded.allocate(name, shape, case.torch_dtype, device)
                      for name, shape in (("dq", q_shape), ("dk", kv_shape),
-                                         ("dv", kv_shape))))
+                                         ("dv", v_shape))))
         bufs.poison()
         return bufs
 

@@ -53,12 +53,19 @@ class Support:
     softcap: bool = False
     alibi: bool = False
     sinks: bool = False
+    # Cases whose V head dim d_v differs from d_qk (`Case.head_dim_v`; both must be among
+    # `head_dims` when those are declared).
+    head_dim_v: bool = False
 
     def reason_unsupported(self, case: Case) -> str | None:
         if case.dtype not in self.dtypes:
             return f"dtype {case.dtype} not supported"
         if self.head_dims is not None and case.head_dim not in self.head_dims:
             return f"head_dim {case.head_dim} not supported (declares {sorted(self.head_dims)})"
+        if case.head_dim_v and not self.head_dim_v:
+            return "d_v != d_qk not supported (declares head_dim_v = false)"
+        if self.head_dims is not None and case.dv not in self.head_dims:
+            return f"head_dim_v {case.dv} not supported (declares {sorted(self.head_dims)})"
         if case.mask not in self.masks:
             return f"mask {case.mask.value} not supported"
         if case.layout not in self.layouts:

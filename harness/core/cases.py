@@ -39,8 +39,10 @@ SERVING_DEFAULTS = {"window_left": -1, "window_right": -1, "layout": "dense", "p
 # The score modifiers (harness.core.reference's doc has their semantics): a case without
 # them is written, named and drawn as before they existed.
 MOD_DEFAULTS = {"softcap": 0.0, "alibi": False, "sinks": False}
+# V's head dim when it differs from Q's and K's (0: the same).
+V_DIM_DEFAULTS = {"head_dim_v": 0}
 OPTIONAL_FIELDS = frozenset({"dtype", "mask", "seed", "window_left", "window_right", "layout",
-                             "page_size", "full_lengths", *MOD_DEFAULTS})
+                             "page_size", "full_lengths", *MOD_DEFAULTS, *V_DIM_DEFAULTS})
 # Draw index of a case's ALiBi slopes and sink logits: never one of q/k/v's draws.
 MODS_DRAW = 1 << 43
 
@@ -90,6 +92,9 @@ class Case:
     softcap: float = 0.0
     alibi: bool = False
     sinks: bool = False
+    # d_v, V's (and the output's) head dim, where it differs from d_qk = head_dim (an MLA
+    # prefill's 192 / 128); 0 (or head_dim itself, stored as 0): the same.
+    head_dim_v: int = 0
 
     def __post_init__(self) -> None:
         problems = []
@@ -104,6 +109,12 @@ class Case:
         object.__setattr__(self, "layout", Layout(self.layout))
         problems += self._serving_problems()
         problems += self._mod_problems()
+        if int(self.head_dim_v) == int(self.head_dim):
+            object.__setattr__(self, "head_dim_v", 0)
+        if int(self.head_dim_v) < 0:
+            problems.append("head_dim_v must be >= 1 (0: head_dim)")
+        if self.head_dim_v and self.layout is not Layout.DENSE:
+            problems.append("head_dim_v is for the dense layout only")
         if problems:
             raise ValueError("invalid case: " + "; ".join(problems))
 
@@ -138,7 +149,7 @@ class Case:
     # "b2h4-113x203-d64-fp16-causal_br" (kv heads shown only when they differ: "b2h8k2-...");
     # a window adds "-wl64r0" (a side left out is unbounded), a layout "-varlen" or
     # "-paged64" ("f" after it: full lengths); score modifiers add "-sc30" (softcap),
-    # "-alibi" and "-sink".
+    # "-alibi" and "-sink"; a V head dim of its own "v128" after the head dim ("-d192v128").
     @property
     def id(self) -> str:
         kv = f"k{self.kv_heads}" if self.kv_heads != self.heads else ""
@@ -155,12 +166,17 @@ class Case:
             "-alibi" if self.alibi else "") + ("-sink" if self.sinks else "")
         return (
             f"b{self.batch}h{self.heads}{kv}-{self.seqlen_q}x{self.seqlen_k}-d{self.head_dim}"
-            f"-{DTYPE_SHORT[self.dtype]}-{self.mask.value}{window}{layout}{mods}{seed}"
+            f"{f'v{self.head_dim_v}' if self.head_dim_v else ''}-{DTYPE_SHORT[self.dtype]}-{self.mask.value}{window}{layout}{mods}{seed}"
         )
 
     @property
     def has_window(self) -> bool:
         return self.window_left >= 0 or self.window_right >= 0
+
+    @property
+    def dv(self) -> int:
+        """d_v: the head dim of V and of the output (head_dim unless head_dim_v says)."""
+        return self.head_dim_v or self.head_dim
 
     @property
     def has_score_mods(self) -> bool:
@@ -203,9 +219,9 @@ class Case:
 
     def columns(self) -> dict[str, Any]:
         """Every field with a database column, the serving ones too (a database row). The
-        score modifiers have none: the case id, the row's key, carries them."""
+        score modifiers and head_dim_v have none: the case id, the row's key, carries them."""
         d = self._fields()
-        for name in MOD_DEFAULTS:
+        for name in (*MOD_DEFAULTS, *V_DIM_DEFAULTS):
             del d[name]
         return d
 
@@ -220,7 +236,7 @@ class Case:
         dense, windowless, unmodified case is written as it was before those fields
         existed (records stay comparable)."""
         d = self._fields()
-        for name, default in (SERVING_DEFAULTS | MOD_DEFAULTS).items():
+        for name, default in (SERVING_DEFAULTS | MOD_DEFAULTS | V_DIM_DEFAULTS).items():
             if d[name] == default:
                 del d[name]
         return d
@@ -239,20 +255,20 @@ class Case:
         import re
 
         m = re.fullmatch(
-            r"b(\d+)h(\d+)(?:k(\d+))?-(\d+)x(\d+)-d(\d+)-(fp16|bf16)-([a-z_]+?)"
+            r"b(\d+)h(\d+)(?:k(\d+))?-(\d+)x(\d+)-d(\d+)(?:v(\d+))?-(fp16|bf16)-([a-z_]+?)"
             r"(?:-w(?:l(\d+))?(?:r(\d+))?)?(?:-(varlen|paged)(\d+)?(f)?)?"
             r"(?:-sc(\d+(?:\.\d+)?(?:e[-+]?\d+)?))?(-alibi)?(-sink)?(?:-s(\d+))?",
             case_id,
         )
         if not m:
             raise ValueError(f"not a case id: {case_id!r}")
-        (b, h, k, nq, nk, d, dt, mask, wl, wr, layout, ps, full, cap, alibi, sink,
+        (b, h, k, nq, nk, d, dv, dt, mask, wl, wr, layout, ps, full, cap, alibi, sink,
          seed) = m.groups()
         dtype = {v: key for key, v in DTYPE_SHORT.items()}[dt]
         return cls(int(b), int(h), int(k or h), int(nq), int(nk), int(d), dtype, MaskKind(mask),
                    int(seed or 0), int(wl) if wl else -1, int(wr) if wr else -1,
                    Layout(layout or "dense"), int(ps or 0), bool(full),
-                   float(cap) if cap else 0.0, bool(alibi), bool(sink))
+                   float(cap) if cap else 0.0, bool(alibi), bool(sink), int(dv or 0))
 
 
 @dataclass
@@ -346,13 +362,14 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", *, secret: int =
     dt = case.torch_dtype
     shape_q = (case.batch, case.heads, case.seqlen_q, case.head_dim)
     shape_kv = (case.batch, case.kv_heads, case.seqlen_k, case.head_dim)
+    shape_v = shape_kv[:3] + (case.dv,)
     big = case.batch * case.heads * max(case.seqlen_q, case.seqlen_k) * case.head_dim > (1 << 24)
     draw_dev = torch.device(device) if big else torch.device("cpu")
     gen = torch.Generator(device=draw_dev)
     gen.manual_seed(seed)
     q = torch.randn(shape_q, generator=gen, device=draw_dev, dtype=torch.float32).to(dt)
     k = torch.randn(shape_kv, generator=gen, device=draw_dev, dtype=torch.float32).to(dt)
-    v = torch.randn(shape_kv, generator=gen, device=draw_dev, dtype=torch.float32).to(dt)
+    v = torch.randn(shape_v, generator=gen, device=draw_dev, dtype=torch.float32).to(dt)
     mask = None
     key_lengths = None
     cpu_gen = torch.Generator()
@@ -376,13 +393,13 @@ GRAD_OUTPUT_DRAW = 1 << 41
 
 def make_grad_output(case: Case, device: str | torch.device = "cpu", *, secret: int = 0,
                      draw: int = 0) -> torch.Tensor:
-    """The backward's dO ~ N(0, 1), (B, H, Nq, d) in the case dtype, from the case's seed
+    """The backward's dO ~ N(0, 1), (B, H, Nq, d_v) in the case dtype, from the case's seed
     (and the secret: a submission cannot know it), drawn like the inputs."""
     import torch
 
     seed = derive_seed(case, secret, GRAD_OUTPUT_DRAW + draw)
-    shape = (case.batch, case.heads, case.seqlen_q, case.head_dim)
-    big = case.batch * case.heads * case.seqlen_q * case.head_dim > (1 << 24)
+    shape = (case.batch, case.heads, case.seqlen_q, case.dv)
+    big = case.batch * case.heads * case.seqlen_q * case.dv > (1 << 24)
     draw_dev = torch.device(device) if big else torch.device("cpu")
     gen = torch.Generator(device=draw_dev)
     gen.manual_seed(seed)

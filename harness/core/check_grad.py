@@ -108,6 +108,8 @@ def check_backward_case(candidate: Candidate, case: Case, *, device: str | torch
     if reason is None and case.has_score_mods:
         # The gradient oracle (harness.core.reference_grad) is plain softmax attention's.
         reason = "the backward of score modifiers (softcap, alibi, sinks) is not checked yet"
+    if reason is None and case.head_dim_v:
+        reason = "the backward of d_v != d_qk is not checked yet"
     if reason is None:
         reason = candidate.supports_backward(case)
     if reason:

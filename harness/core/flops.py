@@ -2,7 +2,8 @@
 key) pairs.
 
 Each visible pair costs one dot product of length d for QK^T and one axpy of length d for
-PV: 2 * d + 2 * d = 4 * d FLOPs. Masked pairs cost nothing in an algorithm that skips
+PV: 2 * d + 2 * d = 4 * d FLOPs (2 * d_qk + 2 * d_v where V's head dim d_v differs from
+Q's and K's d_qk). Masked pairs cost nothing in an algorithm that skips
 them, so the count follows the actual mask: exact closed forms for no mask and causal
 masks (either alignment, any Nq and Nk), and a count over the mask tensor for key padding
 and arbitrary masks. For Nq = Nk causal this gives the familiar "half of 4 * N^2 * d" up to
@@ -16,7 +17,8 @@ case has the FLOPs of the same case unmodified (the sink is no key: it adds no p
 
 The backward does five such products per visible pair: S = QK^T again (FlashAttention's
 backward recomputes it from Q, K and the LSE instead of storing P), dV += P^T dO,
-dP = dO V^T, dQ += dS K and dK += dS^T Q: 10 * d FLOPs, 2.5x the forward's. The
+dP = dO V^T, dQ += dS K and dK += dS^T Q: 10 * d FLOPs, 2.5x the forward's (6 * d_qk +
+4 * d_v: two of the five products run over d_v). The
 elementwise softmax terms (P, dS, D = rowsum(dO * O)) are O(pairs) and not counted, as
 they are not counted in the forward.
 """
@@ -81,10 +83,10 @@ def visible_pairs(case: Case, inputs: Inputs | None = None) -> int:
 
 
 def attention_flops(case: Case, inputs: Inputs | None = None) -> int:
-    """Forward FLOPs: 4 * d per visible pair."""
-    return 4 * case.head_dim * visible_pairs(case, inputs)
+    """Forward FLOPs: 2 * d_qk + 2 * d_v (4 * d) per visible pair."""
+    return 2 * (case.head_dim + case.dv) * visible_pairs(case, inputs)
 
 
 def attention_bwd_flops(case: Case, inputs: Inputs | None = None) -> int:
-    """Backward FLOPs: 10 * d per visible pair (module doc)."""
-    return 10 * case.head_dim * visible_pairs(case, inputs)
+    """Backward FLOPs: 6 * d_qk + 4 * d_v (10 * d) per visible pair (module doc)."""
+    return (6 * case.head_dim + 4 * case.dv) * visible_pairs(case, inputs)

@@ -351,12 +351,37 @@ MOD_SHAPES = (
 )
 
 
+# The head dims of today's models beyond 64 and 128: 96, and the 192 and 256 of large
+# models, each on three shapes; d_qk = 192 with d_v = 128 (an MLA prefill's), and once the
+# other way round. (batch, heads, kv_heads, Nq, Nk, dtype, mask).
+LARGE_HEAD_DIMS = (96, 192, 256)
+DIM_SHAPES = ((2, 4, 4, 113, 203, "float16", MaskKind.NONE),
+              (2, 4, 2, 203, 113, "bfloat16", MaskKind.CAUSAL_BR),
+              (1, 4, 1, 128, 217, "float16", MaskKind.KEY_PADDING))
+SPLIT_DIMS = (192, 128)  # (d_qk, d_v)
+SPLIT_SHAPES = ((2, 4, 4, 113, 203, "float16", MaskKind.NONE),
+                (2, 4, 2, 203, 113, "bfloat16", MaskKind.CAUSAL_BR),
+                (2, 4, 4, 64, 150, "bfloat16", MaskKind.RANDOM),
+                (1, 8, 1, 1, 239, "float16", MaskKind.NONE))
+
+
 def mods() -> list[Case]:
-    """The score-modifier grid (32 cases): every MOD_SETS entry on every MOD_SHAPES shape.
-    Only candidates declaring the modifiers run them; the others skip each case with the
-    reason."""
-    return [Case(b, h, kv, nq, nk, d, dt, mask, window_left=wl, **mod)
-            for mod in MOD_SETS for b, h, kv, nq, nk, d, dt, mask, wl in MOD_SHAPES]
+    """The grid of today's models' attention (47 cases): every MOD_SETS entry on every
+    MOD_SHAPES shape; head dims 96, 192 and 256 on the DIM_SHAPES; d_qk = 192 with
+    d_v = 128 on the SPLIT_SHAPES, once with softcap and sinks as well, and d_qk = 128
+    with d_v = 192 once. Only candidates declaring the modifiers (and d_v != d_qk, and
+    the head dims) run them; the others skip each case with the reason."""
+    cases = [Case(b, h, kv, nq, nk, d, dt, mask, window_left=wl, **mod)
+             for mod in MOD_SETS for b, h, kv, nq, nk, d, dt, mask, wl in MOD_SHAPES]
+    cases += [Case(b, h, kv, nq, nk, d, dt, mask)
+              for d in LARGE_HEAD_DIMS for b, h, kv, nq, nk, dt, mask in DIM_SHAPES]
+    d, dv = SPLIT_DIMS
+    cases += [Case(b, h, kv, nq, nk, d, dt, mask, head_dim_v=dv)
+              for b, h, kv, nq, nk, dt, mask in SPLIT_SHAPES]
+    cases += [Case(2, 4, 2, 113, 203, d, "float16", MaskKind.CAUSAL_TL, softcap=20.0,
+                   sinks=True, head_dim_v=dv),
+              Case(2, 4, 2, 113, 203, dv, "float16", MaskKind.CAUSAL_BR, head_dim_v=d)]
+    return cases
 
 
 GRIDS: dict[str, Callable[[], list[Case]]] = {

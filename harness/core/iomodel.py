@@ -23,7 +23,8 @@ rounded up to B_k; FA1 skips Q blocks that see no key of a K/V block). Key paddi
 arbitrary masks are not modelled (every tile is assumed loaded). For GQA, every query
 head reads its K/V head's blocks itself (no sharing across the group) except in `ideal`.
 
-Score modifiers move no more than H float32 values (ALiBi slopes, sink logits), read
+Q and K rows are d_qk = `head_dim` wide, V and O rows d_v (`Case.dv`: the same unless the
+case's `head_dim_v` says otherwise). Score modifiers move no more than H float32 values (ALiBi slopes, sink logits), read
 once per program: not modelled. A softcap is a scalar argument.
 
 Everything is per (batch, head) and summed: `hbm_bytes(algorithm, case, tiles)`.
@@ -197,7 +198,7 @@ def _per_sequence(algorithm: str, case: Case, tiles: dict | None) -> dict[str, i
         if not q_len:
             continue
         if not k_len:  # nothing to read: zero rows of O, and -inf LSE where it is written
-            terms = {"write O": case.heads * q_len * case.head_dim * elem_bytes(case)}
+            terms = {"write O": case.heads * q_len * case.dv * elem_bytes(case)}
             if algorithm in LSE_ALGORITHMS:
                 terms["write LSE"] = case.heads * q_len * F32
         else:
@@ -218,24 +219,26 @@ def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict
     if case.is_serving:
         return _per_sequence(algorithm, case, tiles)
     e = elem_bytes(case)
-    nq, nk, d = case.seqlen_q, case.seqlen_k, case.head_dim
+    # d (d_qk) for Q and K, dv (d_v) for V and O: the same unless head_dim_v says.
+    nq, nk, d, dv = case.seqlen_q, case.seqlen_k, case.head_dim, case.dv
     bh, bhkv = case.batch * case.heads, case.batch * case.kv_heads
-    q_bytes, o_bytes = nq * d * e, nq * d * e
-    kv_bytes = nk * d * e
+    q_bytes, o_bytes = nq * d * e, nq * dv * e
+    kv_bytes, v_bytes = nk * d * e, nk * dv * e
     terms: dict[str, int] = {}
     if algorithm in ("naive_3pass", "naive_fused"):
         sb = tile_param(tiles, "score_bytes", e)
         score = nq * nk * sb
         terms = {"read Q": q_bytes, "read K": kv_bytes, "write S": score,
                  "read S": (3 if algorithm == "naive_3pass" else 1) * score,
-                 "write P": score, "read P": score, "read V": kv_bytes, "write O": o_bytes}
+                 "write P": score, "read P": score, "read V": v_bytes, "write O": o_bytes}
         return {k: bh * v for k, v in terms.items()}
     if algorithm == "ideal":
         if case.has_window:  # only the keys some row sees
             from harness.core.serving import keys_touched
 
-            kv_bytes = keys_touched(case, nq, nk) * d * e
-        return {"read Q": bh * q_bytes, "read K": bhkv * kv_bytes, "read V": bhkv * kv_bytes,
+            keys = keys_touched(case, nq, nk)
+            kv_bytes, v_bytes = keys * d * e, keys * dv * e
+        return {"read Q": bh * q_bytes, "read K": bhkv * kv_bytes, "read V": bhkv * v_bytes,
                 "write O": bh * o_bytes}
     bq = tile_param(tiles, "block_q", DEFAULT_BLOCK_Q)
     bk = tile_param(tiles, "block_k", DEFAULT_BLOCK_K)
@@ -246,17 +249,17 @@ def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict
         # dtype and the LSE.
         acc = tile_param(tiles, "acc_bytes", e)
         terms = {
-            "read K": kv_bytes, "read V": kv_bytes,
+            "read K": kv_bytes, "read V": v_bytes,
             # initialisation, once per visit, then the final O in the input dtype
-            "write O": nq * d * acc + q_rows * d * acc + o_bytes,
+            "write O": nq * dv * acc + q_rows * dv * acc + o_bytes,
             "write m,l": 2 * nq * F32 + q_rows * 2 * F32,
-            "read Q": q_rows * d * e, "read O": q_rows * d * acc + nq * d * acc,
+            "read Q": q_rows * d * e, "read O": q_rows * dv * acc + nq * dv * acc,
             "read m,l": q_rows * 2 * F32 + 2 * nq * F32,
             "write LSE": nq * F32,
         }
         return {k: bh * v for k, v in terms.items()}
     kv_rows = _kv_rows_per_q_block(case, bq, bk)
-    terms = {"read Q": q_bytes, "read K": kv_rows * d * e, "read V": kv_rows * d * e,
+    terms = {"read Q": q_bytes, "read K": kv_rows * d * e, "read V": kv_rows * dv * e,
              "write O": o_bytes, "write LSE": nq * F32}
     # A kernel whose blocks serve every query head of a GQA group (tile kv_per_group = 1)
     # reads each K/V row once per group: the K/V terms are per K/V head, not per head.
@@ -265,7 +268,7 @@ def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict
         splits = tile_param(tiles, "splits", 1)
         if splits > 1:
             terms["read Q"] = splits * q_bytes
-            partial = splits * nq * (d + 1) * F32  # partial O and partial LSE, float32
+            partial = splits * nq * (dv + 1) * F32  # partial O and partial LSE, float32
             terms["write partials"] = partial
             terms["read partials"] = partial
     return {k: bh * v // (kv_share if k in ("read K", "read V") else 1)

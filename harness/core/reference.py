@@ -8,7 +8,8 @@ matrix never outgrows a byte budget: N = 16384 at d = 128 stays within a few GB.
 
 Conventions (shared by every candidate):
 - layout (B, H, N, d); K/V may have fewer heads (GQA/MQA): query head h reads K/V head
-  h // (H // Hkv);
+  h // (H // Hkv); V (and so the output) may have a head dim d_v of its own (d_qk = d
+  of Q and K, the softmax scale 1/sqrt(d_qk));
 - causal "bottom_right" (FlashAttention): query i sees keys j <= i + Nk - Nq;
   causal "top_left" (PyTorch is_causal): j <= i;
 - `mask` is boolean, broadcastable to (B, H, Nq, Nk), True = may attend;
@@ -74,8 +75,9 @@ def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("q, k, v must be 4-D (batch, heads, seq, head_dim)")
     b, h, _, d = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same "
+                         f"batch, heads and keys")
     if k.shape[0] != b or k.shape[3] != d:
         raise ValueError(f"k {tuple(k.shape)} does not match q {tuple(q.shape)}")
     hkv = k.shape[1]
@@ -177,10 +179,10 @@ def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cau
         raise ValueError(f"causal_align must be one of {CAUSAL_ALIGNS}, got {causal_align!r}")
     h, hkv, group = check_shapes(q, k, v)
     b, _, nq, d = q.shape
-    nk = k.shape[2]
+    nk, dv = k.shape[2], v.shape[3]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     rows = block_rows or block_rows_for(b, h, nk, elem_bytes=elem_bytes)
-    out = torch.empty((b, h, nq, d), dtype=out_dtype, device=q.device)
+    out = torch.empty((b, h, nq, dv), dtype=out_dtype, device=q.device)
     lse = torch.empty((b, h, nq), dtype=lse_dtype, device=q.device)
     for r0 in range(0, nq, rows):
         r = slice(r0, min(r0 + rows, nq))
@@ -191,7 +193,7 @@ def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cau
         mods = block_mods(r, nq, nk, causal_align, softcap, alibi_slopes, sinks, hkv, group,
                           q.device)
         o_blk, lse_blk = block_fn(qg, k, v, vis, scale, mods)
-        out[:, :, r] = o_blk.reshape(b, h, n, d)
+        out[:, :, r] = o_blk.reshape(b, h, n, dv)
         lse[:, :, r] = lse_blk.reshape(b, h, n)
     return out, lse
 
@@ -225,7 +227,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
                   alibi_slopes: torch.Tensor | None = None,
                   sinks: torch.Tensor | None = None,
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float64 attention on the inputs' device: (out (B, H, Nq, d), lse (B, H, Nq)), both
+    """Float64 attention on the inputs' device: (out (B, H, Nq, d_v), lse (B, H, Nq)), both
     float64. Fully masked rows: out 0, lse -inf (with sinks: the sink logit).
     `block_rows` overrides the budget. `softcap`, `alibi_slopes` (H,) and `sinks` (H,)
     are the score modifiers of the module doc."""

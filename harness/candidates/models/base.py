@@ -3,7 +3,8 @@ the harness-owned buffers and records the HBM bytes its loops moved.
 
 The steps a kernel engineer can get wrong are methods: here the softmax scale, the K/V head
 of a query head, the causal alignment, which tiles exist and the mask, the sliding
-window's sides and alignment, the score modifiers (softcap, the ALiBi bias and its
+window's sides and alignment, the loop bounds over the head dims (d_qk for QK^T, d_v
+for PV), the score modifiers (softcap, the ALiBi bias and its
 alignment), the K/V tile load (a page lookup per key tile for paged
 caches) and the store of a row block; in the algorithm classes the online-softmax update,
 the final normalisation and the split combine. A planted-bug model
@@ -53,7 +54,7 @@ class ModelCandidate(Candidate):
 
     def run(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None) -> None:
         want = tensor_shapes(case)["out"] if case.is_serving else (
-            case.batch, case.heads, case.seqlen_q, case.head_dim)
+            case.batch, case.heads, case.seqlen_q, case.dv)
         if tuple(out.shape) != tuple(want):
             raise ValueError(f"{self.name}: out has shape {tuple(out.shape)}, case {case.id}")
         counter = T.ByteCounter()
@@ -96,6 +97,14 @@ class ModelCandidate(Candidate):
         """The window's alignment offset o (row i's window is centred on key i + o):
         top-left (0) under CAUSAL_TL, else bottom-right (Nk - Nq), per sequence."""
         return 0 if case.window_top_left else case.seqlen_k - case.seqlen_q
+
+    def qk_dim(self, case: Case) -> int:
+        """The length of QK^T's dot products: d_qk."""
+        return case.head_dim
+
+    def v_dim(self, case: Case) -> int:
+        """The columns of V the PV product (and O's store) runs over: d_v."""
+        return case.dv
 
     def cap(self, case: Case, s: torch.Tensor) -> torch.Tensor:
         """Logit soft-capping c * tanh(s / c) of a tile's scaled scores (no softcap: s)."""
@@ -141,10 +150,11 @@ class ModelCandidate(Candidate):
                    r0: int, o: torch.Tensor, blk_lse: torch.Tensor,
                    counter: T.ByteCounter) -> None:
         """Write a block of rows from row r0 on (of every batch entry when `seq` is None,
-        else of that sequence, and only its rows) and count the bytes written."""
+        else of that sequence, and only its rows; the columns O has) and count the bytes
+        written."""
         n = o.shape[2]
         dst = out if seq is None else seq.rows(out)
-        dst[:, :, r0:r0 + n] = o.to(out.dtype)
+        dst[:, :, r0:r0 + n, :o.shape[3]] = o.to(out.dtype)
         counter.write("O", o.numel() * out.element_size())
         if lse is not None:
             dst_lse = lse if seq is None else seq.rows(lse)
@@ -192,7 +202,9 @@ class ModelCandidate(Candidate):
                ) -> torch.Tensor:
         """Scaled, soft-capped, ALiBi-biased, masked float32 scores of one tile:
         (B, H, rows, cols)."""
-        s = self.cap(case, torch.matmul(q, k.transpose(-1, -2)) * self.softmax_scale(case))
+        dq = self.qk_dim(case)
+        s = torch.matmul(q[..., :dq], k[..., :dq].transpose(-1, -2)) * self.softmax_scale(case)
+        s = self.cap(case, s)
         bias = self.alibi_bias(case, inputs, rows, (cols[0], cols[0] + s.shape[-1]))
         if bias is not None:
             s = s + bias

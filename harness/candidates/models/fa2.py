@@ -54,14 +54,14 @@ class FA2Model(FA2Backward, ModelCandidate):
     support: Support = field(default_factory=lambda: Support(
         masked_lse="-inf", backward=True, backward_deterministic=True,
         layouts=frozenset({Layout.DENSE, Layout.VARLEN}), window=True, softcap=True,
-        alibi=True, sinks=True))
+        alibi=True, sinks=True, head_dim_v=True))
     # Bytes moved by the last `run_backward` (None before the first one).
     last_bytes_bwd: T.ByteCounter | None = field(default=None, repr=False, compare=False)
 
     def supports_backward(self, case: Case) -> str | None:
-        if case.is_serving or case.has_window or case.has_score_mods:
-            return ("the backward model covers dense cases without a sliding window or "
-                    "score modifiers")
+        if case.is_serving or case.has_window or case.has_score_mods or case.head_dim_v:
+            return ("the backward model covers dense cases without a sliding window, score "
+                    "modifiers or a head_dim_v of their own")
         return None
 
     def compute(self, case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None,
@@ -74,7 +74,7 @@ class FA2Model(FA2Backward, ModelCandidate):
                 continue  # no program has rows to compute
             if seq.k_len == 0:  # an empty cache: every row fully masked, nothing read
                 shape = (1, case.heads, seq.q_len)
-                self.store_rows(seq, out, lse, 0, torch.zeros(*shape, case.head_dim),
+                self.store_rows(seq, out, lse, 0, torch.zeros(*shape, case.dv),
                                 torch.full(shape, T.NEG_INF), counter)
                 continue
             self.attend(seq.dense_case(case), seq.inputs(inputs), seq, out, lse, counter)
@@ -99,7 +99,7 @@ class FA2Model(FA2Backward, ModelCandidate):
                     key_tiles: list[tuple[int, int]], counter: T.ByteCounter) -> State:
         """The inner loop for one Q block over `key_tiles`: returns the final O, m, l."""
         es = T.elem_size(case)
-        d = case.head_dim
+        d, dv = case.head_dim, self.v_dim(case)
         r0, r1 = rows
         heads = self.kv_heads(case)
         q = T.load_tile(inputs.q, None, r0, r1)
@@ -114,15 +114,15 @@ class FA2Model(FA2Backward, ModelCandidate):
             if c1 <= c0:
                 continue
             counter.read("K", T.tile_bytes(case, c1 - c0, d, es))
-            counter.read("V", T.tile_bytes(case, c1 - c0, d, es))
+            counter.read("V", T.tile_bytes(case, c1 - c0, min(dv, v.shape[3]), es))
             s = self.scores(case, inputs, q, k, rows, (c0, c1), counter)
-            state = self.online_step(state, s, v)
+            state = self.online_step(state, s, v[..., :dv])
         return state
 
-    @staticmethod
-    def init_state(case: Case, rows: int) -> State:
+    def init_state(self, case: Case, rows: int) -> State:
         shape = (case.batch, case.heads, rows)
-        return (torch.zeros(*shape, case.head_dim), torch.full(shape, T.NEG_INF),
+        dv = min(self.v_dim(case), case.dv)  # the columns of V there are
+        return (torch.zeros(*shape, dv), torch.full(shape, T.NEG_INF),
                 torch.zeros(shape))
 
     def online_step(self, state: State, s: torch.Tensor, v: torch.Tensor) -> State:

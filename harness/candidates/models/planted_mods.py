@@ -1,6 +1,6 @@
-"""Planted bugs of the score modifiers (softcap, ALiBi, sinks): FA2 models with one
-mistake each in a step the modifiers added (harness.core.reference's doc has what is
-right). The `mods` grid exposes every one of them; tests/test_planted_mods.py holds each
+"""Planted bugs of the attention of today's models: the score modifiers (softcap, ALiBi,
+sinks) and a V head dim of its own (d_v != d_qk). FA2 models with one mistake each in a
+step those added (harness.core.reference's doc has what is right). The `mods` grid exposes every one of them; tests/test_planted_mods.py holds each
 to the case that exposes it and to a control case on which it is invisible.
 """
 
@@ -96,10 +96,26 @@ class SinkNotInNormalisation(FA2Model):
         return out, lse
 
 
+@dataclass
+class HeadDimsSwapped(FA2Model):
+    """d_v and d_qk swapped in the loop bounds: QK^T's dot products run over d_v columns
+    and PV (and O's store) over d_qk. With d_qk = 192, d_v = 128 the scores miss a third
+    of each dot product; with d_qk < d_v the last columns of O are never written. Equal
+    head dims hide it."""
+
+    name: str = "bug_head_dims_swapped"
+
+    def qk_dim(self, case: Case) -> int:
+        return case.dv
+
+    def v_dim(self, case: Case) -> int:
+        return case.head_dim
+
+
 PLANTED_MODS = (SoftcapAfterMask, SoftcapMissing, AlibiWrongSign, AlibiTopLeft, SinkNotInLse,
-                SinkNotInNormalisation)
+                SinkNotInNormalisation, HeadDimsSwapped)
 
 
 def planted_mod_bugs() -> list[FA2Model]:
-    """One fresh instance of every planted score-modifier bug."""
+    """One fresh instance of every planted bug of this module."""
     return [cls(description=" ".join((cls.__doc__ or "").split())) for cls in PLANTED_MODS]
