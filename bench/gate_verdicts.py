@@ -231,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=20261206)
     ap.add_argument("--json", default=None)
     ap.add_argument("--show-red", action="store_true", help="print each false red verdict")
+    ap.add_argument("--bands", default="all",
+                    help="comma-separated band names (as printed), or all")
     ap.add_argument("--tails", action="store_true",
                     help="first, Student t fits of the residual pools in robust spreads")
     args = ap.parse_args(argv)
@@ -251,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         cases = residual_pools(results, per_chip=per_chip, judged=True, pattern="h*-*.json")
         cands = candidate_pools(results, per_chip=per_chip, judged=True, pattern="h*-*.json")
         for *_, band in BANDS:
+            if args.bands != "all" and band not in args.bands.split(","):
+                continue
             if len(cases[band]) < 10 or len(cands[band]) < 10:
                 print(f"| {chips} | {band} | - | too few residuals "
                       f"({len(cases[band])}, {len(cands[band])}) | | | | | |")

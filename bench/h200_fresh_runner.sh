@@ -26,7 +26,8 @@
 #              the first is compared with the first (AA_BASE: its uuid, when it ran in an
 #              earlier call; AA_BASE=none: the gate's own baseline and history, as on a
 #              team's runner; AA_HISTORY: earlier runs' records to import into a new
-#              database first): nothing may be flagged
+#              database first; AA_CHAIN=1: each run a commit of its own whose parent
+#              is the run before, as a team's no-op commits): nothing may be flagged
 #   planted    fa2_mma slowed by PLANT_PERCENT (default 2) in a copy of the package, as
 #              the next commit (FA_HARNESS_PARENT = this one): its A/A runs are the
 #              baseline and the noise model's history; must exit 1 naming fa2_mma
@@ -168,8 +169,21 @@ for stage in "$@"; do
           base=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['uuid'])" \
             "$WORK/aa-1-record.json")
         fi
-        # shellcheck disable=SC2086  # AA_OPTS is a list of options
-        gate "aa-$i" "${AA_S:-300}" "$ROOT" ${AA_OPTS:-} ${base:+--baseline "$base"}
+        # AA_CHAIN=1: run i is a commit of its own (aa00000i + the measured commit's
+        # tail) whose parent is run i-1's: the no-op commits of a team's branch, each
+        # judged by the gate against its parent's run and the history before it.
+        if [ -n "${AA_CHAIN:-}" ]; then
+          commit=$(printf 'aa%06d' "$i")${FA_HARNESS_COMMIT:8}
+          parent=${AA_PARENT:-$FA_HARNESS_COMMIT}
+          # shellcheck disable=SC2086
+          FA_HARNESS_COMMIT=$commit FA_HARNESS_PARENT=$parent \
+            gate "aa-$i" "${AA_S:-300}" "$ROOT" ${AA_OPTS:-}
+          AA_PARENT=$commit
+          export AA_PARENT
+        else
+          # shellcheck disable=SC2086  # AA_OPTS is a list of options
+          gate "aa-$i" "${AA_S:-300}" "$ROOT" ${AA_OPTS:-} ${base:+--baseline "$base"}
+        fi
         grep -E '^\| (regression|improvement|inconclusive) ' "$WORK/aa-$i-summary.md" \
           | head -n 20 | tee -a "$TIMES"
       done
@@ -181,7 +195,7 @@ for stage in "$@"; do
         --percent "${PLANT_PERCENT:-2}" | tee -a "$TIMES"
       export FA_HARNESS_HOME=$WORK/home
       # shellcheck disable=SC2086
-      FA_HARNESS_PARENT=$FA_HARNESS_COMMIT FA_HARNESS_COMMIT=${PLANT_COMMIT:-feedc0de${FA_HARNESS_COMMIT:8}} \
+      FA_HARNESS_PARENT=${AA_PARENT:-$FA_HARNESS_COMMIT} FA_HARNESS_COMMIT=${PLANT_COMMIT:-feedc0de${FA_HARNESS_COMMIT:8}} \
         PYTHONPATH="$slow:$PYTHONPATH" gate planted "${PLANTED_S:-300}" "$slow" ${AA_OPTS:-}
       grep -E '^\| (regression|improvement|inconclusive) ' "$WORK/planted-summary.md" \
         | head -n 40 | tee -a "$TIMES"

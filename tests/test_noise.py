@@ -101,10 +101,11 @@ def test_the_model_reads_earlier_runs_and_pairs_only_one_source(tmp_path):
 
 
 def test_the_threshold_follows_the_history():
-    """A short history only raises the 2% bar; a trusted quiet one lowers it to 1%."""
+    """No spread yet: 5%; a short history only raises the 2% bar; a trusted quiet one
+    lowers it to 1%."""
     key = ("k", "fwd", "c")
     short, quiet, noisy = noise.NoiseModel(), noise.NoiseModel(), noise.NoiseModel()
-    assert short.threshold(key, 0.02) == 0.02  # no history: the practical threshold
+    assert short.threshold(key, 0.02) == noise.NO_HISTORY_CHANGE == 0.05
     for i in range(3):
         short.add(key, "s", 1.0 + 0.001 * (i % 2))
     assert short.threshold(key, 0.02) == 0.02  # 2 pairs: not trusted below 2%

@@ -18,7 +18,11 @@ has sqrt 2 times their spread), so a step in the history does not inflate it. Th
 is the measurement's, not the code's: a commit that changes a kernel is judged against
 the spread its earlier sources showed. With fewer than `MIN_PAIRS` such pairs the spread
 is unknown and a verdict says "insufficient history" instead of claiming a run-to-run
-noise it has not seen.
+noise it has not seen; such a change counts only beyond `NO_HISTORY_CHANGE` (5%): the
+first commits of a new runner's history shifted 2-4% as a run in the noisier band of the
+committed records (bench/gate_verdicts.py, docs/regressions.md), while the largest
+residual of one chip's runs there is 1.7%, so a fixed 2% bar there turned 3-4% of the
+no-op commits of every new history red.
 
 Each GPU apart. A fleet's runners are different chips of one model, and chips differ:
 on the committed H200 records (almost every run on a chip of its own) fa1 on a 1k-key
@@ -36,8 +40,8 @@ measured in the history on at least two chips; a timing change whose new median 
 that span (widened by `NOISE_K` spreads) is code that did not change measuring what it
 measured before on another chip, so "same" (`judge`'s `seen`).
 
-The threshold a timing change must pass (`threshold`): the comparison's practical one
-(2%) while the history is short, raised to `NOISE_K` spreads where the runs are noisier;
+The threshold a timing change must pass (`threshold`): `NO_HISTORY_CHANGE` with no
+spread yet; the comparison's practical one (2%) while the history is short, raised to `NOISE_K` spreads where the runs are noisier;
 with `TRUSTED_PAIRS` A/A pairs or more, `NOISE_K` spreads but at least `MIN_CHANGE` (1%,
 the smallest change Chromium's perf dashboard alerts on): a quiet series is held to what
 it can resolve, a 2% slowdown of a kernel measured to 0.3% is not waved through by a fixed
@@ -59,6 +63,7 @@ TRUSTED_PAIRS = 4
 HISTORY_RUNS = 20
 LOOKBACK_RUNS = 120  # stored runs on the GPU model that timed_history reads at most
 NOISE_K = 3.0
+NO_HISTORY_CHANGE = 0.05  # the bar of a timing change while its spread is unknown
 MIN_CHANGE = 0.01
 
 Key = tuple[str, str, str]  # (candidate, pass, case id)
@@ -128,7 +133,7 @@ class NoiseModel:
         """The smallest timing change that counts for `key` (module doc)."""
         spread, n = self.spread(key, across), self.history(key, across)
         if spread is None:
-            return practical
+            return max(practical, NO_HISTORY_CHANGE)
         floor = MIN_CHANGE if n >= TRUSTED_PAIRS else practical
         return max(floor, math.expm1(NOISE_K * spread))
 
@@ -166,7 +171,7 @@ def judge(verdict: str, ratio: float | None, spread: float | None, n_history: in
             kind = " across GPUs" if across else ""
             detail["history"] = (f"insufficient history ({n_history} A/A pair(s) of earlier "
                                  f"runs at one source{kind}, {MIN_PAIRS} needed): judged on "
-                                 "this run's samples only")
+                                 f"this run's samples only, beyond {NO_HISTORY_CHANGE:.0%}")
         return verdict
     detail["run_to_run_spread"] = spread
     if across is not None:
