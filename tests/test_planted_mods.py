@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from harness.candidates.models import FA2Model, planted_bugs, planted_mod_bugs
-from harness.core.cases import Case, MaskKind
+from harness.core.cases import Case, Dist, MaskKind
 from harness.core.check import check_case
 from harness.core.grids import get_grid
 from harness.core.results import Status
@@ -30,6 +30,9 @@ SINKS = Case(2, 4, 2, 113, 203, 64, F16, M.CAUSAL_TL, sinks=True)
 MLA = Case(2, 4, 2, 113, 203, 192, F16, M.CAUSAL_BR, head_dim_v=128)  # d_qk > d_v
 V_WIDER = Case(2, 4, 2, 113, 203, 128, BF16, M.NONE, head_dim_v=192)  # d_qk < d_v
 D192 = Case(2, 4, 2, 113, 203, 192, F16, M.CAUSAL_BR)
+LARGE = Case(2, 4, 4, 113, 203, 64, F16, M.NONE, dist=Dist.LARGE)  # |q . k| past fp16's range
+LARGE_BF16 = Case(2, 4, 2, 203, 113, 64, BF16, M.CAUSAL_BR, dist=Dist.LARGE)
+OUTLIERS = Case(2, 4, 4, 113, 203, 64, F16, M.NONE, dist=Dist.OUTLIERS)
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ EXPOSURES: dict[str, Exposure] = {
     "bug_sink_not_in_lse": Exposure(SINKS, "lse: max error", PLAIN),
     "bug_sink_not_in_normalisation": Exposure(SINKS, "out: max error", PLAIN),
     "bug_head_dims_swapped": Exposure(MLA, "out: max error", D192),
+    "bug_scores_in_input_dtype": Exposure(LARGE, "non-finite", OUTLIERS),
+    "bug_no_running_max": Exposure(LARGE_BF16, "non-finite", OUTLIERS),
 }
 SEEDS = range(3)
 
@@ -95,6 +100,12 @@ def test_head_dims_swapped_leaves_columns_unwritten_when_d_v_is_wider():
     assert result.status is Status.FAILED and "never written" in result.message, \
         result.message
     assert check_case(FA2Model(), V_WIDER, device="cpu").status is Status.PASSED
+
+
+def test_scores_in_bf16_are_caught_on_large_inputs_too():
+    # No overflow in bf16, but S of ~1e5 rounded to 8 bits moves scores by hundreds.
+    result = check_case(_bug("bug_scores_in_input_dtype"), LARGE_BF16, device="cpu")
+    assert result.status is Status.FAILED and "out: max error" in result.message
 
 
 def test_the_mods_grid_catches_every_planted_mod_bug():

@@ -16,7 +16,8 @@ from harness.core.cases import Case, Layout, MaskKind, make_inputs
 from harness.core.check import check_case
 from harness.core.check_grad import check_backward_case
 from harness.core.flops import attention_flops
-from harness.core.grids import MOD_SETS, get_grid
+from harness.core.grid_mods import MOD_SETS
+from harness.core.grids import get_grid
 from harness.core.reference import attention_naive, attention_ref, reference_for_case
 from harness.core.results import Status
 
@@ -203,12 +204,13 @@ def test_the_backward_of_modified_cases_is_skipped_with_the_reason():
 
 def test_the_mods_grid_holds_every_modifier_and_mask():
     cases = get_grid("mods")
-    assert len(cases) == len(set(cases)) == 47
+    assert len(cases) == len(set(cases)) == 58
     assert {c.mask for c in cases} == set(MaskKind)
     assert any(c.softcap and c.alibi and c.sinks for c in cases)
     assert any(c.has_window for c in cases) and any(c.kv_heads == 1 for c in cases)
     assert all(Case.from_id(c.id) == c for c in cases)
-    assert sum(c.has_score_mods for c in cases) == 33
+    assert sum(c.has_score_mods for c in cases) == 35
+    assert {c.dist.value for c in cases} == {"normal", "outliers", "large"}
     assert {c.head_dim for c in cases} >= {96, 192, 256}
     assert {(c.head_dim, c.dv) for c in cases if c.head_dim_v} == {(192, 128), (128, 192)}
 

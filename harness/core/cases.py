@@ -13,13 +13,16 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from harness.core.case_ids import DTYPE_SHORT, format_id, parse_id
+from harness.core.distributions import Dist
 from harness.core.seeds import derive_seed
 from harness.core.serving import Layout
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Case", "GradInputs", "Inputs", "Layout", "MaskKind", "derive_seed", "make_inputs"]
+__all__ = ["DTYPE_SHORT", "Case", "Dist", "GradInputs", "Inputs", "Layout", "MaskKind",
+           "derive_seed", "make_inputs"]
 
 # torch is imported on first use, not with this module: records, the database and the
 # dashboard describe cases without it (`fa-harness db current` must not pay torch's start).
@@ -32,19 +35,21 @@ def __getattr__(name: str) -> Any:
 
         return {"float16": torch.float16, "bfloat16": torch.bfloat16}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-DTYPE_SHORT = {"float16": "fp16", "bfloat16": "bf16"}
 SERVING_DEFAULTS = {"window_left": -1, "window_right": -1, "layout": "dense", "page_size": 0,
                     "full_lengths": False}
 # Case fields with a default: records written before a field existed still load.
 # The score modifiers (harness.core.reference's doc has their semantics): a case without
 # them is written, named and drawn as before they existed.
 MOD_DEFAULTS = {"softcap": 0.0, "alibi": False, "sinks": False}
-# V's head dim when it differs from Q's and K's (0: the same).
-V_DIM_DEFAULTS = {"head_dim_v": 0}
+# V's head dim when it differs from Q's and K's (0: the same), and the inputs'
+# distribution (harness.core.distributions).
+AXIS_DEFAULTS = {"head_dim_v": 0, "dist": "normal"}
 OPTIONAL_FIELDS = frozenset({"dtype", "mask", "seed", "window_left", "window_right", "layout",
-                             "page_size", "full_lengths", *MOD_DEFAULTS, *V_DIM_DEFAULTS})
-# Draw index of a case's ALiBi slopes and sink logits: never one of q/k/v's draws.
+                             "page_size", "full_lengths", *MOD_DEFAULTS, *AXIS_DEFAULTS})
+# Draw index of a case's ALiBi slopes and sink logits, and of what an input distribution
+# adds to the N(0, 1) draw: never one of q/k/v's draws.
 MODS_DRAW = 1 << 43
+DIST_DRAW = 1 << 44
 
 
 class MaskKind(StrEnum):
@@ -95,6 +100,8 @@ class Case:
     # d_v, V's (and the output's) head dim, where it differs from d_qk = head_dim (an MLA
     # prefill's 192 / 128); 0 (or head_dim itself, stored as 0): the same.
     head_dim_v: int = 0
+    # What q, k and v are drawn from: normal, outliers, large (harness.core.distributions).
+    dist: Dist = Dist.NORMAL
 
     def __post_init__(self) -> None:
         problems = []
@@ -115,6 +122,14 @@ class Case:
             problems.append("head_dim_v must be >= 1 (0: head_dim)")
         if self.head_dim_v and self.layout is not Layout.DENSE:
             problems.append("head_dim_v is for the dense layout only")
+        try:
+            object.__setattr__(self, "dist", Dist(self.dist))
+        except ValueError:
+            problems.append(f"dist {self.dist!r} is not one of {[d.value for d in Dist]}")
+        else:
+            if self.dist is not Dist.NORMAL and self.layout is not Layout.DENSE:
+                problems.append("an input distribution other than normal is for the dense "
+                                "layout only")
         if problems:
             raise ValueError("invalid case: " + "; ".join(problems))
 
@@ -145,29 +160,11 @@ class Case:
                             "layout only")
         return problems
 
-    # Readable, stable id used by pytest, records and the dashboard:
-    # "b2h4-113x203-d64-fp16-causal_br" (kv heads shown only when they differ: "b2h8k2-...");
-    # a window adds "-wl64r0" (a side left out is unbounded), a layout "-varlen" or
-    # "-paged64" ("f" after it: full lengths); score modifiers add "-sc30" (softcap),
-    # "-alibi" and "-sink"; a V head dim of its own "v128" after the head dim ("-d192v128").
     @property
     def id(self) -> str:
-        kv = f"k{self.kv_heads}" if self.kv_heads != self.heads else ""
-        seed = f"-s{self.seed}" if self.seed else ""
-        window = ""
-        if self.has_window:
-            window = "-w" + (f"l{self.window_left}" if self.window_left >= 0 else "") + (
-                f"r{self.window_right}" if self.window_right >= 0 else "")
-        layout = ""
-        if self.layout is not Layout.DENSE:
-            layout = f"-{self.layout.value}" + (str(self.page_size) if self.page_size else "")
-            layout += "f" if self.full_lengths else ""
-        mods = (f"-sc{self.softcap:g}" if self.softcap else "") + (
-            "-alibi" if self.alibi else "") + ("-sink" if self.sinks else "")
-        return (
-            f"b{self.batch}h{self.heads}{kv}-{self.seqlen_q}x{self.seqlen_k}-d{self.head_dim}"
-            f"{f'v{self.head_dim_v}' if self.head_dim_v else ''}-{DTYPE_SHORT[self.dtype]}-{self.mask.value}{window}{layout}{mods}{seed}"
-        )
+        """The readable, stable id pytest, records and the dashboard use
+        ("b2h4-113x203-d64-fp16-causal_br"; harness.core.case_ids says how it is made)."""
+        return format_id(self)
 
     @property
     def has_window(self) -> bool:
@@ -221,7 +218,7 @@ class Case:
         """Every field with a database column, the serving ones too (a database row). The
         score modifiers and head_dim_v have none: the case id, the row's key, carries them."""
         d = self._fields()
-        for name in (*MOD_DEFAULTS, *V_DIM_DEFAULTS):
+        for name in (*MOD_DEFAULTS, *AXIS_DEFAULTS):
             del d[name]
         return d
 
@@ -229,6 +226,7 @@ class Case:
         d = asdict(self)
         d["mask"] = self.mask.value
         d["layout"] = self.layout.value
+        d["dist"] = self.dist.value
         return d
 
     def to_dict(self) -> dict[str, Any]:
@@ -236,7 +234,7 @@ class Case:
         dense, windowless, unmodified case is written as it was before those fields
         existed (records stay comparable)."""
         d = self._fields()
-        for name, default in (SERVING_DEFAULTS | MOD_DEFAULTS | V_DIM_DEFAULTS).items():
+        for name, default in (SERVING_DEFAULTS | MOD_DEFAULTS | AXIS_DEFAULTS).items():
             if d[name] == default:
                 del d[name]
         return d
@@ -252,23 +250,7 @@ class Case:
     @classmethod
     def from_id(cls, case_id: str) -> Case:
         """Inverse of `id` (used when importing records that only carry the id)."""
-        import re
-
-        m = re.fullmatch(
-            r"b(\d+)h(\d+)(?:k(\d+))?-(\d+)x(\d+)-d(\d+)(?:v(\d+))?-(fp16|bf16)-([a-z_]+?)"
-            r"(?:-w(?:l(\d+))?(?:r(\d+))?)?(?:-(varlen|paged)(\d+)?(f)?)?"
-            r"(?:-sc(\d+(?:\.\d+)?(?:e[-+]?\d+)?))?(-alibi)?(-sink)?(?:-s(\d+))?",
-            case_id,
-        )
-        if not m:
-            raise ValueError(f"not a case id: {case_id!r}")
-        (b, h, k, nq, nk, d, dv, dt, mask, wl, wr, layout, ps, full, cap, alibi, sink,
-         seed) = m.groups()
-        dtype = {v: key for key, v in DTYPE_SHORT.items()}[dt]
-        return cls(int(b), int(h), int(k or h), int(nq), int(nk), int(d), dtype, MaskKind(mask),
-                   int(seed or 0), int(wl) if wl else -1, int(wr) if wr else -1,
-                   Layout(layout or "dense"), int(ps or 0), bool(full),
-                   float(cap) if cap else 0.0, bool(alibi), bool(sink), int(dv or 0))
+        return cls(**parse_id(case_id))
 
 
 @dataclass
@@ -346,7 +328,9 @@ def random_mask(case: Case, gen: torch.Generator) -> torch.Tensor:
 
 def make_inputs(case: Case, device: str | torch.device = "cpu", *, secret: int = 0,
                 draw: int = 0) -> Inputs:
-    """Draw q, k, v ~ N(0, 1) in the case dtype (and the mask) from the case's seed.
+    """Draw q, k, v ~ N(0, 1) in the case dtype (and the mask) from the case's seed; a
+    case's input distribution other than normal reshapes that draw
+    (harness.core.distributions).
 
     The draw happens on the CPU so that the same case gives the same tensors on any device,
     then moves to `device`. Large perf cases are drawn directly on the device instead,
@@ -367,9 +351,16 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", *, secret: int =
     draw_dev = torch.device(device) if big else torch.device("cpu")
     gen = torch.Generator(device=draw_dev)
     gen.manual_seed(seed)
-    q = torch.randn(shape_q, generator=gen, device=draw_dev, dtype=torch.float32).to(dt)
-    k = torch.randn(shape_kv, generator=gen, device=draw_dev, dtype=torch.float32).to(dt)
-    v = torch.randn(shape_v, generator=gen, device=draw_dev, dtype=torch.float32).to(dt)
+    q = torch.randn(shape_q, generator=gen, device=draw_dev, dtype=torch.float32)
+    k = torch.randn(shape_kv, generator=gen, device=draw_dev, dtype=torch.float32)
+    v = torch.randn(shape_v, generator=gen, device=draw_dev, dtype=torch.float32)
+    if case.dist is not Dist.NORMAL:
+        from harness.core.distributions import shape_inputs
+
+        dist_gen = torch.Generator(device=draw_dev)
+        dist_gen.manual_seed(derive_seed(case, secret, DIST_DRAW + draw))
+        q, k, v = shape_inputs(case.dist, q, k, v, dist_gen)
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
     mask = None
     key_lengths = None
     cpu_gen = torch.Generator()

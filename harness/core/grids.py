@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from harness.core.cases import Case, Layout, MaskKind
+from harness.core.grid_mods import mods
 
 if TYPE_CHECKING:
     from harness.core.candidate import Candidate
@@ -327,60 +328,6 @@ def serving_grid() -> list[Case]:
             add(5, 97, 211, mask, window_left=wl, window_right=wr, layout=Layout.VARLEN)
             add(4, 3, 500, mask, window_left=wl, window_right=wr, layout=Layout.PAGED,
                 page_size=64)
-    return cases
-
-
-# The score modifiers the mods grid meets (harness.core.reference's doc): each alone, and
-# all three together. A softcap of 10 bends the scores of N(0, 1) inputs measurably (30,
-# Grok's, and 50, Gemma 2's, barely do at this scale: their effect stays within the
-# tolerance of half-precision inputs).
-MOD_SETS: tuple[dict, ...] = ({"softcap": 10.0}, {"alibi": True}, {"sinks": True},
-                              {"softcap": 20.0, "alibi": True, "sinks": True})
-# (batch, heads, kv_heads, Nq, Nk, d, dtype, mask, window_left): every mask kind, Nq > Nk
-# and Nq < Nk under bottom-right causal (fully masked rows, and ALiBi's alignment), GQA
-# and MQA, a causal sliding window, a decode row.
-MOD_SHAPES = (
-    (2, 4, 4, 113, 203, 64, "float16", MaskKind.NONE, -1),
-    (2, 4, 2, 203, 113, 64, "bfloat16", MaskKind.CAUSAL_BR, -1),
-    (2, 6, 2, 113, 203, 128, "float16", MaskKind.CAUSAL_BR, -1),
-    (2, 4, 1, 113, 203, 64, "bfloat16", MaskKind.CAUSAL_TL, -1),
-    (3, 4, 2, 97, 130, 64, "float16", MaskKind.KEY_PADDING, -1),
-    (2, 4, 4, 70, 150, 64, "bfloat16", MaskKind.RANDOM, -1),
-    (2, 4, 2, 113, 203, 64, "float16", MaskKind.CAUSAL_BR, 48),
-    (1, 8, 2, 1, 239, 128, "bfloat16", MaskKind.NONE, -1),
-)
-
-
-# The head dims of today's models beyond 64 and 128: 96, and the 192 and 256 of large
-# models, each on three shapes; d_qk = 192 with d_v = 128 (an MLA prefill's), and once the
-# other way round. (batch, heads, kv_heads, Nq, Nk, dtype, mask).
-LARGE_HEAD_DIMS = (96, 192, 256)
-DIM_SHAPES = ((2, 4, 4, 113, 203, "float16", MaskKind.NONE),
-              (2, 4, 2, 203, 113, "bfloat16", MaskKind.CAUSAL_BR),
-              (1, 4, 1, 128, 217, "float16", MaskKind.KEY_PADDING))
-SPLIT_DIMS = (192, 128)  # (d_qk, d_v)
-SPLIT_SHAPES = ((2, 4, 4, 113, 203, "float16", MaskKind.NONE),
-                (2, 4, 2, 203, 113, "bfloat16", MaskKind.CAUSAL_BR),
-                (2, 4, 4, 64, 150, "bfloat16", MaskKind.RANDOM),
-                (1, 8, 1, 1, 239, "float16", MaskKind.NONE))
-
-
-def mods() -> list[Case]:
-    """The grid of today's models' attention (47 cases): every MOD_SETS entry on every
-    MOD_SHAPES shape; head dims 96, 192 and 256 on the DIM_SHAPES; d_qk = 192 with
-    d_v = 128 on the SPLIT_SHAPES, once with softcap and sinks as well, and d_qk = 128
-    with d_v = 192 once. Only candidates declaring the modifiers (and d_v != d_qk, and
-    the head dims) run them; the others skip each case with the reason."""
-    cases = [Case(b, h, kv, nq, nk, d, dt, mask, window_left=wl, **mod)
-             for mod in MOD_SETS for b, h, kv, nq, nk, d, dt, mask, wl in MOD_SHAPES]
-    cases += [Case(b, h, kv, nq, nk, d, dt, mask)
-              for d in LARGE_HEAD_DIMS for b, h, kv, nq, nk, dt, mask in DIM_SHAPES]
-    d, dv = SPLIT_DIMS
-    cases += [Case(b, h, kv, nq, nk, d, dt, mask, head_dim_v=dv)
-              for b, h, kv, nq, nk, dt, mask in SPLIT_SHAPES]
-    cases += [Case(2, 4, 2, 113, 203, d, "float16", MaskKind.CAUSAL_TL, softcap=20.0,
-                   sinks=True, head_dim_v=dv),
-              Case(2, 4, 2, 113, 203, dv, "float16", MaskKind.CAUSAL_BR, head_dim_v=d)]
     return cases
 
 

@@ -3,8 +3,8 @@ the harness-owned buffers and records the HBM bytes its loops moved.
 
 The steps a kernel engineer can get wrong are methods: here the softmax scale, the K/V head
 of a query head, the causal alignment, which tiles exist and the mask, the sliding
-window's sides and alignment, the loop bounds over the head dims (d_qk for QK^T, d_v
-for PV), the score modifiers (softcap, the ALiBi bias and its
+window's sides and alignment, S = QK^T's precision, the loop bounds over the head dims
+(d_qk for QK^T, d_v for PV), the score modifiers (softcap, the ALiBi bias and its
 alignment), the K/V tile load (a page lookup per key tile for paged
 caches) and the store of a row block; in the algorithm classes the online-softmax update,
 the final normalisation and the split combine. A planted-bug model
@@ -106,6 +106,11 @@ class ModelCandidate(Candidate):
         """The columns of V the PV product (and O's store) runs over: d_v."""
         return case.dv
 
+    def qk(self, case: Case, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """S = Q K^T of a tile over d_qk, unscaled, kept in float32 (as in registers)."""
+        d = self.qk_dim(case)
+        return torch.matmul(q[..., :d], k[..., :d].transpose(-1, -2))
+
     def cap(self, case: Case, s: torch.Tensor) -> torch.Tensor:
         """Logit soft-capping c * tanh(s / c) of a tile's scaled scores (no softcap: s)."""
         return case.softcap * torch.tanh(s / case.softcap) if case.softcap else s
@@ -202,9 +207,7 @@ class ModelCandidate(Candidate):
                ) -> torch.Tensor:
         """Scaled, soft-capped, ALiBi-biased, masked float32 scores of one tile:
         (B, H, rows, cols)."""
-        dq = self.qk_dim(case)
-        s = torch.matmul(q[..., :dq], k[..., :dq].transpose(-1, -2)) * self.softmax_scale(case)
-        s = self.cap(case, s)
+        s = self.cap(case, self.qk(case, q, k) * self.softmax_scale(case))
         bias = self.alibi_bias(case, inputs, rows, (cols[0], cols[0] + s.shape[-1]))
         if bias is not None:
             s = s + bias

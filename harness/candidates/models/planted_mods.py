@@ -1,6 +1,7 @@
 """Planted bugs of the attention of today's models: the score modifiers (softcap, ALiBi,
-sinks) and a V head dim of its own (d_v != d_qk). FA2 models with one mistake each in a
-step those added (harness.core.reference's doc has what is right). The `mods` grid exposes every one of them; tests/test_planted_mods.py holds each
+sinks), a V head dim of its own (d_v != d_qk) and large-magnitude inputs. FA2 models with
+one mistake each in a step those added or stress (harness.core.reference's doc has what
+is right; harness.core.distributions the inputs). The `mods` grid exposes every one of them; tests/test_planted_mods.py holds each
 to the case that exposes it and to a control case on which it is invisible.
 """
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.candidates.models import tiles as T
-from harness.candidates.models.fa2 import FA2Model
+from harness.candidates.models.fa2 import FA2Model, State
 from harness.core.cases import Case, Inputs
 
 
@@ -112,8 +113,34 @@ class HeadDimsSwapped(FA2Model):
         return case.head_dim
 
 
+@dataclass
+class ScoresInInputDtype(FA2Model):
+    """S = QK^T stored in the input dtype before it is scaled (a half-precision staging
+    tile): right to the dtype's rounding on N(0, 1) inputs (the naive yardstick does the
+    same there), but fp16 overflows to inf where |q . k| > 65504, and inf - inf is NaN."""
+
+    name: str = "bug_scores_in_input_dtype"
+
+    def qk(self, case: Case, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return super().qk(case, q, k).to(case.torch_dtype).float()
+
+
+@dataclass
+class NoRunningMax(FA2Model):
+    """Online softmax without the running max: p = exp(s) instead of exp(s - m). Exact
+    while the scaled scores stay below ~88, where float32's exp overflows to inf: peaky
+    rows of thousands end as inf / inf = NaN."""
+
+    name: str = "bug_no_running_max"
+
+    def online_step(self, state: State, s: torch.Tensor, v: torch.Tensor) -> State:
+        o, m, lsum = state
+        p = torch.exp(s)
+        return o + torch.matmul(p, v), torch.zeros_like(m), lsum + p.sum(dim=-1)
+
+
 PLANTED_MODS = (SoftcapAfterMask, SoftcapMissing, AlibiWrongSign, AlibiTopLeft, SinkNotInLse,
-                SinkNotInNormalisation, HeadDimsSwapped)
+                SinkNotInNormalisation, HeadDimsSwapped, ScoresInInputDtype, NoRunningMax)
 
 
 def planted_mod_bugs() -> list[FA2Model]:
