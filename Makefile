@@ -28,8 +28,9 @@ $(VENV): pyproject.toml
 run: $(VENV)
 	$(BIN)/fa-harness run
 
-# Three pytest runs: the tests, every CPU candidate on the smoke grid, then the
-# algorithm models on the full adversarial grid (fast enough on the CPU). pytest's exit 5 (collected
+# Four pytest runs: the tests, every CPU candidate on the smoke grid, then the
+# algorithm models on the full adversarial grid (fast enough on the CPU) and on the mods
+# grid (score modifiers, head dims, input distributions: docs/score-mods.md). pytest's exit 5 (collected
 # no test) means the command itself is broken: it fails, with a message saying so.
 NO_TESTS = { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
 
@@ -49,6 +50,7 @@ test: $(VENV)
 	$(BIN)/pytest $(PYTEST_FLAGS) tests || $(NO_TESTS)
 	$(BIN)/pytest $(PYTEST_FLAGS) harness/suites --fa-grid smoke || $(NO_TESTS)
 	$(BIN)/pytest $(PYTEST_FLAGS) harness/suites --fa-grid full --fa-kernels '*_model' || $(NO_TESTS)
+	$(BIN)/pytest $(PYTEST_FLAGS) harness/suites --fa-grid mods --fa-kernels '*_model' || $(NO_TESTS)
 
 # The GPU tests in two calls: first the ones that measure time (marked `exclusive`), with
 # the GPU to themselves; then the rest (verdicts, compiles, correctness), which share it,
