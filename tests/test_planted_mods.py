@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.candidates.models import FA2Model, planted_bugs, planted_mod_bugs
+from harness.candidates.models import FA2Model, SplitKVModel, planted_bugs, planted_mod_bugs
 from harness.core.cases import Case, Dist, MaskKind
 from harness.core.check import check_case
 from harness.core.grids import get_grid
@@ -53,6 +53,7 @@ EXPOSURES: dict[str, Exposure] = {
     "bug_head_dims_swapped": Exposure(MLA, "out: max error", D192),
     "bug_scores_in_input_dtype": Exposure(LARGE, "non-finite", OUTLIERS),
     "bug_no_running_max": Exposure(LARGE_BF16, "non-finite", OUTLIERS),
+    "bug_splitkv_sink_per_split": Exposure(SINKS, "out: max error", PLAIN),
 }
 SEEDS = range(3)
 
@@ -86,13 +87,14 @@ def test_planted_mod_bug_is_caught(name: str):
 @pytest.mark.parametrize("name", sorted(EXPOSURES))
 def test_planted_mod_bug_is_invisible_on_its_control_case(name: str):
     exposure = EXPOSURES[name]
-    for model in (_bug(name), FA2Model()):
+    for model in (_bug(name), FA2Model(), SplitKVModel(num_splits=4)):
         result = check_case(model, exposure.control, device="cpu")
         assert result.status is Status.PASSED, f"{model.name} on {exposure.control.id}: " \
                                                f"{result.message}"
-    # The correct model passes where the bug fails.
-    result = check_case(FA2Model(), exposure.case, device="cpu")
-    assert result.status is Status.PASSED, result.message
+    # The correct models pass where the bug fails.
+    for model in (FA2Model(), SplitKVModel(num_splits=4)):
+        result = check_case(model, exposure.case, device="cpu")
+        assert result.status is Status.PASSED, (model.name, result.message)
 
 
 def test_head_dims_swapped_leaves_columns_unwritten_when_d_v_is_wider():

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from harness.candidates.models import FA2Model, all_models
+from harness.candidates.models import FA2Model, SplitKVModel, all_models
 from harness.candidates.python_candidate import PythonKernel, to_candidate
 from harness.core.candidate import Support
 from harness.core.cases import Case, Layout, MaskKind, make_inputs
@@ -23,6 +23,7 @@ from harness.core.results import Status
 
 M = MaskKind
 PLAIN = Case(2, 4, 2, 113, 203, 64, "float16", M.CAUSAL_BR)
+DECLARING = ("fa2_model", "splitkv_model")  # the models that apply the modifiers
 ALL_MODS = Case(2, 4, 2, 113, 203, 64, "float16", M.CAUSAL_BR, softcap=20.0, alibi=True,
                 sinks=True)
 
@@ -165,7 +166,7 @@ def test_undeclared_modifiers_are_skipped_with_the_reason(mod: str, case: Case):
     assert Support(**{mod: True}).reason_unsupported(case) is None
     for model in all_models():
         result = check_case(model, case, device="cpu")
-        want = Status.PASSED if model.name == "fa2_model" else Status.SKIPPED
+        want = Status.PASSED if model.name in DECLARING else Status.SKIPPED
         assert result.status is want, (model.name, result.message)
 
 
@@ -215,10 +216,14 @@ def test_the_mods_grid_holds_every_modifier_and_mask():
     assert {(c.head_dim, c.dv) for c in cases if c.head_dim_v} == {(192, 128), (128, 192)}
 
 
-def test_the_fa2_model_passes_the_mods_grid():
+def test_the_fa2_and_split_kv_models_pass_the_mods_grid():
+    # Split-KV with a forced 3 splits: the sink joins the combine (and d_v the partials).
+    models = (FA2Model(), SplitKVModel(name="splitkv_3", num_splits=3))
     failures = []
     for case in get_grid("mods"):
-        result = check_case(FA2Model(), case, device="cpu")
-        if result.status is not Status.PASSED:
-            failures.append(f"{case.id}: {result.status.value} {result.message}")
+        for model in models:
+            result = check_case(model, case, device="cpu")
+            if result.status is not Status.PASSED:
+                failures.append(f"{model.name} {case.id}: {result.status.value} "
+                                f"{result.message}")
     assert not failures, "\n".join(failures)

@@ -6,8 +6,8 @@ those loops move (`model.last_bytes` after a run). They pass the harness's corre
 check; the planted bugs (`planted_bugs`) must not. The FA2 and split-KV models also run
 the serving case kinds (FA2: varlen batches and sliding windows; split-KV: those and paged
 caches), per sequence from the case's index tensors; their planted bugs are
-`planted_serving_bugs`. The FA2 model applies the score modifiers (softcap, ALiBi,
-sinks) and runs d_v != d_qk; their planted bugs, and those of large inputs, are
+`planted_serving_bugs`. The FA2 and split-KV models apply the score modifiers (softcap,
+ALiBi, sinks) and run d_v != d_qk; their planted bugs, and those of large inputs, are
 `planted_mod_bugs`. It also has FA2's backward
 (`run_backward`,
 harness.candidates.models.fa2_bwd), whose planted bugs are `planted_backward_bugs`.

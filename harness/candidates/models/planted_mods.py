@@ -13,6 +13,7 @@ import torch
 
 from harness.candidates.models import tiles as T
 from harness.candidates.models.fa2 import FA2Model, State
+from harness.candidates.models.splitkv import SplitKVModel
 from harness.core.cases import Case, Inputs
 
 
@@ -139,10 +140,32 @@ class NoRunningMax(FA2Model):
         return o + torch.matmul(p, v), torch.zeros_like(m), lsum + p.sum(dim=-1)
 
 
+@dataclass
+class SplitKVSinkPerSplit(SplitKVModel):
+    """Split-KV that folds the sink into every split's partial (each split's program
+    applies the epilogue it would without splits) instead of once in the combine: the
+    total LSE counts e^sink once per split, and O is weighed down by the extra mass."""
+
+    name: str = "bug_splitkv_sink_per_split"
+    num_splits: int = 4
+
+    def finish_split(self, o: torch.Tensor, m: torch.Tensor, lsum: torch.Tensor,
+                     sink: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if sink is None:
+            return self.finish(o, m, lsum)
+        return self.finish_sink(o, m, lsum, sink)
+
+    @staticmethod
+    def with_sink(o_part: torch.Tensor, lse_part: torch.Tensor, sink: torch.Tensor | None,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        return o_part, lse_part  # already in every split
+
+
 PLANTED_MODS = (SoftcapAfterMask, SoftcapMissing, AlibiWrongSign, AlibiTopLeft, SinkNotInLse,
-                SinkNotInNormalisation, HeadDimsSwapped, ScoresInInputDtype, NoRunningMax)
+                SinkNotInNormalisation, HeadDimsSwapped, ScoresInInputDtype, NoRunningMax,
+                SplitKVSinkPerSplit)
 
 
-def planted_mod_bugs() -> list[FA2Model]:
+def planted_mod_bugs() -> list[FA2Model]:  # SplitKVModel is an FA2Model
     """One fresh instance of every planted bug of this module."""
     return [cls(description=" ".join((cls.__doc__ or "").split())) for cls in PLANTED_MODS]

@@ -7,7 +7,9 @@ the chunk holds no visible key for the row (an empty split, including the traili
 when splits exceed the blocks). A combine step then reads all partials back:
     lse = logsumexp_s(lse_s),  O = sum_s exp(lse_s - lse) * O_s,
 with every non-finite scale (exp(-inf - -inf) = NaN on a fully masked row) replaced by 0.
-One split is plain FA2 (no partials, no combine).
+One split is plain FA2 (no partials, no combine). A sink (harness.core.reference's doc)
+joins the combine once, as one more split with partial O = 0 and partial LSE = the sink
+logit; the splits' own partials never see it. Partial O rows are d_v wide.
 
 Serving cases (varlen decode batches, paged caches) run per sequence like the FA2 model
 (harness.candidates.models.fa2), with the case's one split count: each sequence's own
@@ -84,7 +86,8 @@ class SplitKVModel(FA2Model):
                         "combine; varlen and paged caches, sliding windows")
     support: Support = field(default_factory=lambda: Support(
         masked_lse="-inf", backward=True, backward_deterministic=True,
-        layouts=frozenset(Layout), window=True))
+        layouts=frozenset(Layout), window=True, softcap=True, alibi=True, sinks=True,
+        head_dim_v=True))
     num_splits: int = 0
     sm_count: int = DEFAULT_SM_COUNT
     # Split count the last run used (num_splits, or the heuristic's choice).
@@ -121,22 +124,42 @@ class SplitKVModel(FA2Model):
         if splits == 1:
             super().attend(case, inputs, seq, out, lse, counter)
             return
-        d = case.head_dim
+        d = case.dv  # the partial O rows are d_v wide
         b, h, nq = case.batch, case.heads, case.seqlen_q
         o_part = torch.zeros(b, h, splits, nq, d)
         lse_part = torch.full((b, h, splits, nq), T.NEG_INF)
+        sink = None if inputs.sinks is None else inputs.sinks.float()[None, :, None]
         for s, chunk in enumerate(self.split_key_tiles(case, inputs, splits)):
             for r0, r1 in self.query_tiles(case):
                 o, m, lsum = self.attend_rows(case, inputs, (r0, r1), chunk, counter)
-                o, part_lse = self.finish(o, m, lsum)
+                o, part_lse = self.finish_split(o, m, lsum, sink)
                 o_part[:, :, s, r0:r1] = o
                 lse_part[:, :, s, r0:r1] = part_lse
                 counter.write("O_partial", T.tile_bytes(case, r1 - r0, d, T.F32_BYTES))
                 counter.write("LSE_partial", T.tile_bytes(case, r1 - r0, 1, T.F32_BYTES))
         counter.read("LSE_partial", b * h * splits * nq * T.F32_BYTES)
         counter.read("O_partial", b * h * splits * nq * d * T.F32_BYTES)
-        o, total_lse = self.combine(o_part, lse_part)
+        o, total_lse = self.combine(*self.with_sink(o_part, lse_part, sink))
         self.store_rows(seq, out, lse, 0, o, total_lse, counter)
+
+    def finish_split(self, o: torch.Tensor, m: torch.Tensor, lsum: torch.Tensor,
+                     sink: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A split's partial O and LSE: over its own keys only (the sink is the
+        combine's)."""
+        return self.finish(o, m, lsum)
+
+    @staticmethod
+    def with_sink(o_part: torch.Tensor, lse_part: torch.Tensor, sink: torch.Tensor | None,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The partials with the sink (1, H, 1) as one more split, once: partial O 0 and
+        partial LSE the sink logit, so the combine's LSE includes it and weighs the
+        splits' O by exp(lse_s - lse)."""
+        if sink is None:
+            return o_part, lse_part
+        b, h, _, nq = lse_part.shape
+        z = sink[..., None].expand(b, h, 1, nq)
+        return (torch.cat((o_part, o_part.new_zeros(b, h, 1, nq, o_part.shape[-1])), dim=2),
+                torch.cat((lse_part, z), dim=2))
 
     def split_key_tiles(self, case: Case, inputs: Inputs, splits: int,
                         ) -> list[list[tuple[int, int]]]:
