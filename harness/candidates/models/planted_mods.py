@@ -61,8 +61,8 @@ class AlibiWrongSign(FA2Model):
 class AlibiTopLeft(FA2Model):
     """ALiBi distances measured from the top-left diagonal (|i - j|) in every case, not
     from the bottom-right one (|i + Nk - Nq - j|) the causal mask and windows use:
-    identical when Nq = Nk, and under causal with Nq > Nk a per-row constant the softmax
-    cancels; wrong wherever Nk > Nq."""
+    identical when Nq = Nk; under causal with Nq > Nk a per-row constant (O right, the
+    LSE shifted); O wrong wherever Nk > Nq."""
 
     name: str = "bug_alibi_top_left"
 
