@@ -6,8 +6,11 @@ sub-command(s) with `set_defaults(func=...)`; `func(args) -> int` returns the ex
 Exit codes (the same for every command, harness.cli.errors):
   0  success, nothing failed or regressed
   1  a candidate failed, or a regression was found
-  2  usage or input error (bad arguments, unreadable record, unreachable database, ...)
-  3  not measured (`ci`): nothing failed, but an owned candidate was not measured
+  2  usage or input error (bad arguments, unreadable record, unreachable or damaged
+     database, ...)
+  3  not measured (`ci`): nothing failed, but an owned candidate was not measured, or
+     nothing of the team's was found to judge
+  130  interrupted (Ctrl-C, SIGINT): one line on stderr
 """
 
 from __future__ import annotations
@@ -18,9 +21,17 @@ import os
 import pkgutil
 import sys
 
-from harness.cli.errors import EXIT_FAIL, EXIT_NOT_MEASURED, EXIT_OK, EXIT_USAGE, UsageError
+from harness.cli.errors import (
+    EXIT_FAIL,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_MEASURED,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+)
 
-__all__ = ["EXIT_FAIL", "EXIT_NOT_MEASURED", "EXIT_OK", "EXIT_USAGE", "UsageError", "main"]
+__all__ = ["EXIT_FAIL", "EXIT_INTERRUPTED", "EXIT_NOT_MEASURED", "EXIT_OK", "EXIT_USAGE",
+           "UsageError", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,26 +73,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _database_problem(exc: BaseException) -> str | None:
+    """The one line for a database error no command caught (a damaged file met in the
+    middle of a command, harness.records.db.database.DatabaseDamaged), else None. Only
+    looked for when the database module was loaded: a command that never opened a
+    database raised none."""
+    database = sys.modules.get("harness.records.db.database")
+    if database is not None and isinstance(exc, database.DatabaseError):
+        return str(exc)
+    sa_exc = sys.modules.get("sqlalchemy.exc")
+    if sa_exc is not None and isinstance(exc, sa_exc.DBAPIError):
+        # The driver's first line, without SQLAlchemy's statement and parameters (data).
+        first = str(getattr(exc, "orig", None) or type(exc).__name__).strip().splitlines()
+        return f"database error: {first[0] if first else type(exc).__name__}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    from harness.cli.console import plain
     from harness.paths import use_compile_caches
 
-    # Before torch, Triton or CuPy is imported by any command: their caches go under the
-    # harness home (harness.paths), in this process and every child.
-    use_compile_caches()
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from harness.cli._discoveryopt import run_command
-
+    command = "fa-harness"
     try:
+        # Before torch, Triton or CuPy is imported by any command: their caches go under
+        # the harness home (harness.paths), in this process and every child.
+        use_compile_caches()
+        args = build_parser().parse_args(argv)
+        command = f"fa-harness {args.command}"
+        from harness.cli._discoveryopt import run_command
+
         return int(run_command(args) or 0)
     except UsageError as e:
-        from harness.cli.console import plain
-
         # Messages quote what the user gave (paths, names, record fields) verbatim.
-        print(f"fa-harness {args.command}: error: {plain(e, lines=True)}", file=sys.stderr)
+        print(f"{command}: error: {plain(e, lines=True)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        # Whatever was half done is rolled back (a database transaction) or left where a
+        # later run finds it (the spool); say so in one line rather than a traceback.
+        print(f"{command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`fa-harness db current | head -2`): stop quietly. Python
         # would report the broken pipe again when it flushes stdout at exit, so point
@@ -89,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_FAIL
+    except Exception as e:  # noqa: BLE001 - re-raised unless a database problem
+        line = _database_problem(e)
+        if line is None:
+            raise
+        print(f"{command}: error: {plain(line, lines=True)}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""`fa-harness db upgrade|current [--db URL]`: schema migrations of the results database."""
+"""`fa-harness db upgrade|current [--db URL]`: schema migrations of the results database.
+
+`db current` also checks the database: SQLite's `PRAGMA quick_check` reads every page
+and record (damage where no query happens to read is found here first), and on any
+database the schema's tables must exist. A problem is one line and exit code 2."""
 
 from __future__ import annotations
 
@@ -52,10 +56,15 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 def cmd_current(args: argparse.Namespace) -> int:
     from harness.cli._dbopt import open_or_fail
     from harness.records.db import migrate
+    from harness.records.db.database import integrity_problems
     from harness.records.db.store import counts
 
     db = open_or_fail(args.db, create=False, upgrade=False)
     try:
+        problems = integrity_problems(db)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise UsageError(f"database {db.display_url} is damaged: {problems[0]}{more}")
         with db.engine.connect() as conn:
             rev = migrate.current_revision(conn)
         print(f"{db.display_url}: revision {rev} (head {migrate.head_revision()})")

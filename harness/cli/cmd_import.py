@@ -2,8 +2,12 @@
 in the database; with no argument, the records waiting in the spool.
 
 Every file is read and validated before anything is stored, and all are stored in one
-transaction: one bad file, or one record the database refuses (a conflict), means exit 2
-and nothing stored. Importing a record that is already stored does nothing (same uuid).
+transaction together with their verdicts (each new run compared with its baseline): one
+bad file, or one record the database refuses (a conflict), means exit 2 and nothing
+stored, and an import stopped halfway (Ctrl-C) stores nothing either, so a run is never
+stored without its verdicts. From the spool (no argument) each record is stored with its
+verdicts in a transaction of its own, oldest first. Importing a record that is already
+stored does nothing (same uuid).
 Only regular files are read, each of bounded size (harness.records.jsonio).
 In a directory, files that are not records (a README, logs, archives, JSON of another
 kind) are skipped with a note; a file named on the command line must be a record.
@@ -26,7 +30,7 @@ from harness.cli.console import plain
 from harness.cli.errors import UsageError
 
 if TYPE_CHECKING:
-    from harness.records.db.database import Database
+    from harness.records.baseline import Judged
     from harness.records.record import RunRecord
 
 
@@ -118,17 +122,21 @@ def load_all(paths: list[str]) -> tuple[list[tuple[Path, RunRecord]], list[str]]
 
 
 def _import_spool(url: str | None) -> int:
+    from harness.records.baseline import judge_runs
     from harness.records.db.store import DatabaseError, import_spool
 
     db = open_or_fail(url)
     waiting: list[str] = []
+    judged: list[Judged] = []
     try:
-        ids, problems = import_spool(db, waiting=waiting)
-        _judge(db, ids)
+        # Each record is stored and judged in one transaction (import_spool's `judge`).
+        ids, problems = import_spool(
+            db, waiting=waiting, judge=lambda d, run_id: judged.extend(judge_runs(d, [run_id])))
     except DatabaseError as exc:
         raise UsageError(str(exc)) from None
     finally:
         db.close()
+    _print_judged(judged)
     for p in waiting:
         print(f"left in the spool: {plain(p)}")
     for p in problems:
@@ -137,11 +145,9 @@ def _import_spool(url: str | None) -> int:
     return 2 if problems else 0
 
 
-def _judge(db: Database, run_ids: list[int]) -> None:
-    """Verdicts of each newly stored run against its baseline (what `ci` does)."""
-    from harness.records.baseline import judge_runs
-
-    for j in judge_runs(db, run_ids):
+def _print_judged(judged: list[Judged]) -> None:
+    """One line per newly stored run: its verdicts against its baseline (what `ci` does)."""
+    for j in judged:
         flagged = {k: n for k, n in j.counts.items() if k not in ("same", "new")}
         if j.baseline == "untrusted":
             print(f"run {j.run_id}: {plain(j.note)}")
@@ -154,6 +160,7 @@ def _judge(db: Database, run_ids: list[int]) -> None:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from harness.records.baseline import judge_runs
     from harness.records.db.store import DatabaseError, Origin, store_records, who
     from harness.records.record import RecordError
 
@@ -170,12 +177,15 @@ def cmd_import(args: argparse.Namespace) -> int:
                     trusted=args.trusted)
     db = open_or_fail(args.db)
     try:
-        stored = store_records(db, [rec for _, rec in records], origin)
-        _judge(db, [run_id for run_id, _ in stored])
+        # The runs and their verdicts in one transaction (module doc).
+        with db.transaction():
+            stored = store_records(db, [rec for _, rec in records], origin)
+            judged = judge_runs(db, [run_id for run_id, _ in stored])
     except DatabaseError as exc:
         raise UsageError(f"{exc}; nothing stored") from None
     finally:
         db.close()
+    _print_judged(judged)
     for (f, _), (run_id, new) in zip(records, stored, strict=True):
         print(f"{plain(f)}: run {run_id}" + ("" if new else " (already stored)"))
     new = sum(n for _, n in stored)

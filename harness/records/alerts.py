@@ -135,11 +135,16 @@ def _alert(row: AlertRow) -> Alert:
 
 @contextmanager
 def transaction(db: Any) -> Iterator[Session]:
-    """One transaction on a Database, an Engine or a database URL."""
+    """One transaction on a Database (joining a `Database.transaction` held open), an
+    Engine or a database URL."""
     engine: Engine = make_engine(db) if isinstance(db, str) else getattr(db, "engine", db)
     try:
-        with session_factory(engine)() as s, s.begin():
-            yield s
+        if hasattr(db, "session"):
+            with db.session() as s:
+                yield s
+        else:
+            with session_factory(engine)() as s, s.begin():
+                yield s
     except SQLAlchemyError as exc:
         first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
         raise AlertError(f"alerts: {first[0] if first else type(exc).__name__}") from exc

@@ -15,7 +15,8 @@
    the other (the baseline first), nothing else running.
 5. **Measured?** An owned candidate that could not run here (no GPU, failed to load,
    unavailable) or got fewer timed cases than its floor is "not measured"
-   (harness.records.gate: exit code 3).
+   (harness.records.gate: exit code 3); so is a run with nothing of the team's to judge
+   (no owned candidate, none named by --kernels), said at once, before anything runs.
 """
 
 from __future__ import annotations
@@ -140,6 +141,14 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
              or not any(fnmatch.fnmatchcase(b, p) for b in broken_names if b)]
     candidates = [] if pats and not asked else select_candidates(pool, asked or None)
     owned = [c.name for c in candidates if registry.owned(c, pats)]
+    # Nothing of the team's (none owned, none named, none that failed to load): a green
+    # gate would have judged only yardsticks. Exit 3 with one line, before anything runs.
+    if not owned and not pats and not any(_broken_is_owned(e) for e in broken):
+        raise GateNotMeasured("nothing of the team's was found to judge: no kernel folder, "
+                              "Python candidate or entry point of the team's gave a "
+                              "candidate ([tool.fa-harness] kernels-dirs, candidates; "
+                              "`fa-harness kernels` lists them), and no --kernels names "
+                              "one to time")
     for src in sources():
         log(f"from {src.line()}")
     not_measured: list[tuple[str, str]] = []

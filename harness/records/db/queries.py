@@ -15,7 +15,7 @@ from harness.records.db.database import (
     DatabaseError,
 )
 from harness.records.db.models import CaseRow, Comparison, Result, Run, Variant
-from harness.records.record import RunRecord
+from harness.records.record import RunRecord, json_safe
 
 # --------------------------------------------------------------------------- reading
 
@@ -60,8 +60,11 @@ def load_record(db: Database, ref: str | int) -> RunRecord:
         kernels[var.name] = info
         extra = dict(res.extra or {})
         rest = extra.pop("_record", {})
-        errors = {"out_err": res.out_err, "base_err": res.base_err, "ratio": res.err_ratio,
-                  "lse_err": res.lse_err, **rest.pop("errors", {})}
+        # A non-finite float of a column (a run stored before its spelling was kept in
+        # "_record") is written as the record format spells it: "inf", "-inf", "nan".
+        errors = {**json_safe({"out_err": res.out_err, "base_err": res.base_err,
+                               "ratio": res.err_ratio, "lse_err": res.lse_err}),
+                  **rest.pop("errors", {})}
         entry = {
             "kernel": var.name,
             "case": Case.from_id(case.case_id).to_dict(),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import getpass
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,8 +183,12 @@ def _result_row(e: dict[str, Any], run_id: int, variant_id: int, case_pk: int
     extra = dict(e.get("extra") or {})
     # Fields without a column of their own travel in extra["_record"] for a lossless export.
     rest = {k: e[k] for k in _RESULT_RECORD_ONLY if e.get(k) is not None and k != "case_id"}
+    # A non-finite error keeps the record's spelling ("nan", "inf", "-inf") here as well:
+    # its column holds the float, and SQLite stores a NaN as NULL (the export reads it back
+    # from here, so what is written is what was stored).
     err_rest = {k: v for k, v in errors.items()
-                if k not in ("out_err", "base_err", "ratio", "lse_err")}
+                if k not in ("out_err", "base_err", "ratio", "lse_err")
+                or (isinstance(v, str) and v in ("nan", "inf", "-inf"))}
     if err_rest:
         rest["errors"] = err_rest
     if any(k not in ("model", "ideal", "read", "write") for k in b):
@@ -326,8 +330,12 @@ def _now() -> str:
 
 
 def import_spool(db: Database, directory: str | Path | None = None, *,
-                 waiting: list[str] | None = None) -> tuple[list[int], list[str]]:
-    """Store every spooled record meant for this database; stored ones leave the spool.
+                 waiting: list[str] | None = None,
+                 judge: Callable[[Database, int], object] | None = None
+                 ) -> tuple[list[int], list[str]]:
+    """Store every spooled record meant for this database, oldest first; stored ones leave
+    the spool. `judge(db, run_id)` (the verdicts of the run) runs in the transaction that
+    stores the run: a run is stored with them or not at all.
     A record that cannot be stored (invalid, conflicting, refused by the database) is set
     aside in `<spool>/rejected/` with its reason, and the others go on; a record spooled
     for another database waits for it. Returns (run ids, one line per record not stored).
@@ -337,6 +345,7 @@ def import_spool(db: Database, directory: str | Path | None = None, *,
     from harness.records.record import RecordError, set_aside, spool_target, spooled
 
     ids, problems = [], []
+    ready: list[tuple[Path, RunRecord]] = []
     for path in spooled(directory):
         target = spool_target(path)
         if target is not None and target != db.display_url:
@@ -344,15 +353,22 @@ def import_spool(db: Database, directory: str | Path | None = None, *,
                 f"{path}: waiting for its database {target}")
             continue
         try:
+            ready.append((path, RunRecord.read(path)))
+        except RecordError as exc:
+            problems.append(f"{path}: set aside in {set_aside(path, str(exc)).parent}: {exc}")
+    for path, record in sorted(ready, key=lambda pr: (pr[1].created, pr[1].uuid)):
+        try:
             # The spool holds what this machine's own runs wrote while their database
             # was away: their origin is this machine, trusted as the runs themselves.
-            record = RunRecord.read(path)
-            ids.append(store_record(db, record, local_origin(f"{record.source} spool")))
+            with db.transaction():
+                run_id = store_record(db, record, local_origin(f"{record.source} spool"))
+                if judge is not None:
+                    judge(db, run_id)
+            ids.append(run_id)
         except DatabaseUnavailable:
             raise
         except (RecordError, DatabaseError) as exc:
-            kept = set_aside(path, str(exc))
-            problems.append(f"{path}: set aside in {kept.parent}: {exc}")
+            problems.append(f"{path}: set aside in {set_aside(path, str(exc)).parent}: {exc}")
             continue
         path.unlink(missing_ok=True)
         path.with_suffix(".target").unlink(missing_ok=True)
