@@ -16,7 +16,9 @@ Exit codes:
   2  bad input (unknown grid or kernel, bad option, bad [tool.fa-harness] setting)
   3  not measured: nothing failed, but an owned candidate that should run here did not
      (no GPU, unavailable) or got fewer timed cases than its floor; also --require-gpu on
-     a runner without a working GPU
+     a runner without a working GPU, and nothing of the team's found to judge (no owned
+     candidate, none named by --kernels: one line, before anything runs)
+  130  interrupted (Ctrl-C): one line
 An unreachable database does not lose the run: the record stays in the spool and the
 summary says so.
 

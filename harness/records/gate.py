@@ -16,7 +16,8 @@ or a candidate or case of the baseline is missing from this run without the plan
 --kernels leaving it out; 3 "not measured": nothing failed, but an owned candidate that
 should run here did not (no GPU, not available) or got fewer timed cases than its floor,
 so the gate cannot say it did not regress (`--require-gpu` on a runner without a working
-GPU also exits 3, before running anything); 2 usage/input error. Peers (kind "peer": the
+GPU also exits 3, before running anything, and so does a run with nothing of the team's to
+judge: no owned candidate, none named by --kernels); 2 usage/input error. Peers (kind "peer": the
 SDPA backends) are yardsticks: where they diverge from the oracle the summary names them
 (`peer divergence: ...`), and the gate stays green.
 
