@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from harness.candidates.models import FA2Model, SplitKVModel, planted_bugs, planted_mod_bugs
-from harness.core.cases import Case, Dist, MaskKind
+from harness.core.cases import Case, Dist, Fp8, Layout, MaskKind
 from harness.core.check import check_case
 from harness.core.grids import get_grid
 from harness.core.results import Status
@@ -33,6 +33,12 @@ D192 = Case(2, 4, 2, 113, 203, 192, F16, M.CAUSAL_BR)
 LARGE = Case(2, 4, 4, 113, 203, 64, F16, M.NONE, dist=Dist.LARGE)  # |q . k| past fp16's range
 LARGE_BF16 = Case(2, 4, 2, 203, 113, 64, BF16, M.CAUSAL_BR, dist=Dist.LARGE)
 OUTLIERS = Case(2, 4, 4, 113, 203, 64, F16, M.NONE, dist=Dist.OUTLIERS)
+FP8_QKV = Case(2, 4, 2, 203, 113, 64, BF16, M.CAUSAL_BR, fp8=Fp8.QKV_HEAD)
+FP8_KV = Case(4, 8, 2, 4, 300, 64, F16, M.CAUSAL_BR, fp8=Fp8.KV_TOKEN)  # Q in fp16
+PAGED_FP8_TOKEN = Case(5, 4, 2, 1, 239, 64, F16, M.NONE, layout=Layout.PAGED, page_size=16,
+                       fp8=Fp8.KV_TOKEN)
+PAGED_FP8_HEAD = Case(5, 4, 2, 1, 239, 64, F16, M.NONE, layout=Layout.PAGED, page_size=16,
+                      fp8=Fp8.KV_HEAD)
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,10 @@ EXPOSURES: dict[str, Exposure] = {
     "bug_scores_in_input_dtype": Exposure(LARGE, "non-finite", OUTLIERS),
     "bug_no_running_max": Exposure(LARGE_BF16, "non-finite", OUTLIERS),
     "bug_splitkv_sink_per_split": Exposure(SINKS, "out: max error", PLAIN),
+    "bug_fp8_descale_twice": Exposure(FP8_QKV, "out: max error", PLAIN),
+    "bug_fp8_descale_missing": Exposure(FP8_KV, "out: max error", PLAIN),
+    "bug_fp8_paged_scales_unmapped": Exposure(PAGED_FP8_TOKEN, "out: max error",
+                                              PAGED_FP8_HEAD),
 }
 SEEDS = range(3)
 
@@ -88,11 +98,15 @@ def test_planted_mod_bug_is_caught(name: str):
 def test_planted_mod_bug_is_invisible_on_its_control_case(name: str):
     exposure = EXPOSURES[name]
     for model in (_bug(name), FA2Model(), SplitKVModel(num_splits=4)):
+        if model.supports(exposure.control):  # the FA2 model reads no paged cache
+            continue
         result = check_case(model, exposure.control, device="cpu")
         assert result.status is Status.PASSED, f"{model.name} on {exposure.control.id}: " \
                                                f"{result.message}"
     # The correct models pass where the bug fails.
     for model in (FA2Model(), SplitKVModel(num_splits=4)):
+        if model.supports(exposure.case):
+            continue
         result = check_case(model, exposure.case, device="cpu")
         assert result.status is Status.PASSED, (model.name, result.message)
 
@@ -123,3 +137,12 @@ def test_the_mods_grid_catches_every_planted_mod_bug():
             break
     missed = [b.name for b in bugs if b.name not in caught]
     assert not missed, f"the mods grid passes planted bug(s): {missed}"
+
+
+@pytest.mark.parametrize("name", ["bug_fp8_descale_twice", "bug_fp8_descale_missing"])
+def test_fp8_descale_bugs_are_caught_on_either_kind_of_fp8_case(name: str):
+    for case in (FP8_QKV, FP8_KV, Case(1, 8, 2, 1, 239, 128, BF16, M.NONE, fp8=Fp8.KV_HEAD),
+                 Case(2, 4, 4, 113, 203, 64, F16, M.NONE, fp8=Fp8.QKV_TENSOR)):
+        result = check_case(_bug(name), case, device="cpu")
+        assert result.status is Status.FAILED and "out: max error" in result.message, \
+            (case.id, result.message)

@@ -205,12 +205,14 @@ def test_the_backward_of_modified_cases_is_skipped_with_the_reason():
 
 def test_the_mods_grid_holds_every_modifier_and_mask():
     cases = get_grid("mods")
-    assert len(cases) == len(set(cases)) == 58
+    assert len(cases) == len(set(cases)) == 69
     assert {c.mask for c in cases} == set(MaskKind)
     assert any(c.softcap and c.alibi and c.sinks for c in cases)
     assert any(c.has_window for c in cases) and any(c.kv_heads == 1 for c in cases)
     assert all(Case.from_id(c.id) == c for c in cases)
-    assert sum(c.has_score_mods for c in cases) == 35
+    assert sum(c.has_score_mods for c in cases) == 36
+    assert {c.fp8.value for c in cases} == {"none", "qkv_tensor", "qkv_head", "kv_head",
+                                            "kv_token"}
     assert {c.dist.value for c in cases} == {"normal", "outliers", "large"}
     assert {c.head_dim for c in cases} >= {96, 192, 256}
     assert {(c.head_dim, c.dv) for c in cases if c.head_dim_v} == {(192, 128), (128, 192)}
@@ -223,6 +225,9 @@ def test_the_fa2_and_split_kv_models_pass_the_mods_grid():
     for case in get_grid("mods"):
         for model in models:
             result = check_case(model, case, device="cpu")
+            if (result.status is Status.SKIPPED and model.name == "fa2_model"
+                    and case.layout is Layout.PAGED):  # the fp8 paged caches: split-KV's
+                continue
             if result.status is not Status.PASSED:
                 failures.append(f"{model.name} {case.id}: {result.status.value} "
                                 f"{result.message}")

@@ -264,6 +264,8 @@ def _mut(path: str, value, delete: bool = False) -> dict:
     ("supports.shape", 1, "supports.shape", "unknown field"),
     ("supports.softcap", "yes", "supports.softcap", "true or false"),
     ("supports.sinks", True, "supports.sinks", "cannot declare it yet"),
+    ("supports.fp8", True, "supports.fp8", "cannot declare it yet"),
+    ("supports.fp8_kv", "no", "supports.fp8_kv", "true or false"),
     ("tiles.block_q", 0, "tiles.block_q", ">= 1"),
     ("tiles.block_q", "64", "tiles.block_q", "must be an integer"),
     ("tiles.heads", 4, "tiles.heads", "not size names"),
@@ -329,6 +331,14 @@ def test_splitkv_num_splits_accepted(tmp_path):
     assert spec.num_splits == 0
     m["num_splits"] = -1
     assert "num_splits: must be >= 0" in load_error(tmp_path / "x", m)
+
+
+def test_new_case_axes_accepted_as_false(tmp_path):
+    # Score modifiers, head_dim_v and fp8 (docs/score-mods.md, docs/fp8.md): `false` loads,
+    # `true` is refused (test_field_validation); the variant then skips those cases.
+    m = good_manifest()
+    m["supports"].update(dict.fromkeys(("softcap", "head_dim_v", "fp8", "fp8_kv"), False))
+    load_variant_dir(write_variant(tmp_path, m))
 
 
 # ------------------------------------------------------------------ single-file variants

@@ -45,7 +45,10 @@ the case has none) respectively; a kernel declaring none is called as before, an
 needing a modifier it does not declare are skipped with the reason. The backward of a
 modified case is not checked yet (skipped with the reason). A kernel declaring
 `head_dim_v=True` also runs cases whose V head dim d_v differs from d_qk: v and out are
-then (..., d_v) wide (the scale stays 1/sqrt(d_qk)).
+then (..., d_v) wide (the scale stays 1/sqrt(d_qk)). FP8 (harness.core.fp8): a kernel
+declaring `fp8=True` (e4m3 q, k, v) or `fp8_kv=True` (an e4m3 KV cache, q in the dtype)
+gets the keywords `q_descale`, `k_descale`, `v_descale` (float32, None where a tensor is
+not e4m3); its out stays in the case dtype. The backward of fp8 cases is not checked.
 
 It is registered by an entry point in the group `fa_harness.candidates` (its value
 names a `PythonKernel`, a list of them, or a function of no arguments returning either)
@@ -83,6 +86,7 @@ from typing import Any, Literal
 
 import torch
 
+from harness.candidates.python_kwargs import mod_args
 from harness.candidates.python_source import source_hash
 from harness.core.candidate import Candidate, Support
 from harness.core.cases import DTYPES, Case, GradInputs, Inputs, Layout, MaskKind
@@ -145,6 +149,10 @@ class PythonKernel:
     # Cases whose V head dim d_v differs from d_qk: v is (B, Hkv, Nk, d_v) and so is the
     # result's out (B, H, Nq, d_v); no keyword (the shapes say it).
     head_dim_v: bool = False
+    # FP8 inputs (harness.core.fp8; docs/fp8.md): e4m3 q, k, v (fp8) or an e4m3 KV cache
+    # (fp8_kv); such a kernel gets q_descale, k_descale, v_descale on every case.
+    fp8: bool = False
+    fp8_kv: bool = False
 
     def problems(self) -> list[str]:
         """What is wrong with the declaration (empty when it is valid)."""
@@ -230,7 +238,7 @@ class PythonCandidate(Candidate):
         """The call the timing method measures: the candidate's own call, no copy."""
         assert self.kernel is not None
         fn, q, k, v, kw = self.kernel.fn, inputs.q, inputs.k, inputs.v, self._args(case, inputs)
-        kw.update(_mod_args(self.kernel, case, inputs))
+        kw.update(mod_args(self.kernel, case, inputs))
         if self.kernel.prepare is not None:
             return self.kernel.prepare(q, k, v, **kw)
         return lambda: fn(q, k, v, **kw)
@@ -306,18 +314,6 @@ class PythonCandidate(Candidate):
         return result, None
 
 
-def _mod_args(k: PythonKernel, case: Case, inputs: Inputs) -> dict[str, Any]:
-    """The score-modifier keywords of the forward: only those `k` declares."""
-    kw: dict[str, Any] = {}
-    if k.softcap:
-        kw["softcap"] = case.softcap
-    if k.alibi:
-        kw["alibi_slopes"] = inputs.alibi_slopes
-    if k.sinks:
-        kw["sinks"] = inputs.sinks
-    return kw
-
-
 def _sequence_rows(inputs: Inputs) -> torch.Tensor:
     """int64 indices of the packed rows that belong to a sequence of a varlen case (its
     `serving` index: slot starts cu_seqlens_q, lengths seqlens_q)."""
@@ -351,7 +347,7 @@ def to_candidate(k: PythonKernel, origin: str) -> PythonCandidate:
                       backward_deterministic=k.backward_deterministic,
                       layouts=frozenset(Layout(x) for x in k.layouts), window=k.window,
                       softcap=k.softcap, alibi=k.alibi, sinks=k.sinks,
-                      head_dim_v=k.head_dim_v)
+                      head_dim_v=k.head_dim_v, fp8=k.fp8, fp8_kv=k.fp8_kv)
     return PythonCandidate(name=k.name, kind="python", device=k.device, algorithm=k.algorithm,
                            support=support, description=k.description, isolate=True,
                            tiles=dict(k.tiles),

@@ -42,10 +42,12 @@ FLAVOR_REQUIRED = ("name", "description", "compile_options")
 FLAVOR_OPTIONAL = ("deterministic", "backward_deterministic")
 SUPPORTS_REQUIRED = ("dtypes", "head_dims", "masks", "gqa", "writes_lse")
 SUPPORTS_OPTIONAL = ("masked_lse", "max_seqlen_q", "max_seqlen_k", "decode_only", "max_head_dim",
-                     "layouts", "window", "softcap", "alibi", "sinks", "head_dim_v")
-# Score modifiers and a V head dim of its own (docs/score-mods.md): a variant may say
-# `false`; FaParams has no slot for their values yet, so `true` is refused with that reason.
-SCORE_MODS = ("softcap", "alibi", "sinks", "head_dim_v")
+                     "layouts", "window", "softcap", "alibi", "sinks", "head_dim_v", "fp8",
+                     "fp8_kv")
+# Score modifiers, a V head dim of its own (docs/score-mods.md) and FP8 inputs
+# (docs/fp8.md): a variant may say `false`; FaParams has no slot for their values yet, so
+# `true` is refused with that reason.
+SCORE_MODS = ("softcap", "alibi", "sinks", "head_dim_v", "fp8", "fp8_kv")
 WORKSPACE_KEYS = ("name", "dtype", "elements")
 # `[[tensor_map]]` (and `[[backward.tensor_map]]`): a TMA descriptor of one of a pass's
 # tensors (harness.candidates.tensor_map), FaParams.tensor_maps + 128 * i in declaration

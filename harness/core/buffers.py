@@ -215,7 +215,8 @@ class GradBuffers(_GuardedSet):
         return list(self._grads)
 
 
-_INPUT_FIELDS = ("q", "k", "v", "mask", "key_lengths", "out", "lse", "dout")
+_INPUT_FIELDS = ("q", "k", "v", "mask", "key_lengths", "q_descale", "k_descale", "v_descale",
+                 "out", "lse", "dout")
 
 
 def _input_tensors(inputs: Inputs) -> dict[str, torch.Tensor]:

@@ -56,6 +56,11 @@ class Support:
     # Cases whose V head dim d_v differs from d_qk (`Case.head_dim_v`; both must be among
     # `head_dims` when those are declared).
     head_dim_v: bool = False
+    # FP8 e4m3 inputs with harness-owned descales (harness.core.fp8): Q, K and V
+    # (`fp8`: cases qkv_tensor, qkv_head) or the KV cache with Q in the case dtype
+    # (`fp8_kv`: kv_head, kv_token).
+    fp8: bool = False
+    fp8_kv: bool = False
 
     def reason_unsupported(self, case: Case) -> str | None:
         if case.dtype not in self.dtypes:
@@ -76,6 +81,10 @@ class Support:
                             ("sinks", case.sinks)):
             if needed and not getattr(self, mod):
                 return f"score modifier {mod} not supported (declares {mod} = false)"
+        if case.fp8.quantizes_q and not self.fp8:
+            return "fp8 q/k/v not supported (declares fp8 = false)"
+        if case.fp8.is_kv_cache and not self.fp8_kv:
+            return "fp8 KV cache not supported (declares fp8_kv = false)"
         if not self.gqa and case.kv_heads != case.heads:
             return "GQA/MQA not supported"
         if self.max_seqlen_q is not None and case.seqlen_q > self.max_seqlen_q:

@@ -15,14 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 from harness.core.case_ids import DTYPE_SHORT, format_id, parse_id
 from harness.core.distributions import Dist
+from harness.core.fp8 import Fp8, fp8_problems, quantize_inputs
+from harness.core.masks import key_lengths_for, random_mask, visible
 from harness.core.seeds import derive_seed
 from harness.core.serving import Layout
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DTYPE_SHORT", "Case", "Dist", "GradInputs", "Inputs", "Layout", "MaskKind",
-           "derive_seed", "make_inputs"]
+__all__ = ["DTYPE_SHORT", "Case", "Dist", "Fp8", "GradInputs", "Inputs", "Layout", "MaskKind",
+           "derive_seed", "key_lengths_for", "make_inputs", "random_mask", "visible"]
 
 # torch is imported on first use, not with this module: records, the database and the
 # dashboard describe cases without it (`fa-harness db current` must not pay torch's start).
@@ -42,8 +44,8 @@ SERVING_DEFAULTS = {"window_left": -1, "window_right": -1, "layout": "dense", "p
 # them is written, named and drawn as before they existed.
 MOD_DEFAULTS = {"softcap": 0.0, "alibi": False, "sinks": False}
 # V's head dim when it differs from Q's and K's (0: the same), and the inputs'
-# distribution (harness.core.distributions).
-AXIS_DEFAULTS = {"head_dim_v": 0, "dist": "normal"}
+# distribution (harness.core.distributions), and FP8 inputs (harness.core.fp8).
+AXIS_DEFAULTS = {"head_dim_v": 0, "dist": "normal", "fp8": "none"}
 OPTIONAL_FIELDS = frozenset({"dtype", "mask", "seed", "window_left", "window_right", "layout",
                              "page_size", "full_lengths", *MOD_DEFAULTS, *AXIS_DEFAULTS})
 # Draw index of a case's ALiBi slopes and sink logits, and of what an input distribution
@@ -102,6 +104,9 @@ class Case:
     head_dim_v: int = 0
     # What q, k and v are drawn from: normal, outliers, large (harness.core.distributions).
     dist: Dist = Dist.NORMAL
+    # FP8 e4m3 inputs with harness-owned descales: Q, K and V (qkv_tensor, qkv_head) or
+    # the KV cache (kv_head, kv_token); none: the case dtype (harness.core.fp8).
+    fp8: Fp8 = Fp8.NONE
 
     def __post_init__(self) -> None:
         problems = []
@@ -130,6 +135,7 @@ class Case:
             if self.dist is not Dist.NORMAL and self.layout is not Layout.DENSE:
                 problems.append("an input distribution other than normal is for the dense "
                                 "layout only")
+        problems += fp8_problems(self)
         if problems:
             raise ValueError("invalid case: " + "; ".join(problems))
 
@@ -227,6 +233,7 @@ class Case:
         d["mask"] = self.mask.value
         d["layout"] = self.layout.value
         d["dist"] = self.dist.value
+        d["fp8"] = self.fp8.value
         return d
 
     def to_dict(self) -> dict[str, Any]:
@@ -272,6 +279,11 @@ class Inputs:
     # and the sink logits of a `sinks` case, None otherwise.
     alibi_slopes: torch.Tensor | None = None
     sinks: torch.Tensor | None = None
+    # FP8 cases (harness.core.fp8): float32 descales of the e4m3 tensors among q, k, v,
+    # each broadcasting against its tensor's shape without the head dim; None otherwise.
+    q_descale: torch.Tensor | None = None
+    k_descale: torch.Tensor | None = None
+    v_descale: torch.Tensor | None = None
 
     def to(self, device: str | torch.device) -> Inputs:
         return dataclasses.replace(self, **_moved(self, device))
@@ -298,39 +310,12 @@ class GradInputs(Inputs):
     dout: torch.Tensor | None = None
 
 
-def key_lengths_for(case: Case, gen: torch.Generator) -> list[int]:
-    """Valid key count per batch entry for KEY_PADDING: the last entry has zero keys (so a
-    fully masked batch exists whenever batch > 1), the first keeps all, the rest random."""
-    import torch
-
-    lengths = []
-    for b in range(case.batch):
-        if b == 0:
-            lengths.append(case.seqlen_k)
-        elif b == case.batch - 1:
-            lengths.append(0)
-        else:
-            lengths.append(int(torch.randint(1, case.seqlen_k + 1, (1,), generator=gen)))
-    if case.batch == 1 and case.seqlen_k > 1:
-        lengths = [max(1, case.seqlen_k // 2)]
-    return lengths
-
-
-def random_mask(case: Case, gen: torch.Generator) -> torch.Tensor:
-    """(B, 1, Nq, Nk) boolean mask, about 70% visible, with every 7th query row fully masked
-    (row 3, 10, ...) so that every grid exercises the fully-masked-row convention."""
-    import torch
-
-    m = torch.rand((case.batch, 1, case.seqlen_q, case.seqlen_k), generator=gen) < 0.7
-    m[:, :, 3::7, :] = False
-    return m
-
-
 def make_inputs(case: Case, device: str | torch.device = "cpu", *, secret: int = 0,
                 draw: int = 0) -> Inputs:
     """Draw q, k, v ~ N(0, 1) in the case dtype (and the mask) from the case's seed; a
     case's input distribution other than normal reshapes that draw
-    (harness.core.distributions).
+    (harness.core.distributions); an fp8 case quantizes it to e4m3 with the descales the
+    harness owns (harness.core.fp8).
 
     The draw happens on the CPU so that the same case gives the same tensors on any device,
     then moves to `device`. Large perf cases are drawn directly on the device instead,
@@ -338,11 +323,14 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", *, secret: int =
     import torch
 
     seed = derive_seed(case, secret, draw)
+    scales: dict[str, Any] = {}  # an fp8 case's descales (harness.core.fp8)
     if case.is_serving:
         from harness.core.serving import make_serving_tensors
 
         q, k, v, index = make_serving_tensors(case, device, seed)
-        return Inputs(q, k, v, serving=index).to(device)
+        if case.fp8 is not Fp8.NONE:  # an e4m3 KV cache from the drawn pool or keys
+            q, k, v, scales = quantize_inputs(case, q, k, v)
+        return Inputs(q, k, v, serving=index, **scales).to(device)
     dt = case.torch_dtype
     shape_q = (case.batch, case.heads, case.seqlen_q, case.head_dim)
     shape_kv = (case.batch, case.kv_heads, case.seqlen_k, case.head_dim)
@@ -360,7 +348,10 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", *, secret: int =
         dist_gen = torch.Generator(device=draw_dev)
         dist_gen.manual_seed(derive_seed(case, secret, DIST_DRAW + draw))
         q, k, v = shape_inputs(case.dist, q, k, v, dist_gen)
-    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    if case.fp8 is not Fp8.NONE:  # e4m3 (Q in the dtype for a KV cache), from the draw
+        q, k, v, scales = quantize_inputs(case, q, k, v)
+    else:
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
     mask = None
     key_lengths = None
     cpu_gen = torch.Generator()
@@ -374,7 +365,8 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", *, secret: int =
     from harness.core.score_mods import score_mod_inputs
 
     slopes, sinks = score_mod_inputs(case, derive_seed(case, secret, MODS_DRAW + draw))
-    return Inputs(q, k, v, mask, key_lengths, alibi_slopes=slopes, sinks=sinks).to(device)
+    return Inputs(q, k, v, mask, key_lengths, alibi_slopes=slopes, sinks=sinks,
+                  **scales).to(device)
 
 
 
@@ -396,23 +388,3 @@ def make_grad_output(case: Case, device: str | torch.device = "cpu", *, secret: 
     gen.manual_seed(seed)
     do = torch.randn(shape, generator=gen, device=draw_dev, dtype=torch.float32)
     return do.to(case.torch_dtype).to(device)
-
-
-def visible(case: Case, inputs: Inputs, rows: slice | None = None) -> torch.Tensor | None:
-    """Boolean (B|1, 1, rows, Nk) visibility of the case, or None when every pair is
-    visible. `rows` restricts to a block of query rows (the oracle works in row blocks)."""
-    import torch
-
-    rows = rows or slice(0, case.seqlen_q)
-    r0, r1 = rows.start, min(rows.stop, case.seqlen_q)
-    device = inputs.q.device
-    vis = None
-    if case.mask.is_causal:
-        i = torch.arange(r0, r1, device=device)[:, None]
-        j = torch.arange(case.seqlen_k, device=device)[None, :]
-        vis = (j <= i + case.causal_offset)[None, None]
-    if inputs.mask is not None:
-        m = inputs.mask.to(device)
-        m = m[:, :, r0:r1, :] if m.shape[2] != 1 else m.expand(-1, -1, r1 - r0, -1)
-        vis = m if vis is None else (vis & m)
-    return vis

@@ -27,6 +27,11 @@ Q and K rows are d_qk = `head_dim` wide, V and O rows d_v (`Case.dv`: the same u
 case's `head_dim_v` says otherwise). Score modifiers move no more than H float32 values (ALiBi slopes, sink logits), read
 once per program: not modelled. A softcap is a scalar argument.
 
+FP8 inputs (harness.core.fp8): e4m3 tensors (Q, K, V, or a KV cache's K and V) count 1
+byte an element, O stays in the case dtype. Their descales are float32: per-token ones
+(kv_token) travel with their K/V rows, 4 bytes more per row read; per-tensor and per-head
+ones are read once per (batch, head), "read descales" (3 for q, k, v; 2 for a cache).
+
 Everything is per (batch, head) and summed: `hbm_bytes(algorithm, case, tiles)`.
 """
 
@@ -35,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.core.cases import Case
+from harness.core.fp8 import scalar_descales, stored_bytes
 
 F32 = 4
 ALGORITHMS = ("naive_3pass", "naive_fused", "fa1", "fa2", "splitkv", "ideal")
@@ -219,11 +225,16 @@ def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict
     if case.is_serving:
         return _per_sequence(algorithm, case, tiles)
     e = elem_bytes(case)
+    # Q and K/V as stored (1 byte for e4m3, rs: a per-token descale's bytes per K/V row).
+    eq, ekv, rs = stored_bytes(case)
     # d (d_qk) for Q and K, dv (d_v) for V and O: the same unless head_dim_v says.
     nq, nk, d, dv = case.seqlen_q, case.seqlen_k, case.head_dim, case.dv
     bh, bhkv = case.batch * case.heads, case.batch * case.kv_heads
-    q_bytes, o_bytes = nq * d * e, nq * dv * e
-    kv_bytes, v_bytes = nk * d * e, nk * dv * e
+    q_bytes, o_bytes = nq * d * eq, nq * dv * e
+    k_row, v_row = d * ekv + rs, dv * ekv + rs
+    kv_bytes, v_bytes = nk * k_row, nk * v_row
+    descales = {"read descales": bh * scalar_descales(case) * F32} if scalar_descales(
+        case) else {}
     terms: dict[str, int] = {}
     if algorithm in ("naive_3pass", "naive_fused"):
         sb = tile_param(tiles, "score_bytes", e)
@@ -231,15 +242,15 @@ def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict
         terms = {"read Q": q_bytes, "read K": kv_bytes, "write S": score,
                  "read S": (3 if algorithm == "naive_3pass" else 1) * score,
                  "write P": score, "read P": score, "read V": v_bytes, "write O": o_bytes}
-        return {k: bh * v for k, v in terms.items()}
+        return {k: bh * v for k, v in terms.items()} | descales
     if algorithm == "ideal":
         if case.has_window:  # only the keys some row sees
             from harness.core.serving import keys_touched
 
             keys = keys_touched(case, nq, nk)
-            kv_bytes, v_bytes = keys * d * e, keys * dv * e
+            kv_bytes, v_bytes = keys * k_row, keys * v_row
         return {"read Q": bh * q_bytes, "read K": bhkv * kv_bytes, "read V": bhkv * v_bytes,
-                "write O": bh * o_bytes}
+                "write O": bh * o_bytes} | descales
     bq = tile_param(tiles, "block_q", DEFAULT_BLOCK_Q)
     bk = tile_param(tiles, "block_k", DEFAULT_BLOCK_K)
     if algorithm == "fa1":
@@ -253,13 +264,13 @@ def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict
             # initialisation, once per visit, then the final O in the input dtype
             "write O": nq * dv * acc + q_rows * dv * acc + o_bytes,
             "write m,l": 2 * nq * F32 + q_rows * 2 * F32,
-            "read Q": q_rows * d * e, "read O": q_rows * dv * acc + nq * dv * acc,
+            "read Q": q_rows * d * eq, "read O": q_rows * dv * acc + nq * dv * acc,
             "read m,l": q_rows * 2 * F32 + 2 * nq * F32,
             "write LSE": nq * F32,
         }
-        return {k: bh * v for k, v in terms.items()}
+        return {k: bh * v for k, v in terms.items()} | descales
     kv_rows = _kv_rows_per_q_block(case, bq, bk)
-    terms = {"read Q": q_bytes, "read K": kv_rows * d * e, "read V": kv_rows * dv * e,
+    terms = {"read Q": q_bytes, "read K": kv_rows * k_row, "read V": kv_rows * v_row,
              "write O": o_bytes, "write LSE": nq * F32}
     # A kernel whose blocks serve every query head of a GQA group (tile kv_per_group = 1)
     # reads each K/V row once per group: the K/V terms are per K/V head, not per head.
@@ -272,7 +283,7 @@ def hbm_breakdown(algorithm: str, case: Case, tiles: dict | None = None) -> dict
             terms["write partials"] = partial
             terms["read partials"] = partial
     return {k: bh * v // (kv_share if k in ("read K", "read V") else 1)
-            for k, v in terms.items()}
+            for k, v in terms.items()} | descales
 
 
 def hbm_bytes(algorithm: str, case: Case, tiles: dict | None = None) -> int:

@@ -31,6 +31,12 @@ query head h, in this order:
    A row that sees no key then has out = 0 and lse = z_h (not -inf): the sink holds it all.
 The slopes and sink logits are inputs (harness.core.score_mods draws them per case).
 
+FP8 inputs (harness.core.fp8): the oracle computes in float64 from the dequantized
+inputs, the exact e4m3 values the candidate receives times their harness-owned descales
+(both exact in float64), so the quantisation of the inputs belongs to the problem and the
+candidate is judged on what it does with the values it was given. The naive yardstick is
+the straightforward kernel of the same precision (`naive_for_case`).
+
 The serving layouts (varlen, paged) reduce to one such call: harness.core.serving writes
 their semantics and `serving.oracle_problem` the equivalent dense problem (packed
 sequences under a block-diagonal mask, or the pages gathered); `problem_for_case` picks.
@@ -47,7 +53,8 @@ from functools import partial
 
 import torch
 
-from harness.core.cases import Case, Dist, Inputs, MaskKind
+from harness.core.cases import Case, Dist, Fp8, Inputs, MaskKind
+from harness.core.fp8 import dequantized, e4m3
 
 # Bytes the per-block working set may use. The float64 oracle keeps about three
 # (B, H, rows, Nk) float64 tensors alive at once (scores, probabilities, their exp), plus
@@ -315,7 +322,15 @@ def case_flags(case: Case, inputs: Inputs) -> dict:
 
 def problem_for_case(case: Case, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor,
                                                            torch.Tensor, dict]:
-    """(q, k, v, flags) of the one plain attention call that is `case` (module doc)."""
+    """(q, k, v, flags) of the one plain attention call that is `case` (module doc); an
+    fp8 case's q, k and v are its dequantized inputs in float64."""
+    if case.fp8 is not Fp8.NONE:
+        inputs = dequantized(inputs, torch.float64)
+    return _problem(case, inputs)
+
+
+def _problem(case: Case, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                  dict]:
     if case.is_serving:
         from harness.core.serving import oracle_problem
 
@@ -332,6 +347,63 @@ def reference_for_case(case: Case, inputs: Inputs) -> tuple[torch.Tensor, torch.
 def naive_for_case(case: Case, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
     """The naive yardstick of `case`. On large-magnitude inputs it keeps S in float32: S
     rounded to fp16 overflows there (harness.core.distributions), and the straightforward
-    kernel the tolerance measures against is then one that does not round it."""
-    q, k, v, flags = problem_for_case(case, inputs)
+    kernel the tolerance measures against is then one that does not round it.
+
+    FP8 cases (harness.core.fp8), from the same e4m3 values and descales the candidate
+    gets, so that "k times the error a straightforward kernel makes" keeps its meaning:
+    - an e4m3 KV cache: the straightforward decode kernel dequantizes each K/V tile into
+      Q's dtype as it loads it (e4m3 x descale in float32, rounded to the dtype) and is
+      the half-precision naive kernel from there on;
+    - e4m3 Q, K, V: the straightforward FP8 kernel (`attention_naive_fp8`). Computing in
+      float32 from the dequantized inputs instead would make the yardstick's error the
+      output's rounding alone, and every FP8 kernel whose PV product runs on e4m3 P (the
+      point of FP8) would fail a rule meant to allow the error of its precision."""
+    if case.fp8.quantizes_q:
+        q, k, v, flags = _problem(case, dequantized(inputs, torch.float32))
+        return attention_naive_fp8(q, k, v, out_dtype=case.torch_dtype, **flags)
+    if case.fp8 is not Fp8.NONE:
+        inputs = dequantized(inputs, case.torch_dtype)
+    q, k, v, flags = _problem(case, inputs)
     return attention_naive(q, k, v, round_s=case.dist is not Dist.LARGE, **flags)
+
+
+def _fp8_naive_block(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor,
+                     vis: torch.Tensor | None, scale: float, mods: BlockMods | None = None,
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    # Products of e4m3 values are exact in float32, so S accumulated in float32 from the
+    # dequantized values is the kernel's S (Q8 K8^T times d_q d_k) to float32 rounding.
+    s = _modified((qg @ kg.transpose(-1, -2)) * scale, mods)
+    if vis is not None:
+        s = s.masked_fill(~vis, -math.inf)
+    sink = None if mods is None or mods.sink is None else mods.sink.float()
+    m = s.amax(dim=-1, keepdim=True)
+    if sink is not None:
+        m = torch.maximum(m, sink)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.exp(s - m)  # in [0, 1]: what an FP8 kernel rounds to e4m3 for P V
+    denom = p.sum(dim=-1, keepdim=True)  # l from the float32 P, before the rounding
+    if sink is not None:
+        denom = denom + torch.exp(sink - m)
+    lse = (m + torch.log(denom)).squeeze(-1)
+    o = (p.to(e4m3()).float() @ vg) / torch.where(denom > 0, denom, torch.ones_like(denom))
+    return o, lse
+
+
+def attention_naive_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                        out_dtype: torch.dtype, causal: bool = False,
+                        causal_align: str = "bottom_right", mask: torch.Tensor | None = None,
+                        scale: float | None = None, block_rows: int | None = None,
+                        window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                        alibi_slopes: torch.Tensor | None = None,
+                        sinks: torch.Tensor | None = None,
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The straightforward FP8 attention kernel (FlashAttention-3's FP8 forward without
+    its tiling): q, k, v are the dequantized e4m3 inputs in float32; S and the softmax in
+    float32, P = exp(S - m) rounded to e4m3 for the P V product (accumulated in float32,
+    V's descale applied with it), O divided by l (summed before the rounding) and rounded
+    to `out_dtype`; lse float32. Same conventions as `attention_ref`."""
+    return _blocked_attention(q, k, v, causal=causal, causal_align=causal_align, mask=mask,
+                              scale=scale, block_rows=block_rows, elem_bytes=4,
+                              block_fn=_fp8_naive_block, out_dtype=out_dtype,
+                              lse_dtype=torch.float32, window=window, softcap=softcap,
+                              alibi_slopes=alibi_slopes, sinks=sinks)

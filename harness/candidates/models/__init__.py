@@ -7,8 +7,8 @@ check; the planted bugs (`planted_bugs`) must not. The FA2 and split-KV models a
 the serving case kinds (FA2: varlen batches and sliding windows; split-KV: those and paged
 caches), per sequence from the case's index tensors; their planted bugs are
 `planted_serving_bugs`. The FA2 and split-KV models apply the score modifiers (softcap,
-ALiBi, sinks) and run d_v != d_qk; their planted bugs, and those of large inputs, are
-`planted_mod_bugs`. It also has FA2's backward
+ALiBi, sinks), run d_v != d_qk and FP8 inputs and KV caches (dequantized tile by tile);
+their planted bugs, and those of large inputs, are `planted_mod_bugs`. It also has FA2's backward
 (`run_backward`,
 harness.candidates.models.fa2_bwd), whose planted bugs are `planted_backward_bugs`.
 """

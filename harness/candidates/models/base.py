@@ -6,7 +6,8 @@ of a query head, the causal alignment, which tiles exist and the mask, the slidi
 window's sides and alignment, S = QK^T's precision, the loop bounds over the head dims
 (d_qk for QK^T, d_v for PV), the score modifiers (softcap, the ALiBi bias and its
 alignment), the K/V tile load (a page lookup per key tile for paged
-caches) and the store of a row block; in the algorithm classes the online-softmax update,
+caches), the dequantization of FP8 tiles (`dequant`: e4m3 values times their descales,
+harness.core.fp8) and the store of a row block; in the algorithm classes the online-softmax update,
 the final normalisation and the split combine. A planted-bug model
 (harness.candidates.models.planted, planted_serving) overrides exactly one of them.
 
@@ -29,7 +30,7 @@ import torch
 from harness.candidates.models import tiles as T
 from harness.candidates.models.sequences import SeqView, gather_keys
 from harness.core.candidate import Candidate, Kind, Support
-from harness.core.cases import Case, Inputs, MaskKind
+from harness.core.cases import Case, Fp8, Inputs, MaskKind
 from harness.core.serving import tensor_shapes
 
 
@@ -130,9 +131,25 @@ class ModelCandidate(Candidate):
         slopes = inputs.alibi_slopes.float()[None, :, None, None]
         return -slopes * (i - j).abs().float()[None, None]
 
+    def dequant(self, x: torch.Tensor, descale: torch.Tensor | None) -> torch.Tensor:
+        """An fp8 tile's values: its float32 elements times their descales (rows of
+        `descale` matching x's, harness.core.fp8); a tile without descales as it is."""
+        return x if descale is None else x * descale[..., None]
+
+    def load_q(self, case: Case, inputs: Inputs, r0: int, r1: int) -> torch.Tensor:
+        """Q rows [r0, r1) as float32 (B, H, n, d), dequantized when e4m3."""
+        return self.dequant(T.load_tile(inputs.q, None, r0, r1),
+                            T.scale_rows(inputs.q_descale, None, r0, r1))
+
     def page_ids(self, seq: SeqView, logical: torch.Tensor) -> torch.Tensor:
         """Pool page of each logical page index of sequence `seq`: its block-table row."""
         return seq.table[seq.b, logical]
+
+    def slot_descales(self, seq: SeqView, descale: torch.Tensor, logical: torch.Tensor,
+                      slots: torch.Tensor) -> torch.Tensor:
+        """The per-token descales (1, Hkv, n) of a paged cache's keys at logical pages
+        `logical`, slots `slots`: looked up through the block table like the keys."""
+        return descale[self.page_ids(seq, logical), :, slots].t().unsqueeze(0)
 
     def load_kv(self, case: Case, inputs: Inputs, heads: torch.Tensor, c0: int, c1: int,
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,16 +157,26 @@ class ModelCandidate(Candidate):
         sequence's keys from its first key on, or a paged one's through the block table
         (one table lookup per key of the tile). n < c1 - c0 only where the tensor ends."""
         seq = inputs.serving
-        if not isinstance(seq, SeqView):
-            return T.load_tile(inputs.k, heads, c0, c1), T.load_tile(inputs.v, heads, c0, c1)
-        if not seq.paged:
-            r0, r1 = seq.k_row + c0, seq.k_row + c1
-            return T.load_tile(inputs.k, heads, r0, r1), T.load_tile(inputs.v, heads, r0, r1)
+        if not isinstance(seq, SeqView) or not seq.paged:
+            r0 = seq.k_row if isinstance(seq, SeqView) else 0
+            r0, r1 = r0 + c0, r0 + c1
+            k = self.dequant(T.load_tile(inputs.k, heads, r0, r1),
+                             T.scale_rows(inputs.k_descale, heads, r0, r1))
+            v = self.dequant(T.load_tile(inputs.v, heads, r0, r1),
+                             T.scale_rows(inputs.v_descale, heads, r0, r1))
+            return k, v
         ps = seq.page_size
         j = torch.arange(c0, min(c1, seq.table.shape[1] * ps))
-        pages, slots = self.page_ids(seq, j // ps), j % ps
-        return (gather_keys(inputs.k, pages, slots).index_select(1, heads).float(),
-                gather_keys(inputs.v, pages, slots).index_select(1, heads).float())
+        logical, slots = j // ps, j % ps
+        pages = self.page_ids(seq, logical)
+
+        def load(pool: torch.Tensor, descale: torch.Tensor | None) -> torch.Tensor:
+            tile = gather_keys(pool, pages, slots).index_select(1, heads).float()
+            if descale is not None and case.fp8 is Fp8.KV_TOKEN:  # per slot: gathered too
+                descale = self.slot_descales(seq, descale, logical, slots)
+            return self.dequant(tile, T.scale_rows(descale, heads, 0, tile.shape[2]))
+
+        return load(inputs.k, inputs.k_descale), load(inputs.v, inputs.v_descale)
 
     def store_rows(self, seq: SeqView | None, out: torch.Tensor, lse: torch.Tensor | None,
                    r0: int, o: torch.Tensor, blk_lse: torch.Tensor,

@@ -23,6 +23,11 @@ Score modifiers (dense cases): softcap and the ALiBi bias are applied to each sc
 more key with score `sink` and value 0 (`finish_sink`), so O is rescaled, l grows and LSE
 includes it.
 
+FP8 inputs (harness.core.fp8): each Q and K/V tile is dequantized as it is loaded
+(`ModelCandidate.dequant`: e4m3 values times their descales, gathered per page slot for a
+paged cache's per-token scales), then everything runs in float32 as above; e4m3 tiles
+count 1 byte an element, per-token descales 4 bytes a row, per-head ones once per (b, h).
+
 The backward is FA2's Algorithm 2 (harness.candidates.models.fa2_bwd), dense only.
 """
 
@@ -54,7 +59,7 @@ class FA2Model(FA2Backward, ModelCandidate):
     support: Support = field(default_factory=lambda: Support(
         masked_lse="-inf", backward=True, backward_deterministic=True,
         layouts=frozenset({Layout.DENSE, Layout.VARLEN}), window=True, softcap=True,
-        alibi=True, sinks=True, head_dim_v=True))
+        alibi=True, sinks=True, head_dim_v=True, fp8=True, fp8_kv=True))
     # Bytes moved by the last `run_backward` (None before the first one).
     last_bytes_bwd: T.ByteCounter | None = field(default=None, repr=False, compare=False)
 
@@ -84,6 +89,7 @@ class FA2Model(FA2Backward, ModelCandidate):
         """All Q blocks of a dense problem (`case`: the whole dense case, or one sequence
         as a dense problem of its own lengths), stored through `store_rows`."""
         all_keys = self.key_tiles(case)
+        self.read_descales(case, counter)
         # The sink logits: H floats, read once per program (not counted, as the IO model
         # does not count them).
         sink = None if inputs.sinks is None else inputs.sinks.float()[None, :, None]
@@ -98,12 +104,12 @@ class FA2Model(FA2Backward, ModelCandidate):
     def attend_rows(self, case: Case, inputs: Inputs, rows: tuple[int, int],
                     key_tiles: list[tuple[int, int]], counter: T.ByteCounter) -> State:
         """The inner loop for one Q block over `key_tiles`: returns the final O, m, l."""
-        es = T.elem_size(case)
+        eq, ekv, row_scale = T.input_sizes(case)
         d, dv = case.head_dim, self.v_dim(case)
         r0, r1 = rows
         heads = self.kv_heads(case)
-        q = T.load_tile(inputs.q, None, r0, r1)
-        counter.read("Q", T.tile_bytes(case, r1 - r0, d, es))
+        q = self.load_q(case, inputs, r0, r1)
+        counter.read("Q", T.tile_bytes(case, r1 - r0, d, eq))
         state = self.init_state(case, r1 - r0)
         start, end = self.key_span(case, rows)
         for c0, c1 in key_tiles:
@@ -113,11 +119,19 @@ class FA2Model(FA2Backward, ModelCandidate):
             c1 = c0 + k.shape[2]  # a tile cut short where the tensor ends
             if c1 <= c0:
                 continue
-            counter.read("K", T.tile_bytes(case, c1 - c0, d, es))
-            counter.read("V", T.tile_bytes(case, c1 - c0, min(dv, v.shape[3]), es))
+            n = c1 - c0  # rows, each with its own descale under per-token scales
+            counter.read("K", T.tile_bytes(case, n, d, ekv) + T.tile_bytes(case, n, 1, row_scale))
+            counter.read("V", T.tile_bytes(case, n, min(dv, v.shape[3]), ekv)
+                         + T.tile_bytes(case, n, 1, row_scale))
             s = self.scores(case, inputs, q, k, rows, (c0, c1), counter)
             state = self.online_step(state, s, v[..., :dv])
         return state
+
+    @staticmethod
+    def read_descales(case: Case, counter: T.ByteCounter) -> None:
+        """An fp8 problem's per-tensor or per-head descales, read once per (b, h)."""
+        if T.descale_bytes(case):
+            counter.read("descales", T.descale_bytes(case))
 
     def init_state(self, case: Case, rows: int) -> State:
         shape = (case.batch, case.heads, rows)

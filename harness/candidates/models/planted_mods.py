@@ -1,5 +1,5 @@
 """Planted bugs of the attention of today's models: the score modifiers (softcap, ALiBi,
-sinks), a V head dim of its own (d_v != d_qk) and large-magnitude inputs. FA2 models with
+sinks), a V head dim of its own (d_v != d_qk), large-magnitude inputs and FP8 descales. FA2 models with
 one mistake each in a step those added or stress (harness.core.reference's doc has what
 is right; harness.core.distributions the inputs). The `mods` grid exposes every one of them; tests/test_planted_mods.py holds each
 to the case that exposes it and to a control case on which it is invisible.
@@ -13,6 +13,7 @@ import torch
 
 from harness.candidates.models import tiles as T
 from harness.candidates.models.fa2 import FA2Model, State
+from harness.candidates.models.sequences import SeqView
 from harness.candidates.models.splitkv import SplitKVModel
 from harness.core.cases import Case, Inputs
 
@@ -161,9 +162,50 @@ class SplitKVSinkPerSplit(SplitKVModel):
         return o_part, lse_part  # already in every split
 
 
+@dataclass
+class Fp8DescaleTwice(FA2Model):
+    """Every FP8 tile multiplied by its descale twice (harness.core.fp8): once where it is
+    dequantized and once more, as a kernel that dequantizes its tiles and also scales
+    Q K^T by d_q d_k (and O by d_v) does. The scores shrink by d_q d_k (the softmax turns
+    nearly uniform) and O by d_v. Cases without fp8 have no descale: invisible there."""
+
+    name: str = "bug_fp8_descale_twice"
+
+    def dequant(self, x: torch.Tensor, descale: torch.Tensor | None) -> torch.Tensor:
+        return super().dequant(super().dequant(x, descale), descale)
+
+
+@dataclass
+class Fp8DescaleMissing(FA2Model):
+    """The FP8 descales never applied: the raw e4m3 values (up to 448) taken for the
+    inputs' values, so the scores grow by 1 / (d_q d_k) and O by 1 / d_v."""
+
+    name: str = "bug_fp8_descale_missing"
+
+    def dequant(self, x: torch.Tensor, descale: torch.Tensor | None) -> torch.Tensor:
+        return x
+
+
+@dataclass
+class Fp8PagedScalesUnmapped(SplitKVModel):
+    """Split-KV on a paged FP8 cache that reads each key's per-token descale at its
+    logical position (page j // page_size of the pool, as if the block table were the
+    identity) instead of through the block table, where its key is: every key of a
+    shuffled page is dequantized with another token's scale. Per-head descales, dense and
+    varlen caches hide it."""
+
+    name: str = "bug_fp8_paged_scales_unmapped"
+    num_splits: int = 4
+
+    def slot_descales(self, seq: SeqView, descale: torch.Tensor, logical: torch.Tensor,
+                      slots: torch.Tensor) -> torch.Tensor:
+        return descale[logical, :, slots].t().unsqueeze(0)
+
+
 PLANTED_MODS = (SoftcapAfterMask, SoftcapMissing, AlibiWrongSign, AlibiTopLeft, SinkNotInLse,
                 SinkNotInNormalisation, HeadDimsSwapped, ScoresInInputDtype, NoRunningMax,
-                SplitKVSinkPerSplit)
+                SplitKVSinkPerSplit, Fp8DescaleTwice, Fp8DescaleMissing,
+                Fp8PagedScalesUnmapped)
 
 
 def planted_mod_bugs() -> list[FA2Model]:  # SplitKVModel is an FA2Model

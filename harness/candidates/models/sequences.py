@@ -43,12 +43,14 @@ class SeqView:
 
     def inputs(self, inputs: Inputs) -> Inputs:
         """The sequence's q rows (1, H, q_len, d), the whole K/V tensors (the packed keys
-        or the page pool, read through `load_kv`) and this view as `serving`."""
+        or the page pool, read through `load_kv`) with their descales (an fp8 cache's)
+        and this view as `serving`."""
         if self.paged:
             q = inputs.q[self.b:self.b + 1]
         else:
             q = inputs.q[:, :, self.q_row:self.q_row + self.q_len]
-        return Inputs(q, inputs.k, inputs.v, serving=self)
+        return Inputs(q, inputs.k, inputs.v, serving=self, k_descale=inputs.k_descale,
+                      v_descale=inputs.v_descale)
 
     def rows(self, t: torch.Tensor) -> torch.Tensor:
         """The view of an output (out or lse) from the sequence's first row on: the

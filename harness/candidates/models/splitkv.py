@@ -9,7 +9,8 @@ when splits exceed the blocks). A combine step then reads all partials back:
 with every non-finite scale (exp(-inf - -inf) = NaN on a fully masked row) replaced by 0.
 One split is plain FA2 (no partials, no combine). A sink (harness.core.reference's doc)
 joins the combine once, as one more split with partial O = 0 and partial LSE = the sink
-logit; the splits' own partials never see it. Partial O rows are d_v wide.
+logit; the splits' own partials never see it. Partial O rows are d_v wide. FP8 inputs
+and KV caches are dequantized tile by tile as in the FA2 model.
 
 Serving cases (varlen decode batches, paged caches) run per sequence like the FA2 model
 (harness.candidates.models.fa2), with the case's one split count: each sequence's own
@@ -87,7 +88,7 @@ class SplitKVModel(FA2Model):
     support: Support = field(default_factory=lambda: Support(
         masked_lse="-inf", backward=True, backward_deterministic=True,
         layouts=frozenset(Layout), window=True, softcap=True, alibi=True, sinks=True,
-        head_dim_v=True))
+        head_dim_v=True, fp8=True, fp8_kv=True))
     num_splits: int = 0
     sm_count: int = DEFAULT_SM_COUNT
     # Split count the last run used (num_splits, or the heuristic's choice).
@@ -126,6 +127,7 @@ class SplitKVModel(FA2Model):
             return
         d = case.dv  # the partial O rows are d_v wide
         b, h, nq = case.batch, case.heads, case.seqlen_q
+        self.read_descales(case, counter)
         o_part = torch.zeros(b, h, splits, nq, d)
         lse_part = torch.full((b, h, splits, nq), T.NEG_INF)
         sink = None if inputs.sinks is None else inputs.sinks.float()[None, :, None]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.core.cases import Case, Inputs
+from harness.core.fp8 import scalar_descales, stored_bytes
 
 # The score of a masked pair and the initial running max. Where a row's max is still -inf
 # (every key so far masked), the models subtract 0 instead (the -inf guard), so that
@@ -130,3 +131,29 @@ def tile_bytes(case: Case, rows: int, width: int, elem: int) -> int:
 
 def elem_size(case: Case) -> int:
     return torch.empty((), dtype=case.torch_dtype).element_size()
+
+
+def scale_rows(descale: torch.Tensor | None, heads: torch.Tensor | None, r0: int, r1: int,
+               ) -> torch.Tensor | None:
+    """The float32 descales of rows [r0, r1) of an fp8 tensor (harness.core.fp8: shaped
+    (B|1, H|1, N|1)), its heads gathered through `heads` like `load_tile`'s; None stays
+    None (not an fp8 tensor)."""
+    if descale is None:
+        return None
+    d = descale[:, :, r0:r1] if descale.shape[2] != 1 else descale
+    if heads is not None and d.shape[1] != 1:
+        d = d.index_select(1, heads)
+    return d.to(torch.float32)
+
+
+
+def input_sizes(case: Case) -> tuple[int, int, int]:
+    """Bytes of an element of Q and of K/V as stored (1 for e4m3), and of the descale each
+    K/V row carries of its own (4 for per-token scales, else 0): harness.core.fp8."""
+    return stored_bytes(case)
+
+
+def descale_bytes(case: Case) -> int:
+    """Bytes of the per-tensor or per-head descales a problem's (b, h) programs read, once
+    per (b, h) (harness.core.fp8.scalar_descales): the IO model's "read descales"."""
+    return case.batch * case.heads * scalar_descales(case) * F32_BYTES
