@@ -24,8 +24,9 @@ from harness.core.reference import (
     naive_for_case,
     reference_for_case,
 )
-from harness.core.results import Status
+from harness.core.results import CaseResult, Status
 from harness.core.serving import tensor_shapes
+from harness.records.record import RunRecord, validate
 
 M = MaskKind
 QKV_HEAD = Case(2, 4, 2, 113, 203, 64, "bfloat16", M.CAUSAL_BR, fp8=Fp8.QKV_HEAD)
@@ -63,6 +64,15 @@ def test_the_case_axis():
         Case(1, 4, 4, 64, 64, 64, fp8="e5m2")
     with pytest.raises(ValueError, match="dense layout only"):
         Case(2, 4, 4, 64, 64, 64, layout=Layout.VARLEN, fp8="qkv_head")
+
+
+def test_a_record_of_fp8_cases_validates_and_reads_back(tmp_path):
+    results = [CaseResult("fa2_model", case, Status.PASSED, message="ok") for case in FP8_CASES]
+    rec = RunRecord.from_results(results, {"commit": "a" * 40, "source": "cli",
+                                           "grids": ["mods"]})
+    assert validate(rec.to_dict()) == []
+    back = RunRecord.read(rec.write(tmp_path / "r.json"))
+    assert [r.case for r in back.case_results()] == list(FP8_CASES)
 
 
 def test_flops_are_those_of_the_same_case_in_half_precision():

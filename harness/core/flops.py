@@ -14,6 +14,8 @@ counts only its sequences' own pairs and a paged one only its keys.
 The score modifiers (softcap's tanh, the ALiBi bias, a sink's one extra exp per row) are
 elementwise work of O(pairs) or O(rows), not counted, like the softmax's exp: a modified
 case has the FLOPs of the same case unmodified (the sink is no key: it adds no pair).
+FP8 inputs and caches (harness.core.fp8) do the same products: an fp8 case has the FLOPs
+of the same case in its dtype (the descales' multiplications are O(rows) or O(keys)).
 
 The backward does five such products per visible pair: S = QK^T again (FlashAttention's
 backward recomputes it from Q, K and the LSE instead of storing P), dV += P^T dO,

@@ -340,6 +340,8 @@ def _problem(case: Case, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor, to
 
 
 def reference_for_case(case: Case, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 oracle of `case`; an fp8 case's from its dequantized inputs: the e4m3
+    values the candidate receives times their descales, exact in float64."""
     q, k, v, flags = problem_for_case(case, inputs)
     return attention_ref(q, k, v, **flags)
 
