@@ -56,7 +56,10 @@ def test_a_step_is_one_alert_from_its_first_bad_commit(walk: str) -> None:
     assert (a.state, a.kind, a.owned) == ("open", "timing", True)
     assert (a.last_good_commit, a.first_bad_commit) == (C[0], C[1])
     assert a.confirmations == 2 and a.last_run_id > a.first_run_id
-    assert len(a.cases) == 16 and a.worst_ratio == pytest.approx(1.05, rel=0.005)
+    # The walk's history is short: a case whose run-to-run spread is not known yet counts
+    # only beyond 5% (harness.records.noise.NO_HISTORY_CHANGE), so the alert names the
+    # cases of the 16 whose 5% step measured past that bar, not every one of them.
+    assert 8 <= len(a.cases) <= 16 and a.worst_ratio == pytest.approx(1.05, rel=0.005)
     assert a.bisect_command == f"fa-harness bisect --alert {a.id}" and a.culprit_commit is None
     # flex_attention slower at C0 only: back at C1 before any run confirmed it.
     assert [f.state for f in flex] == ["withdrawn"]

@@ -191,3 +191,25 @@ def test_runs_that_did_not_time_a_case_leave_its_history_alone(tmp_path):
         short = noise.from_db(db, "nvidia-h200", before_run_id=last, runs=3)
         assert len(short.points[key]) == 3
         assert [p[1] for p in short.points[key]] == [p[1] for p in m.points[key][-3:]]
+
+
+def test_across_chips_without_history_one_case_alone_is_a_chip():
+    """Across chips with no run-to-run history a case's flag stands only where its
+    candidate's other cases moved past the bar too (noise.whole_candidate_only); on one
+    chip, or for a whole-candidate change, the flag stays."""
+    from harness.records.compare import Verdict
+
+    def run(ratios: list[float], across: bool | None) -> list[str]:
+        vs = [Verdict("k", f"c{i}", "regression" if r > 1.05 else "same", ratio=r,
+                      detail={"history": "insufficient history", "threshold": 0.05}
+                      if r > 1.05 else {}) for i, r in enumerate(ratios)]
+        noise.whole_candidate_only(vs, lambda _k: across)
+        return [v.verdict for v in vs]
+
+    chip = [1.30, 1.001, 0.998, 1.002]  # one case 30% slower on another chip
+    assert run(chip, True) == ["inconclusive", "same", "same", "same"]
+    assert run(chip, False) == ["regression", "same", "same", "same"]
+    assert run(chip, None) == ["regression", "same", "same", "same"]
+    whole = [1.08, 1.07, 1.06, 1.09]  # the kernel 7% slower: every case moved
+    assert run(whole, True) == ["regression"] * 4
+    assert run([1.30], True) == ["regression"]  # nothing to tell it by

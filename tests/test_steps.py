@@ -352,3 +352,25 @@ def _gate_on_noisy_runs(where: Path, *, seed: int, noise: float, factor: Any,
                                report=compare_records(prev, new))
         gate._steps(db, out, new)
     return out
+
+
+def test_across_chips_a_step_must_hold_a_third_commit():
+    """Two runs in a row on slow chips look like a confirmed step; where the points ran on
+    several chips a step is a regression only once a third commit holds the new level
+    (harness.records.steps._points_needed). On one chip two are enough."""
+    from harness.records.steps import CONFIRM_POINTS_ACROSS, confirmed_steps
+
+    meds = _series({}, seed=3)
+    meds[-2] *= 1.03  # two chips 3% slow, the last two runs
+    meds[-1] *= 1.03
+    series = {("k", "fwd", "c"): list(zip(COMMITS, meds, strict=True))}
+    one = {("k", "fwd"): dict.fromkeys(COMMITS, "GPU-a")}
+    many = {("k", "fwd"): {c: f"GPU-{i}" for i, c in enumerate(COMMITS)}}
+    assert ("k", "fwd", "c") in confirmed_steps(series, COMMITS[-1], chips=one)
+    assert ("k", "fwd", "c") in confirmed_steps(series, COMMITS[-1])  # chips unknown: as before
+    assert confirmed_steps(series, COMMITS[-1], chips=many) == {}
+    # A real step held by three commits is confirmed across chips too.
+    assert CONFIRM_POINTS_ACROSS == 3
+    meds[-3] *= 1.03
+    series = {("k", "fwd", "c"): list(zip(COMMITS, meds, strict=True))}
+    assert ("k", "fwd", "c") in confirmed_steps(series, COMMITS[-1], chips=many)

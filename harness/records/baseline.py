@@ -26,7 +26,7 @@ from harness.records.db.database import Database
 from harness.records.db.models import Comparison
 from harness.records.db.queries import baseline_runs, get_run, load_record
 from harness.records.noise import from_db as noise_from_db
-from harness.records.steps import apply_steps, confirmed_steps, history_from_db, unreported
+from harness.records.steps import apply_steps, confirmed_steps, history_with_chips, unreported
 
 # The gate's defaults (GateOptions.window, .baseline_branch), so an imported run is judged
 # against the runs a CI job on its branch would have compared it with.
@@ -80,11 +80,11 @@ def judge_runs(db: Database, run_ids: Sequence[int], *, policy: Policy = DEFAULT
             report = compare_records([load_record(db, b.id) for b in bases], new, policy,
                                      base_label=how, noise=noise)
             if new.commit:  # a stored record's series is searched for steps it confirms
-                series, sources = history_from_db(db, new.gpu_model_key,
-                                                  upto_run_id=run.id,
-                                                  kernels=sorted(new.kernels))
-                apply_steps(report, unreported(db, new.gpu_model_key, run.id, series,
-                                               confirmed_steps(series, new.commit, sources)))
+                series, sources, chips = history_with_chips(db, new.gpu_model_key,
+                                                            upto_run_id=run.id,
+                                                            kernels=sorted(new.kernels))
+                steps = confirmed_steps(series, new.commit, sources, chips)
+                apply_steps(report, unreported(db, new.gpu_model_key, run.id, series, steps))
         except CompareError as exc:
             out.append(Judged(run.id, how, bases[0].id, {}, note=str(exc)))
             continue

@@ -53,7 +53,7 @@ from typing import Any
 
 from scipy import stats
 
-from harness.records.noise import NoiseModel, judge
+from harness.records.noise import NoiseModel, judge, whole_candidate_only
 from harness.records.record import RunRecord, entry_pass
 from harness.records.sample_stats import hodges_lehmann_shift, level_bar, median_interval
 
@@ -361,12 +361,14 @@ def compare_records(base: RunRecord | Sequence[RunRecord], new: RunRecord,
     bases.sort(key=lambda r: r.created, reverse=True)
     indexes = [_index(b.results) for b in bases]
     verdicts = []
+    by_base: dict[tuple[str, str, str], list[RunRecord]] = {}
     new_index = _index(new.results)
     for k, entry in new_index.items():
         # The practical threshold of this (candidate, pass, case): the noise model's
         # when its history knows the run-to-run spread (harness.records.noise), of runs
         # on one chip or across chips as this comparison is.
-        across = _across(new, [b for b, ix in zip(bases, indexes, strict=True) if k in ix])
+        by_base[k] = [b for b, ix in zip(bases, indexes, strict=True) if k in ix]
+        across = _across(new, by_base[k])
         own = policy if noise is None else replace(
             policy, threshold=noise.threshold(k, policy.threshold, across))
         v = compare_entries([ix[k] for ix in indexes if k in ix], entry, own)
@@ -382,6 +384,8 @@ def compare_records(base: RunRecord | Sequence[RunRecord], new: RunRecord,
         v.base_uuid = next((b.uuid for b, ix in zip(bases, indexes, strict=True) if k in ix),
                            None)
         verdicts.append(v)
+    if noise is not None:
+        whole_candidate_only(verdicts, lambda k: _across(new, by_base.get(k, [])))
     decided = None if noise is None else _decide(verdicts, new, bases, indexes, new_index,
                                                       noise)
     for k in sorted({k for ix in indexes for k in ix} - set(new_index)):

@@ -142,15 +142,16 @@ class GateOutcome:
 def _steps(db: Any, out: GateOutcome, record: RunRecord) -> None:
     """A step across commits that this commit confirms is a regression of the owned
     candidate even when the pairwise comparison saw none (harness.records.steps)."""
-    from harness.records.steps import apply_steps, confirmed_steps, history_from_db, unreported
+    from harness.records.steps import apply_steps, confirmed_steps, history_with_chips, unreported
 
     owned = [k for k, info in record.kernels.items() if info.get("owned")]
     if out.report is None or not record.commit or not owned or out.run_id is None:
         return
-    series, sources = history_from_db(db, record.gpu_model_key, upto_run_id=out.run_id,
-                                      kernels=owned)
+    series, sources, chips = history_with_chips(db, record.gpu_model_key,
+                                                upto_run_id=out.run_id, kernels=owned)
     n = apply_steps(out.report, unreported(db, record.gpu_model_key, out.run_id, series,
-                                           confirmed_steps(series, record.commit, sources)))
+                                           confirmed_steps(series, record.commit, sources,
+                                                           chips)))
     if n:
         out.notes.append(f"{n} step(s) across commits confirmed by this commit "
                          "(harness.records.steps)")

@@ -184,6 +184,38 @@ def judge(verdict: str, ratio: float | None, spread: float | None, n_history: in
     return verdict
 
 
+def whole_candidate_only(verdicts: Sequence[Any], across_of: Any) -> None:
+    """Across chips with no run-to-run history, a case's timing flag stands only where its
+    candidate moved as a whole: the median ratio of the candidate's other timed cases in
+    this comparison is past the same bar in the same direction; else "inconclusive" (a
+    candidate timed on one case keeps its flag: nothing to tell it by). The chips
+    of one model move single cases by far more than any bar (2% of the committed H200
+    history's per-case residuals across chips lie beyond 5%, the largest at 50%), a whole
+    candidate by at most 4.7%: one case alone across chips is a chip, not a commit.
+    `verdicts`: harness.records.compare.Verdict, changed in place; `across_of(key)`:
+    whether that comparison crosses chips."""
+    ratios: dict[tuple[str, str], dict[str, float]] = {}
+    for v in verdicts:
+        if v.ratio and v.ratio > 0 and v.verdict in ("regression", "improvement", "same",
+                                                      "inconclusive"):
+            ratios.setdefault((v.variant, v.pass_name), {})[v.case_id] = math.log(v.ratio)
+    for v in verdicts:
+        if v.verdict not in ("regression", "improvement") or "history" not in v.detail or \
+                across_of((v.variant, v.pass_name, v.case_id)) is not True:
+            continue
+        others = [x for c, x in ratios.get((v.variant, v.pass_name), {}).items()
+                  if c != v.case_id]
+        if not others:
+            continue
+        mid = statistics.median(others)
+        bar = math.log1p(float(v.detail.get("threshold", NO_HISTORY_CHANGE)))
+        if (mid if v.verdict == "regression" else -mid) < bar:
+            v.detail["reason"] = (f"across GPUs with no run-to-run history: {v.ratio - 1:+.2%}"
+                                  f" of this case while its candidate's median case moved "
+                                  f"{math.expm1(mid):+.2%} (a chip moves single cases)")
+            v.verdict = "inconclusive"
+
+
 def from_rows(rows: Iterable[tuple]) -> NoiseModel:
     """A model from (candidate, source hash, pass, case id, median[, GPU uuid[, run]])
     rows, oldest first."""

@@ -218,17 +218,29 @@ def history_from_db(db: Any, gpu_model_key: str | None, *, upto_run_id: int,
     `upto_run_id` (harness.records.noise.timed_history), one median per commit (its
     newest run's), passed timed results of `kernels` only; and (candidate,
     pass) -> {commit: source hash} of the same runs ("" where a record carries none)."""
+    series, sources, _chips = history_with_chips(db, gpu_model_key, upto_run_id=upto_run_id,
+                                                 kernels=kernels, runs=runs)
+    return series, sources
+
+
+def history_with_chips(db: Any, gpu_model_key: str | None, *, upto_run_id: int,
+                       kernels: Sequence[str], runs: int = SERIES_RUNS
+                       ) -> tuple[Series, Sources, Sources]:
+    """`history_from_db`, and (candidate, pass) -> {commit: GPU uuid} of the same runs
+    ("" where unknown): which chip each point ran on (`confirmed_steps`)."""
     rows = timed_history(db, gpu_model_key, upto_run_id=upto_run_id, runs=runs,
                          include_upto=True, kernels=kernels)
     out: dict[tuple[str, str, str], dict[str, float]] = {}
     sources: Sources = {}
-    for name, src, pass_name, case_id, commit, median, *_ in rows:
+    chips: Sources = {}
+    for name, src, pass_name, case_id, commit, median, device, *_ in rows:
         if commit is not None:
             per_commit = out.setdefault((name, pass_name or "fwd", case_id), {})
             per_commit.pop(commit, None)  # a re-run moves the commit to its newest place
             per_commit[commit] = float(median)
             sources.setdefault((name, pass_name or "fwd"), {})[commit] = src or ""
-    return {k: list(v.items()) for k, v in out.items()}, sources
+            chips.setdefault((name, pass_name or "fwd"), {})[commit] = device or ""
+    return {k: list(v.items()) for k, v in out.items()}, sources, chips
 
 
 def source_changes(commits: Sequence[str], sources: dict[str, str] | None) -> list[bool] | None:
@@ -306,8 +318,8 @@ def _newest_chain(before: dict[str, set[str]], seen: dict[str, list[float]],
     return chain[::-1]
 
 
-def confirmed_steps(series: Series, commit: str, sources: Sources | None = None
-                    ) -> dict[tuple[str, str, str], Step]:
+def confirmed_steps(series: Series, commit: str, sources: Sources | None = None,
+                    chips: Sources | None = None) -> dict[tuple[str, str, str], Step]:
     """The regression steps that `commit` (the newest point of each series) confirms:
     from its first bad commit on, the new level holds `CONFIRM_POINTS` to
     `CONFIRM_WINDOW` commits, the last of them this one, and has not recovered. A
@@ -318,7 +330,9 @@ def confirmed_steps(series: Series, commit: str, sources: Sources | None = None
     over its cases is searched too (`candidate_series`, key (candidate, pass,
     ALL_CASES)): a slowdown of the whole kernel that each case's noise hides. `sources`
     (`history_from_db`) tells where the candidate's source changed: the prior of where
-    a step began."""
+    a step began. `chips` (`history_with_chips`) tells which GPU each point ran on: a
+    step whose points did not all run on one chip must hold `CONFIRM_POINTS_ACROSS`
+    commits (`_points_needed`)."""
     out = {}
     for key, pts in {**series, **candidate_series(series, newest=commit)}.items():
         if len(pts) < MIN_POINTS or pts[-1][0] != commit:
@@ -326,7 +340,8 @@ def confirmed_steps(series: Series, commit: str, sources: Sources | None = None
         names = [c for c, _ in pts]
         changed = source_changes(names, None if sources is None else
                                  sources.get(key[:2], {}))
-        st = _confirmed(names, [m for _, m in pts], changed)
+        st = _confirmed(names, [m for _, m in pts], changed,
+                        None if chips is None else chips.get(key[:2], {}))
         if st is not None and (key[2] == ALL_CASES or _case_sized(st)):
             out[key] = st
     return out
@@ -346,13 +361,31 @@ def _case_sized(st: Step) -> bool:
     return size >= max(math.log1p(CASE_STEP_MIN), CASE_STEP_K * st.sigma)
 
 
-def _confirmed(names: Sequence[str], meds: Sequence[float], changed: list[bool] | None
-               ) -> Step | None:
+CONFIRM_POINTS_ACROSS = 3  # commits at the new level, where its points ran on several chips
+
+
+def _points_needed(names: Sequence[str], first_bad: int, chips: dict[str, str] | None) -> int:
+    """Commits a step must hold before it is a regression. Across chips (the points
+    around it, up to `WINDOW` before, not all on one known GPU), the run-to-run noise
+    is a chip's offset, heavy-tailed: chips of one model differ by 3-30% for one case
+    or one candidate (the committed H200 history), and two runs in a row on slow chips
+    looked like a confirmed 1.3-2.7% step on series from those residuals
+    (bench/gate_verdicts.py --chips many). A third commit at the new level is what the
+    chips' tails make rare; it is still within 2 commits of the culprit."""
+    if chips is None:
+        return CONFIRM_POINTS
+    seen = {chips.get(c, "") for c in names[max(0, first_bad - WINDOW):]}
+    return CONFIRM_POINTS if len(seen) == 1 and "" not in seen else CONFIRM_POINTS_ACROSS
+
+
+def _confirmed(names: Sequence[str], meds: Sequence[float], changed: list[bool] | None,
+               chips: dict[str, str] | None = None) -> Step | None:
     """The regression step the newest point of a series confirms (confirmed_steps)."""
     for st in reversed(find_steps(names, meds, changed=changed)):
-        held = len(names) - names.index(st.first_bad)  # commits at the new level
+        at = names.index(st.first_bad)
+        held = len(names) - at  # commits at the new level
         if st.direction == "regression" and st.recovered_at is None and \
-                CONFIRM_POINTS <= held <= CONFIRM_WINDOW:
+                _points_needed(names, at, chips) <= held <= CONFIRM_WINDOW:
             return st
     return None
 
