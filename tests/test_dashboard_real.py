@@ -64,8 +64,10 @@ def ds_rows(ds) -> list[dict]:
 
 
 def readme_links() -> list[str]:
-    readme = (ROOT / "README.md").read_text()
-    return sorted(set(re.findall(r"`(\?page=[^`]+)`", readme)))
+    """The deep links the documentation gives (the README's overview and the dashboard's
+    page, docs/dashboard.md)."""
+    text = "".join((ROOT / name).read_text() for name in ("README.md", "docs/dashboard.md"))
+    return sorted(set(re.findall(r"`(\?page=[^`]+)`", text)))
 
 
 def test_readme_has_deep_links() -> None:

@@ -169,7 +169,7 @@ def test_rates_agree_with_the_committed_h200_record(name):
 
 
 def test_cost_estimate_matches_the_committed_perf_run_wall_time():
-    """run 4 of docs/h200-runs.md: 4 candidates x 48 perf cases, --min-time 0.2, 187 s."""
+    """run 4 of results/notes/2026-11-29.md: 4 candidates x 48 perf cases, --min-time 0.2, 187 s."""
     perf = get_grid("perf")
     est = sum(P.timed_case_cost_s(k, c) for k in ("fa2_mma", "fa2_simt", "sdpa_flash",
                                                   "sdpa_cudnn") for c in perf)

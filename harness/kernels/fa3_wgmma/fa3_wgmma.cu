@@ -29,8 +29,8 @@
 namespace fa3wg {
 
 // NC consumer warpgroups of 64 query rows each, and the producer's warpgroup. Each entry
-// names its NC (2 in every shipped entry; FA3 runs 3 at d = 64, see docs/h200-runs.md,
-// 2026-12-04 night): the block is 128 * (NC + 1) threads, the Q block 64 * NC rows.
+// names its NC (2 in every shipped entry; FA3 runs 3 at d = 64, results/notes/2026-12-04.md,
+// night): the block is 128 * (NC + 1) threads, the Q block 64 * NC rows.
 template <int NC> struct Layout;
 template <> struct Layout<2> {
     static constexpr int kProducerRegs = 40;   // the tile loop spills at 24
@@ -516,7 +516,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             // steps per row pair, each step a wait stall in the SASS): 1.00-1.03x (median
             // 1.018) over the 12 d = 64 shapes on an H100, where the softmax is most of a
             // consumer's work; at d = 128, 0.98-1.04x (median 0.996), so it keeps one chain
-            // (docs/h200-runs.md, 2026-12-06, third session).
+            // (results/notes/2026-12-06.md, third session).
             constexpr int CH = D == 64 ? 2 : 1;
             float mxc[2][CH];
 #pragma unroll
@@ -659,7 +659,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             // ptxas keeps a shared-memory store ahead of a wgmma wait. Measured on the
             // H200 against the kernel without it: 0.996-1.017x (median 1.008) at d = 128;
             // at d = 64, where the PV is short and the exponentials dominate, 0.979-1.011x
-            // (median 0.987), so d = 64 goes without (docs/h200-runs.md, 2026-12-04 night).
+            // (median 0.987), so d = 64 goes without (results/notes/2026-12-04.md, night).
             if constexpr (D == 128)
                 asm volatile("st.shared.f32 [%0], %1;\n"
                              :: "r"(sink), "f"(l_run[0] + l_run[1]) : "memory");
