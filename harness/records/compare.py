@@ -417,10 +417,15 @@ def _decide(verdicts: list[Verdict], new: RunRecord, bases: Sequence[RunRecord],
         info = new.kernels.get(name) or {}
         return info.get("kind") == "peer" or info.get("owned") is False
 
+    def changed(name: str) -> bool:  # unknown on either side: no evidence it did not
+        src = (new.kernels.get(name) or {}).get("source_hash") or ""
+        return not src or src != sources.get(name, "")
+
     entries = {k: [ix[k] for ix in indexes if k in ix] for k in new_index}
     return decide(verdicts, new_index, entries, sources, noise,
                   device=(new.gpu or {}).get("uuid") or "",
-                  across_of=lambda k: _across(new, by_key.get(k, [])), yardstick=yardstick)
+                  across_of=lambda k: _across(new, by_key.get(k, [])), yardstick=yardstick,
+                  changed=changed)
 
 
 def _across(new: RunRecord, bases: Sequence[RunRecord]) -> bool | None:

@@ -31,7 +31,13 @@ spread the history knows (`harness.records.noise`):
    the history (so whatever a run's cases share, the chip's clock and power state, stays
    in it: on an H100 fa3_wgmma's cases moved 0.58% run to run and their mean 0.52%), moderated
    toward the median of the GPU model's other candidates (else the candidate's own case
-   spread). One-sided (only a slowdown fails), Bonferroni over the owned candidates.
+   spread). One-sided (only a slowdown fails), Bonferroni over the owned candidates,
+   weighted by where a step can begin: `CANDIDATE_ALPHA` is split over the candidates
+   whose source hash the commit changed (or is unknown), and `UNCHANGED_SHARE` of it over
+   the others (a weighted Bonferroni: the levels sum to at most 1.05 `CANDIDATE_ALPHA`).
+   A commit changes one or two kernels; spending the level there is what lets a 2% slowdown
+   of a kernel measured to 0.5% run to run be red at its own commit, while a slowdown of
+   code that did not change (a driver, a runner) is left to the step search.
 4. **The many cases of one run.** Per-case p-values (one-sided each way) go through the
    Benjamini-Hochberg procedure (Benjamini and Hochberg 1995, "Controlling the false
    discovery rate"; `scipy.stats.false_discovery_control`) over all the owned cases of
@@ -83,12 +89,20 @@ PRIOR_DF = 4.0  # degrees of freedom the prior spread is worth
 MAD_EFFICIENCY = 0.37  # degrees of freedom per A/A pair of a robust (MAD) scale
 MIN_CHANGE = 0.01  # the smallest change that is flagged, per case and per candidate
 CASE_Q = 0.0025  # Benjamini-Hochberg level over the owned cases of one run
-CANDIDATE_ALPHA = 0.0025  # one-sided, split over the owned candidates (Bonferroni)
+CANDIDATE_ALPHA = 0.0025  # one-sided, split over the owned candidates whose source changed
+# A candidate whose source the commit left as it was: its share of the level is this
+# fraction of CANDIDATE_ALPHA (the prior odds of a step where the code did not change, as
+# harness.records.steps.UNCHANGED_PRIOR), split over those candidates.
+UNCHANGED_SHARE = 0.05
 # The tails of real run-to-run noise (module doc, 5.): Student t fits of the committed
 # records' residuals in robust spreads, per case and per candidate (the mean of a run's
 # cases), on one chip: bench/gate_verdicts.py --tails.
 CASE_TAIL_DF = 1.5
 CANDIDATE_TAIL_DF = math.inf  # one chip: the moderated spread's own degrees of freedom
+# ... for a candidate of at least this many cases; with fewer its Walsh median is the
+# mean of one or two cases and has their tails (CASE_TAIL_DF): on one chip's series a
+# 2-case candidate 1.1% slower by two cases' noise read p = 3e-5 at the spread's own df.
+ROBUST_CASES = 4
 # Across chips (a run on another GPU than its baseline's, or unknown): the chips of one
 # model differ by several percent for a whole candidate (1.3 degrees of freedom fitted).
 ACROSS_TAIL_DF = 1.5
@@ -257,13 +271,15 @@ def decide(verdicts: Sequence[Any], new_entries: dict[Key, dict[str, Any]],
            base_entries: dict[Key, list[dict[str, Any]]], base_sources: dict[str, str],
            noise: NoiseModel, *, device: str,
            across_of: Callable[[Key], bool | None],
-           yardstick: Callable[[str], bool]) -> RunDecision:
+           yardstick: Callable[[str], bool],
+           changed: Callable[[str], bool] = lambda _name: True) -> RunDecision:
     """Judge `verdicts` (harness.records.compare.Verdict, changed in place) by the module's
     rules where the history knows the noise: `new_entries` the new run's entries by key,
     `base_entries` the baseline's (newest first), `base_sources` the baseline's source
     hash per candidate, `device` the new run's GPU
     uuid, `across_of(key)` whether that comparison crosses chips, `yardstick(name)`
-    whether a candidate never fails the gate. Returns what was decided."""
+    whether a candidate never fails the gate, `changed(name)` whether the commit changed
+    the candidate's source (module doc, 3.). Returns what was decided."""
     out = RunDecision()
     pools: dict[bool | None, dict[Key, list[float]]] = {}
     for v in verdicts:
@@ -293,17 +309,20 @@ def decide(verdicts: Sequence[Any], new_entries: dict[Key, dict[str, Any]],
         out.cases[key] = CaseChange(key, d, n, spread, spread.p_up(d, n, CASE_TAIL_DF),
                                     spread.p_down(d, n, CASE_TAIL_DF), yardstick(v.variant),
                                     one_chip=across is False)
-    _candidates(out, noise, across_of)
+    _candidates(out, noise, across_of, changed)
     _flag(out, verdicts)
     return out
 
 
 def _candidates(out: RunDecision, noise: NoiseModel,
-                across_of: Callable[[Key], bool | None]) -> None:
+                across_of: Callable[[Key], bool | None],
+                changed: Callable[[str], bool]) -> None:
     groups: dict[tuple[str, str], list[CaseChange]] = {}
     for c in out.cases.values():
         groups.setdefault(c.key[:2], []).append(c)
-    owned = sum(1 for (name, _), cs in groups.items() if not cs[0].yardstick)
+    mine = [g for g, cs in groups.items() if not cs[0].yardstick]
+    n_changed = sum(1 for g in mine if changed(g[0]))
+    n_same = len(mine) - n_changed
     theirs: dict[tuple[str, str], float] = {}
     kinds = {g: across_of(cs[0].key) for g, cs in groups.items()}
     for g in groups:
@@ -322,8 +341,10 @@ def _candidates(out: RunDecision, noise: NoiseModel,
             continue
         d = walsh_median([c.d for c in cs])
         n_base = int(statistics.median(c.n_base for c in cs))
-        alpha = CANDIDATE_ALPHA / max(owned, 1)
-        tail = CANDIDATE_TAIL_DF if all(c.one_chip for c in cs) else ACROSS_TAIL_DF
+        alpha = (CANDIDATE_ALPHA / max(n_changed, 1) if changed(name)
+                 else CANDIDATE_ALPHA * UNCHANGED_SHARE / max(n_same, 1))
+        tail = (ACROSS_TAIL_DF if not all(c.one_chip for c in cs)
+                else CANDIDATE_TAIL_DF if len(cs) >= ROBUST_CASES else CASE_TAIL_DF)
         cand = CandidateChange(name, pass_name, len(cs), math.exp(d), spread,
                                spread.p_up(d, n_base, tail), alpha, cs[0].yardstick,
                                bar=_bar(spread, n_base, alpha, tail))
