@@ -55,7 +55,8 @@ __all__ = ["DEFAULT_GRIDS", "EXIT_NOT_MEASURED", "TIMING_GRIDS", "Execution", "G
 
 OK_STATUSES = ("passed", "skipped")
 EXIT_NOT_MEASURED = 3
-# What is known of each peer's divergence from the oracle (docs/h200-runs.md, run 2).
+# What is known of each peer's divergence from the oracle (results/notes/2026-11-29.md,
+# run 2).
 PEER_KNOWN = {"sdpa_cudnn": "returns mean(V) on fully masked rows (and a non-zero dQ there "
                             "in the backward)",
               "sdpa_efficient": "rows with no visible key (bottom-right causal, Nq > Nk) "
