@@ -1,6 +1,6 @@
 """The worker fault drill's tools: a TCP proxy in front of PostgreSQL that can drop every
 connection or refuse new ones (the database gone), and the stub scorer the drill's
-workers run (CPU only: it sleeps, and notes each scoring it completes)."""
+workers run (CPU only: it sleeps through its cases, and notes each scoring it completes)."""
 
 from __future__ import annotations
 
@@ -101,18 +101,23 @@ def _close(s: socket.socket) -> None:
 
 
 def drill_scorer(files, options, *, secret, progress):
-    """Scores a drill job in `sleep.txt` seconds; appends its tag to FA_DRILL_SCORED once the
-    scoring is complete (a completed scoring, whether or not its result is then stored)."""
+    """Scores a drill job: `cases.txt` cases (4) of `sleep.txt` / cases seconds each (0.5 s
+    in all), each announced by `progress` as the real scorer does (where its worker may
+    stop it). A job is *scored* when its scoring ran through to its score: then, and only
+    then, its tag is appended to FA_DRILL_SCORED (`tag pid time`), whether or not its
+    result is then stored. Two lines of one tag are one job scored twice."""
     from harness.submissions.scoring import ScoreReport
 
-    progress("check", "case-1")
-    time.sleep(float(files.get("sleep.txt", "0.5")))
+    n = int(files.get("cases.txt", "4"))
+    for i in range(n):
+        progress("check", f"case-{i + 1}")
+        time.sleep(float(files.get("sleep.txt", "0.5")) / n)
     tag = files["tag.txt"].strip()
     path = os.environ.get("FA_DRILL_SCORED")
     if path:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, f"{tag} {os.getpid()}\n".encode())
+            os.write(fd, f"{tag} {os.getpid()} {time.time():.2f}\n".encode())
         finally:
             os.close(fd)
     return ScoreReport("scored", "fine", score=1.0 + int(tag) / 1000)

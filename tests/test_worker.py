@@ -14,12 +14,13 @@ import json
 import os
 import signal
 import time
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import func, select
 
 from harness.records.db import open_db
-from harness.records.db.models import Base, Submission
+from harness.records.db.models import Base, Submission, utcnow
 from harness.submissions.queue import claim
 from harness.submissions.scoring import ScoreReport
 from harness.submissions.worker import WorkerConfig, work
@@ -202,9 +203,11 @@ def test_once_takes_one_job_and_secret_not_stored(db):
 
 def test_requeued_job_is_taken_again(db):
     sid = _add(db, "ok")
-    job = claim(db.engine, "dead")  # a worker that died right after claiming
+    job = claim(db.engine, "dead")  # a worker that died right after claiming, long ago
     assert job.id == sid
-    work(db.engine, _config(lease_s=0.0), drain=True)
+    with db.session() as s:
+        s.get(Submission, sid).heartbeat_at = utcnow() - timedelta(hours=1)
+    work(db.engine, _config(lease_s=600.0), drain=True)
     with db.sessions() as s:
         row = s.get(Submission, sid)
     assert (row.status, row.verdict, row.attempts) == ("done", "scored", 2)
@@ -368,7 +371,7 @@ def test_a_job_whose_claim_is_lost_is_stopped_and_not_stored(db):
 
     def log(m: str) -> None:
         logs.append(m)
-        if "claim lost while scoring" in m:
+        if "abandoned, nothing of this attempt stored" in m:
             lost.set()
 
     t0 = time.monotonic()

@@ -16,7 +16,9 @@ back a running row whose last heartbeat is older than the lease. A connection th
 database dropped costs a worker nothing (it reconnects and beats again), and hosts whose
 clocks disagree cannot expire each other's leases. The lease must exceed the worker's
 own job time limit (a live worker kills its child before then), so a worker cut off from
-the database for a while keeps its job. A dead worker's job waits for its lease; on
+the database for a while keeps its job. A lease that expired is never renewed, even
+while no other worker has taken the job yet: its worker was out of touch for the whole
+lease and abandons the job (harness.submissions.lease). A dead worker's job waits for its lease; on
 SQLite, a single-host queue, a worker of this host whose pid is gone is dead at once
 (`requeue_dead`). A job given back more than `max_attempts` times for its worker's death
 is abandoned (status error, verdict crashed), so a submission that kills its worker
@@ -172,12 +174,21 @@ def _claimed(job: Job) -> Any:
     return and_(Submission.id == job.id, Submission.status == RUNNING, mine)
 
 
-def heartbeat(engine: Engine, job: Job) -> bool:
-    """Renew the lease of `job` with the database's clock; False when the claim is lost
-    (the job was re-queued: its result will not be stored, the worker may stop it)."""
-    now: Any = func.now() if engine.dialect.name == "postgresql" else utcnow()
-    with engine.begin() as c:
-        res = c.execute(update(Submission).where(_claimed(job)).values(heartbeat_at=now))
+def heartbeat(engine: Engine, job: Job, *, lease_s: float | None = None) -> bool:
+    """Renew the lease of `job` with the database's clock; False when the claim is lost:
+    the row is no longer this claim (re-queued, claimed again: another token) or, given
+    `lease_s`, its lease had already expired (no renewal for `lease_s`), whoever holds it
+    now. A lost lease is never renewed: its worker abandons the job."""
+    with session_factory(engine)() as s, s.begin():
+        now = db_now(s)
+        cond = _claimed(job)
+        if lease_s is not None:
+            cutoff = now - timedelta(seconds=lease_s)
+            hb = Submission.heartbeat_at
+            cond = and_(cond, or_(hb >= cutoff,
+                                  and_(hb.is_(None), Submission.claimed_at >= cutoff)))
+        res = s.execute(update(Submission).where(cond).values(heartbeat_at=now)
+                        .execution_options(synchronize_session=False))
         return res.rowcount == 1
 
 

@@ -32,6 +32,12 @@ Nothing of the host is ever a verdict on a submission, and no result is lost:
 - the running job's lease is renewed by heartbeats on the database's clock (see
   harness.submissions.queue); jobs of a dead worker are re-queued once their lease has
   expired;
+- a worker scores only under its lease (harness.submissions.lease): its child asks it
+  before every stage and case and before writing a result, and the worker checks again
+  before storing. A worker that finds its lease lost (it expired: the worker was stopped
+  or cut off; or another worker took the job) abandons the job at once: nothing more of
+  it runs, nothing is stored, it is no verdict and no host fault, and a job still its own
+  goes back to the queue;
 - a database that drops its connections or is gone for a while is waited out with
   backoff, idle or mid-job, and every finished score goes to a local spool first and is
   stored, once, when the database is back (harness.submissions.worker_store).
@@ -52,6 +58,7 @@ from dataclasses import asdict
 from typing import Any
 
 from harness.submissions.gpulock import GpuWatch, hold_back, lock_gpu
+from harness.submissions.lease import Lease, clock
 from harness.submissions.queue import (
     HOST_ERROR,
     Job,
@@ -68,7 +75,6 @@ from harness.submissions.worker_child import child_main, probe_main
 from harness.submissions.worker_run import WorkerConfig, host_fault, preflight, run_job
 from harness.submissions.worker_store import (
     Backoff,
-    Heartbeat,
     ResultSpool,
     flush,
     retrying,
@@ -127,9 +133,11 @@ def work(engine: Any, config: WorkerConfig, *, once: bool = False, drain: bool =
 
 
 def _next_job(engine: Any, config: WorkerConfig, watch: Any, lock: Any, spool: ResultSpool,
-              should_stop: Callable[[], bool], log: Callable[[str], None]) -> Job | None:
+              should_stop: Callable[[], bool],
+              log: Callable[[str], None]) -> tuple[Job | None, float]:
     """Between jobs: store what the spool holds, re-queue expired leases, keep the GPU
-    lock, wait for a GPU others use, then claim. Database errors propagate (retried)."""
+    lock, wait for a GPU others use, then claim: (the job or None, `lease.clock()` just
+    before the claim was sent). Database errors propagate (retried)."""
     name = config.name or "worker"
     flush(engine, spool, log)
     for sid in requeue_own(engine, name):
@@ -148,7 +156,8 @@ def _next_job(engine: Any, config: WorkerConfig, watch: Any, lock: Any, spool: R
         lock.keep()
     if watch is not None and queue_depth(engine).get("queued", 0):
         hold_back(watch, config.busy_wait_s, config.poll_s, log, should_stop)
-    return claim(engine, name)
+    sent = clock()
+    return claim(engine, name), sent
 
 
 def _loop(engine: Any, config: WorkerConfig, watch: Any, lock: Any, spool: ResultSpool, *,
@@ -158,13 +167,12 @@ def _loop(engine: Any, config: WorkerConfig, watch: Any, lock: Any, spool: Resul
     streak = 0  # jobs in a row this host could not score
     backoff = Backoff(cap_s=max(5.0, config.poll_s))
     while not should_stop():
-        got = retrying(lambda: (_next_job(engine, config, watch, lock, spool, should_stop,
-                                          log),),
+        got = retrying(lambda: _next_job(engine, config, watch, lock, spool, should_stop, log),
                        what="claiming", log=log, should_stop=should_stop, backoff=backoff)
         backoff.reset()
         if got is None:
             break  # told to stop while the database was away
-        job = got[0]
+        job, sent = got
         if job is None:
             if once or drain:
                 break
@@ -174,16 +182,16 @@ def _loop(engine: Any, config: WorkerConfig, watch: Any, lock: Any, spool: Resul
         _event(config, event="claim", id=job.id, attempt=job.attempts, token=job.token)
         if watch is not None:
             watch.start()
-        beat = Heartbeat(engine, job, config.heartbeat_s, log).start()
+        lease = Lease(engine, job, lease_s=float(config.lease_s or 0),
+                      interval_s=config.heartbeat_s, log=log, since=sent).start()
         try:
             outcome = run_job(job, config, watch.sample if watch is not None else None,
-                              abort=beat.lost.is_set)
+                              abort=lease.lost.is_set, gate=lease.held)
         finally:
-            beat.stop()
+            lease.stop()
         gpu = watch.finish() if watch is not None else None
-        if beat.lost.is_set():
-            log(f"submission {job.id}: claim lost while scoring; result not stored")
-            _event(config, event="finish", id=job.id, attempt=job.attempts, stored=False)
+        if not lease.held():  # the last check before storing: lost, nothing of it counts
+            _abandon(engine, config, job, lease, should_stop, log)
             continue
         fault = host_fault(outcome)
         if fault is not None:
@@ -227,6 +235,20 @@ def _loop(engine: Any, config: WorkerConfig, watch: Any, lock: Any, spool: Resul
         if once:
             break
     return done
+
+
+def _abandon(engine: Any, config: WorkerConfig, job: Job, lease: Lease,
+             should_stop: Callable[[], bool], log: Callable[[str], None]) -> None:
+    """The lease of `job` was lost while it was scored: nothing of the attempt is stored
+    (no verdict, no host fault); a job still this worker's claim is put back at once
+    (its attempt counts, as one whose lease another worker found expired)."""
+    back = retrying(lambda: release(engine, job, f"re-queued: its worker lost the lease "
+                                    f"({lease.why})"),
+                    what="giving the job back", log=log, should_stop=should_stop)
+    log(f"submission {job.id}: abandoned, nothing of this attempt stored"
+        + ("; re-queued" if back else ""))
+    _event(config, event="abandon", id=job.id, attempt=job.attempts, requeued=bool(back),
+           why=lease.why)
 
 
 def _describe(config: WorkerConfig, job: Job, outcome: Any) -> None:

@@ -1,6 +1,8 @@
 """The worker's scoring child: `python -m harness.submissions.worker --child JOB` runs
 `child_main`, which scores the job's files, reports its progress (stage, case) to the
-file the parent's watchdog reads, writes the result and exits hard. Kept apart from the
+file the parent's watchdog reads, writes the result and exits hard. Before every stage
+and case and before writing any result it asks its worker whether the job's lease is
+still held (harness.submissions.lease): told no, it exits at once, scoring nothing more. Kept apart from the
 parent's loop (harness.submissions.worker) because it is the only part that imports torch
 and touches the GPU. `--probe SCORER` runs `probe_main`: can this host score at all?"""
 
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.submissions.lease import ABANDONED, ask_gate
 from harness.submissions.queue import Outcome
 
 DEFAULT_SCORER = "harness.submissions.score_job:score_files"
@@ -67,7 +70,16 @@ def child_main(job_path: str) -> int:
     Path(job_path).unlink(missing_ok=True)  # the secret does not stay on disk
     progress_path = Path(doc["progress"])
     result_path = Path(doc["result"])
+    gate = doc.get("gate")
     state = {"stage": "start", "case": ""}
+
+    def go_on() -> None:
+        """The worker's leave to go on; without it (its lease lost, the worker gone)
+        the child stops here: nothing more of the job runs, no result is written."""
+        if not ask_gate(gate):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(ABANDONED)
     # The sanitizer stage runs its tools for up to their own timeout without a progress
     # line: it announces that allowance (plus the tools' start-up), so the watchdog's
     # case timeout does not cut it short.
@@ -80,6 +92,7 @@ def child_main(job_path: str) -> int:
             line["allow_s"] = sanitize_allow_s[0]
         with open(progress_path, "a") as f:
             f.write(json.dumps(line) + "\n")
+        go_on()
 
     # torch and the scorer are imported before the first progress line: until then the
     # watchdog allows the (larger) start-up time, after it only a case's.
@@ -101,6 +114,7 @@ def child_main(job_path: str) -> int:
         kw: dict[str, Any] = {}
         if "checkpoint" in inspect.signature(scorer).parameters:
             def checkpoint(forward: ScoreReport) -> None:
+                go_on()
                 _write(result_path, {**forward.to_dict(), PENDING: True})
 
             kw["checkpoint"] = checkpoint
@@ -118,6 +132,7 @@ def child_main(job_path: str) -> int:
                             status="error" if state["stage"] == "start" else "done")
         # Past the forward's checkpoint, the error is the backward's.
         out = with_forward(result_path, crash).to_dict()
+    go_on()  # a result only under the lease
     _write(result_path, out)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.submissions.lease import ABANDONED, ChildGate
 from harness.submissions.queue import DONE, ERROR, Job, Outcome
 from harness.submissions.worker_child import DEFAULT_SCORER, read_result, with_forward
 
@@ -141,12 +142,15 @@ def _die_with_parent() -> None:
 
 def run_job(job: Job, config: WorkerConfig,
             sample: Callable[[int], None] | None = None,
-            abort: Callable[[], bool] | None = None) -> Outcome:
+            abort: Callable[[], bool] | None = None,
+            gate: Callable[[], bool] | None = None) -> Outcome:
     """Score one job in a child process under the limits of `config`; never raises.
     `sample(child_pid)` is called about once a second while the child runs; when
-    `abort()` turns true (the claim was lost) the child is stopped."""
+    `abort()` turns true (the claim was lost) the child is stopped. `gate()` answers the
+    child before each of its stages and cases and before its result: False stops it
+    there (harness.submissions.lease); without it the child asks nobody."""
     try:
-        return _run_job(job, config, sample, abort or (lambda: False))
+        return _run_job(job, config, sample, abort or (lambda: False), gate)
     except Exception as e:  # noqa: BLE001 - the worker must survive anything
         return Outcome("crashed", f"worker error while running the job: "
                        f"{type(e).__name__}: {e}", status=ERROR)
@@ -167,7 +171,17 @@ def _child_env(config: WorkerConfig) -> dict[str, str]:
 
 
 def _run_job(job: Job, config: WorkerConfig, sample: Callable[[int], None] | None,
-             abort: Callable[[], bool]) -> Outcome:
+             abort: Callable[[], bool], gate: Callable[[], bool] | None) -> Outcome:
+    child_gate = ChildGate(gate) if gate is not None else None
+    try:
+        return _watch_job(job, config, sample, abort, child_gate)
+    finally:
+        if child_gate is not None:
+            child_gate.close()
+
+
+def _watch_job(job: Job, config: WorkerConfig, sample: Callable[[int], None] | None,
+               abort: Callable[[], bool], child_gate: ChildGate | None) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="fa-job-") as tmp:
         tmpdir = Path(tmp)
         os.chmod(tmpdir, 0o700)
@@ -178,7 +192,8 @@ def _run_job(job: Job, config: WorkerConfig, sample: Callable[[int], None] | Non
         job_doc = {"id": job.id, "files": job.files, "options": config.scoring,
                    "secret": config.secret, "progress": str(progress_path),
                    "result": str(result_path), "scorer": config.scorer,
-                   "gpu_memory_fraction": config.gpu_memory_fraction}
+                   "gpu_memory_fraction": config.gpu_memory_fraction,
+                   "gate": child_gate.child_fd if child_gate is not None else None}
         fd = os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(job_doc, f)
@@ -190,18 +205,23 @@ def _run_job(job: Job, config: WorkerConfig, sample: Callable[[int], None] | Non
             proc = subprocess.Popen(
                 [sys.executable, "-m", "harness.submissions.worker", "--child", str(job_path)],
                 stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env,
-                start_new_session=True, cwd=tmp, preexec_fn=_die_with_parent)
+                start_new_session=True, cwd=tmp, preexec_fn=_die_with_parent,
+                pass_fds=(child_gate.child_fd,) if child_gate is not None else ())
+            if child_gate is not None:
+                child_gate.started()
             killed: Outcome | None = None
             sampled = started
             while proc.poll() is None:
                 time.sleep(0.2)
+                if proc.poll() is not None:
+                    break  # done while this loop slept (or its worker was stopped)
                 now = time.monotonic()
                 if sample is not None and now - sampled >= 1.0:
                     sampled = now
                     sample(proc.pid)
-                if abort():
+                if abort() or (child_gate is not None and child_gate.refused.is_set()):
                     _kill_group(proc)
-                    killed = Outcome("crashed", "stopped: the claim was lost", status=ERROR)
+                    killed = Outcome("crashed", "stopped: the lease was lost", status=ERROR)
                     break
                 seen = _last_progress(progress_path)
                 if seen != last_seen:
@@ -249,6 +269,9 @@ def _run_job(job: Job, config: WorkerConfig, sample: Callable[[int], None] | Non
         # between would be blamed on an earlier stage. The file as it left it names the case.
         stage, case, _, _ = _last_progress(progress_path)
         code = proc.returncode
+        if code == ABANDONED and child_gate is not None and child_gate.refused.is_set():
+            return Outcome("crashed", "stopped at its worker's word: the lease was lost",
+                           detail={"elapsed_s": elapsed}, status=ERROR)
         how = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
                else f"exited with code {code}")
         tail = _tail(stderr_path)

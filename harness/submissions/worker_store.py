@@ -10,10 +10,8 @@
   at its next start, and so does any worker of this host and database; storing is
   idempotent by the claim's token (harness.submissions.queue.finish), so a result is
   stored once however often it is tried.
-- `Heartbeat` renews a running job's lease from a thread (the watchdog loop never waits
-  on the database); a heartbeat that cannot reach the database is only logged, since the
-  lease outlasts the job's own time limit, and one that finds the claim lost tells the
-  watchdog to stop the job.
+
+A running job's lease and its heartbeats are harness.submissions.lease.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ import contextlib
 import hashlib
 import json
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -35,7 +32,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from harness.records.db.database import DatabaseUnavailable
 from harness.records.paths import spool_dir
-from harness.submissions.queue import Job, Outcome, finish, heartbeat
+from harness.submissions.queue import Job, Outcome, finish
 
 # What a database that is down, restarting or unreachable raises (and a SQLite file
 # locked for longer than its busy timeout): worth waiting for, never a verdict.
@@ -175,52 +172,3 @@ def flush(engine: Any, spool: ResultSpool, log: Log) -> int:
         log(f"submission {job.id}: spooled result of attempt {job.attempts} "
             + ("stored" if stored else "not stored (claim lost)"))
     return n
-
-
-class Heartbeat:
-    """Renews `job`'s lease every `interval_s` from a daemon thread until `stop`."""
-
-    def __init__(self, engine: Any, job: Job, interval_s: float, log: Log) -> None:
-        self.engine, self.job, self.interval_s, self.log = engine, job, interval_s, log
-        self.lost = threading.Event()
-        self.failures = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"heartbeat-{job.id}")
-
-    def start(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        down = False
-        while not self._stop.wait(self.interval_s):
-            try:
-                ok = heartbeat(self.engine, self.job)
-            except DB_DOWN as e:
-                self.failures += 1
-                if not down:
-                    self.log(f"submission {self.job.id}: heartbeat failed ({first_line(e)}); "
-                             f"the job goes on, its lease outlasts it")
-                down = True
-                continue
-            except Exception as e:  # noqa: BLE001 - a heartbeat never takes the worker down
-                self.failures += 1
-                self.log(f"submission {self.job.id}: heartbeat error {first_line(e)}")
-                continue
-            if self._stop.is_set():
-                return  # a beat that outlived its job (slow on a failing server): moot
-            if down:
-                self.log(f"submission {self.job.id}: heartbeat back")
-                down = False
-            if not ok:
-                self.log(f"submission {self.job.id}: claim lost (its lease expired and it "
-                         f"was re-queued); stopping it")
-                self.lost.set()
-                return
-
-    def stop(self) -> None:
-        self._stop.set()
-        # A beat stuck on an unreachable server ends with its connect timeout; the thread
-        # is a daemon and its answer is no longer needed.
-        self._thread.join(timeout=1.0)
