@@ -99,10 +99,13 @@ UNCHANGED_SHARE = 0.05
 # cases), on one chip: bench/gate_verdicts.py --tails.
 CASE_TAIL_DF = 1.5
 CANDIDATE_TAIL_DF = math.inf  # one chip: the moderated spread's own degrees of freedom
-# ... for a candidate of at least this many cases; with fewer its Walsh median is the
-# mean of one or two cases and has their tails (CASE_TAIL_DF): on one chip's series a
-# 2-case candidate 1.1% slower by two cases' noise read p = 3e-5 at the spread's own df.
+# ... for a candidate of at least ROBUST_CASES cases; with fewer its Walsh median is the
+# mean of one or two cases and has their tails: FEW_CASES_TAIL_DF, the Student t fit of
+# the committed one-chip residuals of a run's mean over its cases (--tails). On one
+# chip's series a 2-case candidate 1.1% slower by two cases' noise read p = 3e-5 at the
+# spread's own degrees of freedom.
 ROBUST_CASES = 4
+FEW_CASES_TAIL_DF = 3.0
 # Across chips (a run on another GPU than its baseline's, or unknown): the chips of one
 # model differ by several percent for a whole candidate (1.3 degrees of freedom fitted).
 ACROSS_TAIL_DF = 1.5
@@ -344,7 +347,7 @@ def _candidates(out: RunDecision, noise: NoiseModel,
         alpha = (CANDIDATE_ALPHA / max(n_changed, 1) if changed(name)
                  else CANDIDATE_ALPHA * UNCHANGED_SHARE / max(n_same, 1))
         tail = (ACROSS_TAIL_DF if not all(c.one_chip for c in cs)
-                else CANDIDATE_TAIL_DF if len(cs) >= ROBUST_CASES else CASE_TAIL_DF)
+                else CANDIDATE_TAIL_DF if len(cs) >= ROBUST_CASES else FEW_CASES_TAIL_DF)
         cand = CandidateChange(name, pass_name, len(cs), math.exp(d), spread,
                                spread.p_up(d, n_base, tail), alpha, cs[0].yardstick,
                                bar=_bar(spread, n_base, alpha, tail))
