@@ -1,8 +1,10 @@
 """`[tool.fa-harness]` of a team's pyproject.toml, read and validated.
 
 The table of the `pyproject.toml` in the current directory or its nearest parent names the
-team's kernel folders (`kernels-dirs`), Python candidates (`candidates`) and the gate's
-floor and target of timed cases per owned candidate (`timing-min`, `timing-cases`). A
+team's kernel folders (`kernels-dirs`), Python candidates (`candidates`), the candidates
+it brings for comparison only (`yardsticks`: names or globs; timed and reported, never
+the team's, never a failure) and the gate's floor and target of timed cases per owned
+candidate (`timing-min`, `timing-cases`). A
 key the harness does not know, a value of the wrong type, or a table whose name is close
 to it (`[tool.fa_harness]`, `[tool.fa-harnes]`) is a `DiscoveryError` naming what is
 known: a misspelt setting must never read as "no configuration", which made a team's
@@ -16,9 +18,9 @@ import tomllib
 from pathlib import Path
 
 TABLE = "fa-harness"
-LIST_KEYS = ("kernels-dirs", "candidates")
+LIST_KEYS = ("kernels-dirs", "candidates", "yardsticks")
 INT_KEYS = ("timing-min", "timing-cases")
-KNOWN_KEYS = LIST_KEYS + INT_KEYS
+KNOWN_KEYS = ("kernels-dirs", "candidates", *INT_KEYS, "yardsticks")
 
 
 class DiscoveryError(ValueError):
@@ -68,6 +70,9 @@ def pyproject_section(pyproject: Path) -> dict:
                                  or not all(isinstance(d, str) for d in value)):
             raise DiscoveryError(f"{pyproject}: [tool.{TABLE}] {key} must be a list of "
                                  f"strings")
+        if key == "yardsticks" and not all(d.strip() for d in value):
+            raise DiscoveryError(f"{pyproject}: [tool.{TABLE}] yardsticks must be a list of "
+                                 f"candidate names or globs, none empty")
         if key in INT_KEYS and (isinstance(value, bool) or not isinstance(value, int)
                                 or not 0 <= value <= 10_000):
             raise DiscoveryError(f"{pyproject}: [tool.{TABLE}] {key} must be an integer "
@@ -78,6 +83,15 @@ def pyproject_section(pyproject: Path) -> dict:
 def pyproject_list(pyproject: Path, key: str) -> list[str]:
     """`[tool.fa-harness] <key>` of a pyproject.toml: a list of strings (or nothing)."""
     return list(pyproject_section(pyproject).get(key, []))
+
+
+def project_list(key: str) -> list[str]:
+    """A list setting of `[tool.fa-harness]` (`yardsticks`, ...) of the nearest
+    pyproject.toml, else empty."""
+    if key not in LIST_KEYS:
+        raise KeyError(key)
+    pyproject = find_pyproject()
+    return [] if pyproject is None else pyproject_list(pyproject, key)
 
 
 def project_setting(key: str, default: int) -> int:

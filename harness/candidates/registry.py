@@ -144,18 +144,33 @@ def origin(candidate: Candidate) -> str:
     return f"{where}: {path}" if path else str(where)
 
 
-def owned(candidate: Candidate, named: Sequence[str] = ()) -> bool:
+def owned(candidate: Candidate, named: Sequence[str] = (),
+          yardsticks: Sequence[str] | None = None) -> bool:
     """Whether the gate treats `candidate` as the team's own (timed with a guaranteed
-    minimum, never excused for dropping out) rather than as a yardstick: named on the
+    minimum, never excused for dropping out) rather than as a yardstick. A declared
+    yardstick (`yardsticks`: names or globs; None: `[tool.fa-harness] yardsticks` of the
+    nearest pyproject.toml) never is, whatever else says so; otherwise named on the
     command line (`named`: names or globs), or its source is the team's (discovery's
     `owned_by_team`). The SDPA peers are yardsticks unless named."""
     from harness.candidates.discovery import owned_by_team
 
+    if declared_yardstick(candidate.name, yardsticks):
+        return False
     if any(fnmatch.fnmatchcase(candidate.name, pat) for pat in named):
         return True
     if candidate.kind in ("peer", "planted"):
         return False
     return owned_by_team(candidate.meta or {})
+
+
+def declared_yardstick(name: str, yardsticks: Sequence[str] | None = None) -> bool:
+    """Whether the team declared candidate `name` a yardstick (`yardsticks`: names or
+    globs; None: `[tool.fa-harness] yardsticks` of the nearest pyproject.toml)."""
+    if yardsticks is None:
+        from harness.candidates.project import project_list
+
+        yardsticks = project_list("yardsticks")
+    return any(fnmatch.fnmatchcase(name, pat) for pat in yardsticks)
 
 
 def load_errors() -> list[Any]:

@@ -3,10 +3,11 @@ records the run, stores it, compares it with the baseline and writes a summary.
 
 Owned candidates (your kernel folders, your Python candidates, anything --kernels names)
 are timed on at least their floor of cases (timing-min, default 8) before any yardstick
-(the SDPA peers, the variants shipped with fa-harness) is; compile caches are warmed and
-correctness runs side by side before the clock starts; the owned CUDA variants go through
-compute-sanitizer (memcheck, initcheck, racecheck on a few small cases) where it is
-installed.
+(the SDPA peers, the variants shipped with fa-harness, and what --yardsticks or
+[tool.fa-harness] yardsticks declares, e.g. a third-party kernel brought for comparison:
+timed and reported, never a failure) is; compile caches are warmed and correctness runs
+side by side before the clock starts; the owned CUDA variants go through compute-sanitizer
+(memcheck, initcheck, racecheck on a few small cases) where it is installed.
 
 Exit codes:
   0  nothing of the team failed or regressed, and every owned candidate was measured
@@ -61,6 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kernels", default=None, metavar="NAMES",
                    help="comma-separated candidate names or globs (default: all runnable "
                         "here); the candidates named are timed as owned")
+    p.add_argument("--yardsticks", default=None, metavar="NAMES",
+                   help="comma-separated candidate names or globs timed and compared for "
+                        "reference only: recorded as not the team's, reported, never a "
+                        "failure (default: [tool.fa-harness] yardsticks)")
     p.add_argument("--require-gpu", action="store_true",
                    help="exit 3 at once when this runner has no working CUDA GPU")
     p.add_argument("--sanitize", choices=("fast", "full", "none"), default=None,
@@ -107,6 +112,8 @@ def _split(s: str | None) -> list[str] | None:
 
 
 def _check(args: argparse.Namespace) -> None:
+    if args.yardsticks is not None and not _split(args.yardsticks):
+        raise UsageError("--yardsticks needs at least one candidate name or glob")
     if args.window < 1:
         raise UsageError("--window must be >= 1")
     if not args.budget > 0:
@@ -134,7 +141,8 @@ def cmd_ci(args: argparse.Namespace) -> int:
     if not grids:
         raise UsageError("--grid needs at least one grid name")
     _check(args)
-    opts = GateOptions(grids=grids, kernels=_split(args.kernels), db_url=args.db,
+    opts = GateOptions(grids=grids, kernels=_split(args.kernels),
+                       yardsticks=_split(args.yardsticks), db_url=args.db,
                        baseline_branch=args.baseline_branch, window=args.window,
                        summary=args.summary, record_path=args.record, secret=args.secret,
                        budget_min=args.budget, min_time_s=args.min_time,

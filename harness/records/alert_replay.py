@@ -7,13 +7,16 @@ stored flagging verdicts to `harness.records.alerts.sync_alerts`, as if it had b
 when it was judged. Runs already synced are skipped there, so replaying twice, or after
 new runs came in, changes nothing that was synced.
 
-A stored run does not keep which candidates the team owned (the record's `owned`), only
-their kind: here a peer is a yardstick and every other candidate the team's, as
-`fa-harness import` judges a stored record.
+A stored run does not keep the record's `owned` marks, only each candidate's kind and, for
+a gate run, the plan's owned candidates (`env.ci_plan.owned`): a peer is a yardstick, and
+so is a candidate a gate run did not own (a shipped variant in a team's repository, a
+declared yardstick); every other candidate is the team's, as `fa-harness import` judges
+a stored record.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,21 +54,30 @@ def replay_alerts(db: Any, *, gpu_model_key: str | None = None) -> int:
     returns how many runs were handed to sync_alerts."""
     with transaction(db) as s:
         judged = select(Comparison.run_id).distinct().scalar_subquery()
-        q = select(Run.id, Run.gpu_model_key).where(Run.id.in_(judged))
+        q = select(Run.id, Run.gpu_model_key, Run.env).where(Run.id.in_(judged))
         if gpu_model_key is not None:
             q = q.where(Run.gpu_model_key == gpu_model_key)
         runs = s.execute(q.order_by(Run.created_at, Run.id)).all()
         uuids = dict(s.execute(select(Run.id, Run.uuid)).all())
         peers = set(s.scalars(select(Variant.name).where(Variant.kind == "peer")))
-    for run_id, gpu in runs:
+    for run_id, gpu, env in runs:
         with transaction(db) as s:
             rows = s.execute(select(Comparison).where(
                 Comparison.run_id == run_id, Comparison.verdict.in_(list(KIND_OF)))).scalars()
             verdicts = [_Verdict(c.variant, c.case_id, c.verdict, c.pass_name, c.ratio,
                                  dict(c.detail or {}), uuids.get(c.base_run_id))
                         for c in rows]
-        sync_alerts(db, run_id, _Report(gpu, verdicts), owned=lambda k: k not in peers)
+        sync_alerts(db, run_id, _Report(gpu, verdicts), owned=_owned(peers, env))
     return len(runs)
+
+
+def _owned(peers: set[str], env: Any) -> Callable[[str], bool]:
+    """The team's candidates of a stored run: not a peer, and owned by its gate's plan
+    where it has one."""
+    plan = (env or {}).get("ci_plan") if isinstance(env, dict) else None
+    mine = plan.get("owned") if isinstance(plan, dict) else None
+    planned = set(mine) if isinstance(mine, list) else None
+    return lambda k: k not in peers and (planned is None or k in planned)
 
 
 def backfill(db: Any) -> int:

@@ -3,6 +3,7 @@ the run (harness.records.gate_run) and the finish (harness.records.gate)."""
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,9 @@ class GateNotMeasured(RuntimeError):
 class GateOptions:
     grids: list[str] = field(default_factory=lambda: list(DEFAULT_GRIDS))
     kernels: list[str] | None = None  # names or globs
+    # Candidates the team declared yardsticks (names or globs): timed and reported, never
+    # the team's, never a failure. None: [tool.fa-harness] yardsticks, else none.
+    yardsticks: list[str] | None = None
     db_url: str | None = None
     baseline_branch: str = "main"
     window: int = 5
@@ -80,3 +84,28 @@ def default_timing(opts: GateOptions) -> tuple[int, int]:
     hi = opts.timing_cases if opts.timing_cases is not None else \
         project_setting("timing-cases", DEFAULT_TIMING_CASES)
     return lo, max(lo, hi)
+
+
+def checked_yardsticks(opts: GateOptions, known: list[str], notes: list[str]) -> list[str]:
+    """`yardstick_patterns`, each checked against the candidates discovered (`known`,
+    those that failed to load included): one of --yardsticks that names none is a usage
+    error, as an unknown --kernels is; one of the pyproject's is a note (a runner may
+    not have every candidate a team lists)."""
+    pats = yardstick_patterns(opts)
+    unknown = [p for p in pats if not any(fnmatch.fnmatchcase(n, p) for n in known)]
+    if unknown and opts.yardsticks is not None:
+        raise GateUsageError(f"--yardsticks: unknown candidate(s) {', '.join(unknown)}; "
+                             f"`fa-harness kernels` lists them")
+    if unknown:
+        notes.append(f"[tool.fa-harness] yardsticks: {', '.join(unknown)} names no "
+                     f"candidate here")
+    return pats
+
+
+def yardstick_patterns(opts: GateOptions) -> list[str]:
+    """The names or globs of the candidates declared yardsticks for this run: the
+    command line's, else `[tool.fa-harness] yardsticks`."""
+    from harness.candidates.project import project_list
+
+    return list(opts.yardsticks) if opts.yardsticks is not None else \
+        project_list("yardsticks")

@@ -92,7 +92,7 @@ def ci_warm_tasks(candidates: Sequence[Any], opts: GateOptions | None = None) ->
     runner, as warm-up tasks: `fa-harness kernels --compile` runs them on a GPU."""
     from harness.candidates.registry import owned
     from harness.core.grids import get_grid
-    from harness.records.gate_options import TIMING_GRIDS, default_timing
+    from harness.records.gate_options import TIMING_GRIDS, default_timing, yardstick_patterns
     from harness.records.plan import make_plan
 
     opts = opts or GateOptions()
@@ -102,5 +102,6 @@ def ci_warm_tasks(candidates: Sequence[Any], opts: GateOptions | None = None) ->
     plan = make_plan(candidates, check, timing, budget_min=opts.budget_min,
                      min_time_s=opts.min_time_s, gpu=True, timing_min=floor,
                      timing_target=target,
-                     owned=[c.name for c in candidates if owned(c, opts.kernels or ())])
+                     owned=[c.name for c in candidates
+                            if owned(c, opts.kernels or (), yardstick_patterns(opts))])
     return warm_tasks(candidates, plan, check)

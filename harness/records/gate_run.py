@@ -38,6 +38,7 @@ from harness.records.gate_options import (
     GateNotMeasured,
     GateOptions,
     GateUsageError,
+    checked_yardsticks,
     default_timing,
 )
 from harness.records.gate_prepare import sanitize_tier, split_python, warm
@@ -134,16 +135,26 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
     # A variant that failed to load is a failure of the gate, named; also when it was
     # asked for by --kernels (then it is not an unknown name).
     broken_names = {getattr(e, "variant", "") for e in broken}
+    # Declared yardsticks (--yardsticks, [tool.fa-harness] yardsticks) are never the
+    # team's: one that fails to load is a note, not a failure.
+    yard = checked_yardsticks(opts, [c.name for c in pool] + sorted(broken_names), notes)
+    gone = [e for e in broken if getattr(e, "variant", "")
+            and registry.declared_yardstick(e.variant, yard)]
+    notes += [f"yardstick not loaded: {e}" for e in gone]
+    broken = [e for e in broken if e not in gone]
     errors = [str(e) for e in broken if not pats or named(getattr(e, "variant", ""))
               or not getattr(e, "variant", "")]
     # A pattern that only names variants that failed to load is not an unknown name.
     asked = [p for p in pats if any(fnmatch.fnmatchcase(c.name, p) for c in pool)
              or not any(fnmatch.fnmatchcase(b, p) for b in broken_names if b)]
     candidates = [] if pats and not asked else select_candidates(pool, asked or None)
-    owned = [c.name for c in candidates if registry.owned(c, pats)]
-    # Nothing of the team's (none owned, none named, none that failed to load): a green
-    # gate would have judged only yardsticks. Exit 3 with one line, before anything runs.
-    if not owned and not pats and not any(_broken_is_owned(e) for e in broken):
+    owned = [c.name for c in candidates if registry.owned(c, pats, yard)]
+    # Nothing of the team's (none owned, none named but declared yardsticks, none that
+    # failed to load): a green gate would have judged only yardsticks. Exit 3 with one
+    # line, before anything runs.
+    if not owned and (not pats or candidates) and not any(
+            _broken_is_owned(e) and (not pats or named(getattr(e, "variant", "")))
+            for e in broken):
         raise GateNotMeasured("nothing of the team's was found to judge: no kernel folder, "
                               "Python candidate or entry point of the team's gave a "
                               "candidate ([tool.fa-harness] kernels-dirs, candidates; "
