@@ -81,7 +81,10 @@ CONFIRM_POINTS = 2  # a step is a regression once two commits hold the new level
 CONFIRM_WINDOW = 4  # ... and the gate reports it while its first bad commit is this recent
 UNCHANGED_PRIOR = 0.05  # prior odds of a step at a commit that left the source as it was
 ALL_CASES = "*"  # the case of a candidate's series: the mean over its cases
-MIN_CASES = 4  # cases timed at a commit for it to count in that mean
+# Cases timed at a commit for it to count in that mean: two, so that a candidate the gate
+# times on two cases (the floor of the teaching kernels) has a mean too; its noise is
+# what the search's own spread measures.
+MIN_CASES = 2
 
 
 @dataclass
