@@ -15,7 +15,7 @@ What the parent turns into results:
   unusable) reports the error text as a `crashed` result and exits on its own;
 - a child whose resident host memory passes `options["max_rss_mb"]` -> `crashed` with the
   measured RSS (RLIMIT_AS does not suit CUDA processes, which reserve huge virtual
-  ranges, so a watchdog samples /proc/<pid>/status instead; device memory is not covered:
+  ranges, so a watchdog samples the child's RSS instead; device memory is not covered:
   CUDA reports its own out-of-memory error, which the child turns into a result).
 After a crash, an exception or the memory watchdog a fresh child continues with the
 remaining cases. After a hang or a lost CUDA context it does not: the candidate's remaining
@@ -55,6 +55,7 @@ from typing import Any
 from harness.core.cases import Case
 from harness.core.faults import is_cuda_fatal
 from harness.core.results import CaseResult, Status
+from harness.execution import procs
 
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 POLL_S = 0.1
@@ -186,14 +187,8 @@ def _child_main(conn: Connection, name: str, case_dicts: list[dict], mode: str,
 
 
 def _rss_mb(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        return None
-    return None
+    # The child's own memory, not its tree's: a compile it runs (nvcc) is not the kernel's.
+    return procs.rss_mb(pid)
 
 
 def _tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
@@ -245,8 +240,10 @@ class _Child:
                 self.go_send.send(True)
 
     def kill(self) -> None:
+        # The whole tree: a compiler or helper the candidate started must not outlive it.
+        # Not the group: a spawned child shares its parent's process group.
         if self.proc.is_alive():
-            os.kill(self.proc.pid, signal.SIGKILL)
+            procs.kill_tree(self.proc.pid)
         self.proc.join(10)
 
     def close(self) -> None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.execution import procs
 from harness.measure import gpuinfo
 
 
@@ -201,14 +202,7 @@ def others_on_gpu(uuid: str, ours: set[int] | None = None) -> list[gpuinfo.GpuPr
 
 def _group_pids(pid: int) -> set[int]:
     """The pids of the process group led by `pid` (the scoring child and what it started)."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True,
-                             timeout=5).stdout.split()
-        return {int(p) for p in out} | {pid}
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return {pid}
+    return {p.pid for p in procs.tree(pid, group=True)} | {pid}
 
 
 @dataclass
@@ -218,7 +212,7 @@ class GpuWatch:
     Before the job and after it nothing of the worker runs on the GPU (the worker itself
     never opens a CUDA context), so every process NVML lists then is another one. While
     the child runs, a listed pid outside the child's process group counts only when this
-    process can see it in /proc: inside a container NVML may report host pids, and an
+    process can see it: inside a container NVML may report host pids, and an
     unknown pid there cannot be told from the child itself."""
 
     uuid: str
@@ -246,7 +240,7 @@ class GpuWatch:
             return
         ours = _group_pids(child_pid)
         self.during |= {p.pid for p in listed
-                        if p.pid not in ours and Path(f"/proc/{p.pid}").exists()}
+                        if p.pid not in ours and procs.alive(p.pid)}
 
     def finish(self, settle_s: float = 0.5, tries: int = 3) -> dict[str, Any]:
         # A just-killed child can stay listed for a moment while the driver tears down its

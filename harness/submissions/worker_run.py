@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.execution import procs
 from harness.submissions.lease import ABANDONED, ChildGate
 from harness.submissions.queue import DONE, ERROR, Job, Outcome
 from harness.submissions.worker_child import DEFAULT_SCORER, read_result, with_forward
@@ -78,23 +79,9 @@ class WorkerConfig:
 
 
 def _rss_mb(pid: int) -> float:
-    """Resident memory of a process and its children (MiB), from /proc."""
-    total = 0.0
-    pids = [pid]
-    try:
-        out = subprocess.run(["pgrep", "-g", str(os.getpgid(pid))], capture_output=True,
-                             text=True, timeout=5).stdout.split()
-        pids = [int(p) for p in out] or [pid]
-    except (OSError, subprocess.SubprocessError, ProcessLookupError, ValueError):
-        pass
-    for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) / 1024
-        except (OSError, ValueError):
-            continue
-    return total
+    """Resident memory (MiB) of the scoring child and everything of its process group (it
+    leads one: what it started counts against the job's limit)."""
+    return procs.rss_mb(pid, whole_tree=True, group=True) or 0.0
 
 
 def _last_progress(path: Path) -> tuple[str, str, float | None, float | None]:
@@ -117,8 +104,13 @@ def _last_progress(path: Path) -> tuple[str, str, float | None, float | None]:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    if proc.returncode is None:  # not reaped: its pid is still its own
+        procs.kill_tree(proc.pid, group=True)
+    else:
+        # Reaped: the pid may already be another process's, but not the group id, which
+        # stays taken while any member lives.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=30)
 
@@ -264,9 +256,10 @@ def _watch_job(job: Job, config: WorkerConfig, sample: Callable[[int], None] | N
         if done is not None and not pending:
             done.detail["elapsed_s"] = elapsed
             return done
-        # The watchdog reads the progress file once per round, then the memory (a pgrep,
-        # slow on a loaded machine): a child that writes its last lines and dies in
-        # between would be blamed on an earlier stage. The file as it left it names the case.
+        # The watchdog reads the progress file once per round, then the memory (a walk of
+        # every process, slow on a loaded machine): a child that writes its last lines and
+        # dies in between would be blamed on an earlier stage. The file as it left it names
+        # the case.
         stage, case, _, _ = _last_progress(progress_path)
         code = proc.returncode
         if code == ABANDONED and child_gate is not None and child_gate.refused.is_set():
