@@ -13,10 +13,11 @@ For each backend it reports:
     server), and the warm (cached) re-render; target: each first render under 2 s;
   - what the gate reads of this history for its newest run (the noise model and the
     step search's series), not a dashboard page but the same database;
-  - a real server (`fa-harness dashboard`) driven by headless Chromium: server start to
-    the first page drawn (target: 5 s), then every page's first paint, navigation to its
-    charts and tables drawn (target: 2 s each), and the server's resident memory after
-    them (VmRSS now / VmHWM peak); target: under 1 GB. Skipped without chromium.
+  - a real server (`fa-harness dashboard`) driven by headless Chromium through Playwright
+    (the dev extra): server start to the first page drawn (target: 5 s), then every
+    page's first paint, navigation to its charts and tables drawn (target: 2 s each), and
+    the server's resident memory after them (now / VmHWM peak); target: under 1 GB.
+    Skipped without Playwright or Chromium.
 
 PostgreSQL goes into its own database (`fa_dashboard_bench`, dropped and recreated), so
 the `test` database of the server is left alone.
@@ -35,11 +36,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the dashboard server and Chromium helpers
 
+import dashboard_server  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from harness.dashboard import headless  # noqa: E402
 from harness.dashboard.synth import SynthSpec, generate, synth_cases  # noqa: E402
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -146,30 +148,71 @@ BROWSER_PAGES = [
 ]
 
 
+# Page state as the browser sees it: drawn charts (vega-embed renders into a canvas or an
+# svg with a non-zero box), the page title, alerts, and whether Streamlit is still running.
+_STATE_JS = """() => {
+  const charts = [...document.querySelectorAll('.vega-embed canvas, .vega-embed svg')]
+    .filter(e => e.getBoundingClientRect().width > 50 && e.getBoundingClientRect().height > 50);
+  const h1 = document.querySelector('h1');
+  const running = !!document.querySelector('[data-testid="stStatusWidget"]');
+  const alerts = [...document.querySelectorAll('[data-testid="stAlert"]')].map(e => e.innerText);
+  const exc = document.querySelectorAll('[data-testid="stException"]').length;
+  return {charts: charts.length, title: h1 ? h1.innerText : null, running, alerts,
+          exceptions: exc};
+}"""
+
+
+def capture(page: Any, url: str, *, want_charts: int, title: str, timeout_s: float,
+            settle_s: float = 1.0) -> tuple[bytes, dict[str, Any], float]:
+    """(png, state, seconds from navigation to the wanted state) of `url`: its charts
+    drawn, its title shown, Streamlit idle; on timeout, what is there and inf seconds."""
+    t0 = time.monotonic()
+    # "commit": the clock is the page's own drawing, not the document's load event.
+    page.goto(url, wait_until="commit")
+    reached = float("inf")
+    while time.monotonic() - t0 < timeout_s:
+        state = page.evaluate(_STATE_JS)
+        done = (state["charts"] >= want_charts and not state["running"]
+                and state["title"] == title)
+        if done or state["exceptions"]:
+            reached = time.monotonic() - t0
+            break
+        time.sleep(0.1)
+    time.sleep(settle_s)  # let the chart finish its draw before the capture
+    return page.screenshot(), page.evaluate(_STATE_JS), reached
+
+
 def browser(url: str, spec: SynthSpec, shots: Path) -> dict[str, Any]:
     """Server start to the first drawn page, then every page's first paint (navigation
     to the page drawn: its title, its charts, Streamlit idle), all in headless Chromium;
     target: the first page within 5 s of starting the server, each page within 2 s."""
-    if headless.find_chromium() is None:
-        return {"skipped": "no chromium on PATH"}
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return {"skipped": "no playwright (pip install -e '.[dev]')"}
+    if dashboard_server.find_chromium() is None:
+        return {"skipped": "no chromium (apt-get install chromium)"}
     res: dict[str, Any] = {}
-    with headless.chromium() as cdp:
+    with sync_playwright() as pw:
+        chromium = dashboard_server.launch(pw)
+        page = chromium.new_page(viewport={"width": 1400, "height": 1100})
         t0 = time.perf_counter()
-        with headless.serve(url) as server:
+        with dashboard_server.serve(url) as server:
             res["server_health_s"] = round(time.perf_counter() - t0, 2)
             for i, (name, params, title, charts) in enumerate(BROWSER_PAGES):
                 query = "&".join(f"{k}={v.replace(' ', '%20')}" for k, v in params.items())
-                cap = headless.capture(cdp, f"{server.base}/?{query}", want_charts=charts,
-                                       title=title, timeout_s=120)
+                png, state, seconds = capture(page, f"{server.base}/?{query}",
+                                              want_charts=charts, title=title, timeout_s=120)
                 if i == 0:
-                    res["start_to_first_page_s"] = round(res["server_health_s"] + cap.seconds, 2)
+                    res["start_to_first_page_s"] = round(res["server_health_s"] + seconds, 2)
                 path = shots / f"{name}.png"
-                path.write_bytes(cap.png)
-                res[name] = {"to_drawn_s": round(cap.seconds, 2), "state": cap.state,
+                path.write_bytes(png)
+                res[name] = {"to_drawn_s": round(seconds, 2), "state": state,
                              "screenshot": str(path)}
             rss, peak = server.rss_bytes()
             res["server_rss_mb"] = round(rss / 2**20, 1)
             res["server_peak_rss_mb"] = round(peak / 2**20, 1)
+        chromium.close()
     return res
 
 

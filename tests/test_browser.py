@@ -11,15 +11,15 @@ import shutil
 import time
 from pathlib import Path
 
+import dashboard_server
 import pytest
 import realdata
 
-from harness.dashboard import headless
-
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(headless.find_chromium() is None,
-                       reason="headless Chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(dashboard_server.find_chromium() is None,
+                       reason="no Chromium (apt-get install chromium, or "
+                              "python -m playwright install chromium)"),
 ]
 sync_api = pytest.importorskip("playwright.sync_api")
 
@@ -63,15 +63,14 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     shutil.rmtree(SHOTS, ignore_errors=True)  # no old screenshot mistaken for a new one
     url = realdata.build("history", tmp_path_factory.mktemp("browser"))
     realdata.with_submissions(url)
-    with headless.serve(url, timeout_s=120) as srv:
+    with dashboard_server.serve(url, timeout_s=120) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=headless.find_chromium(),
-                              args=["--no-sandbox", "--disable-gpu"])
+        b = dashboard_server.launch(p)
         yield b
         b.close()
 

@@ -11,15 +11,15 @@ import shutil
 import time
 from pathlib import Path
 
+import dashboard_server
 import pytest
 import walkdata
 
-from harness.dashboard import headless
-
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(headless.find_chromium() is None,
-                       reason="headless Chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(dashboard_server.find_chromium() is None,
+                       reason="no Chromium (apt-get install chromium, or "
+                              "python -m playwright install chromium)"),
 ]
 sync_api = pytest.importorskip("playwright.sync_api")
 
@@ -39,15 +39,14 @@ def walk(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         _, token = create_token(engine, "ana")
     finally:
         engine.dispose()
-    with headless.serve(url, timeout_s=120) as srv:
+    with dashboard_server.serve(url, timeout_s=120) as srv:
         yield srv, token
 
 
 @pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=headless.find_chromium(),
-                              args=["--no-sandbox", "--disable-gpu"])
+        b = dashboard_server.launch(p)
         yield b
         b.close()
 

@@ -338,7 +338,7 @@ def test_sigterm_stops_the_server(dbs: dict[str, str], tmp_path: Path) -> None:
     import time
     import urllib.request
 
-    from harness.dashboard.headless import free_port
+    from dashboard_server import free_port
 
     exe = shutil.which("fa-harness", path=str(Path(sys.executable).parent)) or shutil.which(
         "fa-harness")

@@ -108,9 +108,9 @@ def _put(port: int, session_id: str, size: int) -> int:
 
 
 def test_served_app_refuses_oversized_uploads_unread(db):
-    from harness.dashboard import headless
+    import dashboard_server
 
-    with headless.serve(db.url, timeout_s=180) as srv, _session(srv.port) as sid:
+    with dashboard_server.serve(db.url, timeout_s=180) as srv, _session(srv.port) as sid:
         before, _ = srv.rss_bytes()
         # a small file goes through: the request is the browser's, only its size differs
         assert _put(srv.port, sid, 1000) == 204
