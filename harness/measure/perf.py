@@ -28,10 +28,11 @@ from harness.core.candidate import Candidate
 from harness.core.cases import Case, Inputs
 from harness.core.results import CaseResult, Status, Timing
 
+# Defined beside the timing method, since the backward's timing (perf_bwd) needs it too;
+# the benches import it from here.
+from harness.measure.timing import timing_sets
+
 DECODE_MAX_SEQLEN_Q = 16
-# The backward's case function (harness.measure.perf_bwd), named so that this module
-# never imports that one (which uses this one).
-BWD_CASE_FN = "harness.measure.perf_bwd:check_then_time_backward"
 DEFAULT_CASE_TIMEOUT_S = 300.0
 
 
@@ -114,16 +115,6 @@ def make_launch(candidate: Candidate, case: Case, input_sets: Sequence[Inputs], 
     return lambda i: candidate.run(case, sets[i], *outs[i])
 
 
-def timing_sets(bytes_per_set: int, mode: str) -> int:
-    """Input sets to rotate on this GPU so that cold timing really is cold (its L2)."""
-    import torch
-
-    from harness.measure.timing import sets_needed
-
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return sets_needed(bytes_per_set, int(getattr(props, "L2_cache_size", 0)) or None, mode)
-
-
 def time_case(candidate: Candidate, case: Case, *, mode: str = "cold",
               n_sets: int | None = None, rule: dict | None = None, secret: int = 0,
               hold: bool = True, placements: bool = True) -> Timing:
@@ -204,20 +195,31 @@ def annotate(res: CaseResult, calibration: Any | None = None, gpu_key: str | Non
 
 def check_then_time(candidate: Candidate, case: Case, options: dict[str, Any]) -> CaseResult:
     """The isolated child's work per perf case: the correctness check, then (only when it
-    passed: timing a wrong answer would be meaningless) the timing method."""
-    from harness.core.check import check_case
+    passed: timing a wrong answer would be meaningless) the timing method. With
+    `options["pass"] == "bwd"` the same for the candidate's backward
+    (harness.measure.perf_bwd: the gradient check, then the backward alone timed)."""
     from harness.core.faults import is_cuda_fatal
 
-    res = check_case(candidate, case, device=options.get("device") or candidate.device,
-                     secret=int(options.get("secret", 0)),
-                     repeats=int(options.get("repeats", 1)))
+    check: Callable[..., CaseResult]
+    time_it: Callable[..., Timing]
+    if options.get("pass") == "bwd":
+        from harness.core.check_grad import check_backward_case
+        from harness.measure.perf_bwd import time_backward_case
+
+        check, time_it, what = check_backward_case, time_backward_case, "backward timing"
+    else:
+        from harness.core.check import check_case
+
+        check, time_it, what = check_case, time_case, "timing"
+    res = check(candidate, case, device=options.get("device") or candidate.device,
+                secret=int(options.get("secret", 0)), repeats=int(options.get("repeats", 1)))
     if res.status is not Status.PASSED:
         return res
     try:
-        res.timing = time_case(candidate, case, **(options.get("timing") or {}))
+        res.timing = time_it(candidate, case, **(options.get("timing") or {}))
     except Exception as e:
         res.status = Status.CRASHED if is_cuda_fatal(str(e)) else Status.ERROR
-        res.message = f"timing failed after a passing check: {type(e).__name__}: {e}"
+        res.message = f"{what} failed after a passing check: {type(e).__name__}: {e}"
     return res
 
 
@@ -238,8 +240,9 @@ def _isolation_options(candidate: Candidate, mode: str, timing: dict[str, Any],
     from pathlib import Path
 
     options: dict[str, Any] = {"device": "cuda", "timing": dict(timing, mode=mode),
-                               "case_fn": (BWD_CASE_FN if backward else
-                                           "harness.measure.perf:check_then_time")}
+                               "case_fn": "harness.measure.perf:check_then_time"}
+    if backward:
+        options["pass"] = "bwd"
     if candidate.meta.get("factory"):
         options["factory"] = candidate.meta["factory"]
     manifest = candidate.meta.get("manifest_path")

@@ -4,7 +4,8 @@ forward (harness.measure.perf), one entry per (candidate, case) with `extra["pas
 
 Per case the isolated child first judges the backward (harness.core.check_grad: the
 gradient oracle, harness-owned dQ/dK/dV buffers, inputs unmodified), and only when it
-passed times it with the timing method. The timed call is the backward alone:
+passed times it with the timing method (`time_backward_case`): the forward's
+`harness.measure.perf.check_then_time` with its `pass` option "bwd". The timed call is the backward alone:
 - a CUDA variant's `[backward]` launches, into plain dQ/dK/dV tensors;
 - a Python candidate's or peer's `backward_timed_call` (for the autograd-based ones the
   forward runs in its preparation, outside the timed region).
@@ -17,11 +18,9 @@ forward's for a dense case), bytes the backward's IO model (harness.core.iomodel
 
 from __future__ import annotations
 
-from typing import Any
-
 from harness.core.candidate import Candidate
 from harness.core.cases import Case, GradInputs
-from harness.core.results import CaseResult, Status, Timing
+from harness.core.results import Timing
 
 
 def timing_grad_inputs(case: Case, candidate: Candidate, *, secret: int = 0,
@@ -68,31 +67,10 @@ def time_backward_case(candidate: Candidate, case: Case, *, mode: str = "cold",
                        hold: bool = True) -> Timing:
     """Time `candidate`'s backward on `case` with the timing method."""
     from harness.core.iomodel_bwd import ideal_bytes_bwd
-    from harness.measure.perf import timing_sets
-    from harness.measure.timing import StopRule, measure
+    from harness.measure.timing import StopRule, measure, timing_sets
 
     n = n_sets or timing_sets(ideal_bytes_bwd(case), mode)
     sets = [timing_grad_inputs(case, candidate, secret=secret, draw=i) for i in range(n)]
     launch = make_backward_launch(candidate, case, sets)
     stop = StopRule(**rule) if rule else None
     return measure(launch, n_sets=n, mode=mode, rule=stop, hold=hold)
-
-
-def check_then_time_backward(candidate: Candidate, case: Case, options: dict[str, Any]
-                             ) -> CaseResult:
-    """The isolated child's work per backward perf case: the backward's check, then (only
-    when it passed) its timing."""
-    from harness.core.check_grad import check_backward_case
-    from harness.core.faults import is_cuda_fatal
-
-    res = check_backward_case(candidate, case, device=options.get("device") or candidate.device,
-                              secret=int(options.get("secret", 0)),
-                              repeats=int(options.get("repeats", 1)))
-    if res.status is not Status.PASSED:
-        return res
-    try:
-        res.timing = time_backward_case(candidate, case, **(options.get("timing") or {}))
-    except Exception as e:
-        res.status = Status.CRASHED if is_cuda_fatal(str(e)) else Status.ERROR
-        res.message = f"backward timing failed after a passing check: {type(e).__name__}: {e}"
-    return res

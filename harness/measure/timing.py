@@ -104,7 +104,7 @@ __all__ = [
     "sample_until_stable",
     "sets_needed",
     "to_timing",
-    "DeviceTimer", "measure", "time_callable", "warm_up",
+    "DeviceTimer", "measure", "time_callable", "timing_sets", "warm_up",
 ]
 
 # ---------------------------------------------------------------- GPU side (lazy imports)
@@ -284,6 +284,14 @@ class DeviceTimer:
                  else "no flush (warm)")
         return (f"cuda-events; {mode}; {flush}; {self.hold_note}; sets={n_sets}; "
                 f"noise={NOISE_MEASURE}; {self.clock_note}; stop: {stop_reason}")
+
+
+def timing_sets(bytes_per_set: int, mode: str) -> int:
+    """Input sets to rotate on this GPU so that cold timing really is cold (its L2)."""
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return sets_needed(bytes_per_set, int(getattr(props, "L2_cache_size", 0)) or None, mode)
 
 
 def warm_up(launch: Callable[[int], Any], n_sets: int = 1, *, min_count: int = 3,

@@ -117,12 +117,9 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
                               "gpu_budget_s": options.gpu_budget_s}
     started = time.monotonic()
 
-    def spent() -> float:
-        detail["gpu_s"] = round(time.monotonic() - started, 1)
-        return detail["gpu_s"]
-
     def over_budget() -> bool:
-        return options.gpu_budget_s is not None and spent() >= options.gpu_budget_s
+        detail["gpu_s"] = round(time.monotonic() - started, 1)  # the GPU seconds used so far
+        return options.gpu_budget_s is not None and detail["gpu_s"] >= options.gpu_budget_s
 
     # 1. correctness: the per-candidate full grid, each case repeated and compared bitwise
     # (race check), the oracle kept off the device.
@@ -138,26 +135,12 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
     if report is not None:
         return _diagnosed(report, sanitizer, progress) if report.verdict == "crashed" \
             else report
-    failing: list[dict[str, Any]] = []  # the timing stage's findings
 
     # 2. compute-sanitizer on a few small cases, before anything is timed.
     if sanitizer is not None:
-        progress("sanitize", "")
-        rep = sanitizer()
-        detail["sanitizer"] = rep.to_dict()
-        if rep.finding is not None:
-            return ScoreReport("incorrect", rep.finding.summary, detail=detail,
-                               failing_cases=[{"case": "compute-sanitizer", "status": "failed",
-                                               "message": rep.finding.summary}])
-        if rep.unchecked is not None:
-            # Not a finding, but not a clean bill either: scoring it would let a kernel
-            # that is slow under the tool skip the check.
-            t = rep.unchecked
-            msg = (f"compute-sanitizer {t.tool} could not check the submission "
-                   f"({t.summary or t.status}); it is not scored unchecked")
-            return ScoreReport("incorrect", msg, detail=detail,
-                               failing_cases=[{"case": "compute-sanitizer", "status": "failed",
-                                               "message": msg}])
+        report = sanitized(sanitizer, progress, detail, backward=False)
+        if report is not None:
+            return report
 
     # 3. speed
     if baseline is None:
@@ -167,56 +150,109 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
     perf_cases = options.perf_cases or get_grid(options.perf_grid)
     if options.max_perf_cases is not None:
         perf_cases = perf_cases[:options.max_perf_cases]
-    timer = timer or make_timer(device)
+    return time_pass(candidate, baseline, perf_cases, options, secret=secret,
+                     timer=timer or make_timer(device), progress=progress, detail=detail,
+                     over_budget=over_budget, backward=False, variant_path=variant_path)
+
+
+# --------------------------------------------------- stages shared with the backward
+
+
+def sanitized(sanitizer: Callable[[], Any], progress: Progress, detail: dict[str, Any], *,
+              backward: bool) -> ScoreReport | None:
+    """Stage 2 (the forward's here, the backward's in harness.submissions.scoring_bwd):
+    None when clean or the tool is missing, else the `incorrect` that ends scoring."""
+    progress("sanitize", "backward" if backward else "")
+    rep = sanitizer()
+    detail["sanitizer"] = rep.to_dict()
+    bad = rep.finding or rep.unchecked
+    if bad is None:
+        return None
+    # Not a finding, but not a clean bill either: scoring it unchecked would let a kernel
+    # that is slow under the tool skip the check.
+    msg = (bad.summary if rep.finding is not None else
+           f"compute-sanitizer {bad.tool} could not check the "
+           f"{'backward' if backward else 'submission'} ({bad.summary or bad.status}); it "
+           f"is not scored unchecked")
+    return ScoreReport("incorrect", f"backward: {msg}" if backward else msg, detail=detail,
+                       failing_cases=[{"case": "compute-sanitizer", "status": "failed",
+                                       "message": msg}])
+
+
+def _unsupported(cand: Candidate, case: Any, backward: bool) -> str | None:
+    if backward and not cand.support.backward:
+        return f"{cand.name} declares no backward"
+    return cand.supports(case) or (cand.supports_backward(case) if backward else None)
+
+
+def time_pass(candidate: Candidate, baseline: Candidate, perf_cases: list[Any],
+              options: ScoringOptions, *, secret: int, timer: CallTimer, progress: Progress,
+              detail: dict[str, Any], over_budget: Callable[[], bool], backward: bool,
+              variant_path: str | None = None) -> ScoreReport:
+    """Stage 3 of a pass: the submission and the baseline timed case by case by the same
+    checked routine (`timed_calls`, or `timed_backward_calls` for the backward), judged
+    against the physical floor, cut short when far slower or over budget, and scored.
+    The forward and the backward differ only in what is timed and in words; the Nsight
+    Compute re-check of a suspicious case reads the forward's bytes, so it is the
+    forward's alone."""
+    from harness.submissions.timed_bwd import timed_backward_calls
+
+    timed = timed_backward_calls if backward else timed_calls
+    grid = "perf-bwd" if backward else "perf"
+    whose = f"{baseline.name}'s backward" if backward else baseline.name
+    device = options.device
     detail["timing_method"] = timer.method()
+    gpu = device_name(device)
     per_case: list[dict[str, Any]] = []
     unsupported: list[str] = []
     speedups: list[float] = []
     suspicious: list[dict[str, Any]] = []
-    gpu = device_name(device)
     cut: str | None = None
     for case in perf_cases:
-        reason = candidate.supports(case) or baseline.supports(case)
+        reason = (_unsupported(candidate, case, backward)
+                  or _unsupported(baseline, case, backward))
         if reason:
             unsupported.append(f"{case.id}: {reason}")
             continue
         if over_budget():
             cut = f"the job's GPU budget of {options.gpu_budget_s:g} s was reached"
             break
-        fl = floors(case, options, gpu)
-        progress("perf-baseline", case.id)
+        fl = floors(case, options, gpu, backward=backward)
+        progress(f"{grid}-baseline", case.id)
         try:
-            base_t = timed_calls(baseline, case, secret=secret, timer=timer, options=options,
-                                 device=device)
+            base_t = timed(baseline, case, secret=secret, timer=timer, options=options,
+                           device=device)
         except CheatDetected as e:  # the runner's fault, not the submission's
-            return ScoreReport("crashed", f"baseline {baseline.name} failed its own checks: "
-                               f"{e}", detail=detail, status="error")
-        progress("perf", case.id)
+            return ScoreReport("crashed", f"baseline {whose} failed its own checks: {e}",
+                               detail=detail, status="error")
+        progress(grid, case.id)
         limit = (base_t.median_ms * options.slow_cut_factor
                  if base_t.median_ms and options.slow_cut_factor else None)
         try:
-            sub_t = timed_calls(candidate, case, secret=secret, timer=timer, options=options,
-                                device=device, cut_above_ms=limit)
+            sub_t = timed(candidate, case, secret=secret, timer=timer, options=options,
+                          device=device, cut_above_ms=limit)
         except CheatDetected as e:
-            failing.append({"case": case.id, "status": "failed", "message": str(e)[:2000]})
-            return ScoreReport("incorrect", str(e), failing_cases=failing, detail=detail)
-        entry = {"case": case.id, "floors": fl.to_dict(),
-                 "baseline_median_ms": base_t.median_ms,
-                 "median_ms": sub_t.median_ms, "min_ms": sub_t.min_ms,
-                 "rel_noise": sub_t.rel_noise, "samples": len(sub_t.samples_ms),
-                 "checked_calls": sub_t.checked_calls}
+            detail["perf"] = per_case
+            return ScoreReport("incorrect", str(e), detail=detail, failing_cases=[
+                {"case": case.id, "status": "failed", "message": str(e)[:2000]}])
+        entry: dict[str, Any] = {
+            "case": case.id, "floors": fl.to_dict(), "baseline_median_ms": base_t.median_ms,
+            "median_ms": sub_t.median_ms, "min_ms": sub_t.min_ms,
+            "rel_noise": sub_t.rel_noise, "samples": len(sub_t.samples_ms),
+            "checked_calls": sub_t.checked_calls}
         per_case.append(entry)
-        if not sub_t.samples_ms or not base_t.samples_ms:
+        if not sub_t.samples_ms or not base_t.samples_ms or not sub_t.median_ms:
+            detail["perf"] = per_case
             return ScoreReport("invalid", f"{case.id}: no valid timing sample", detail=detail)
         fv = judge(sub_t.min_ms, fl, options.floor_slack) if sub_t.min_ms is not None else None
         if fv is not None and fv.verdict == "invalid":
             detail["perf"] = per_case
-            failing.append({"case": case.id, "status": "invalid", "message": fv.message})
-            return ScoreReport("invalid", f"{case.id}: {fv.message}", failing_cases=failing,
-                               detail=detail)
+            return ScoreReport("invalid", f"{case.id}: {fv.message}", detail=detail,
+                               failing_cases=[{"case": case.id, "status": "invalid",
+                                               "message": fv.message}])
         if fv is not None and fv.verdict == "suspicious":
             mark: dict[str, Any] = {"case": case.id, "message": fv.message}
-            if options.ncu_recheck and variant_path is not None:
+            if options.ncu_recheck and variant_path is not None and not backward:
                 spec = datasheet(options, gpu)
                 mark["ncu"] = ncu_recheck(candidate, case, variant_path,
                                           spec.l2_bytes if spec else 0)
@@ -225,38 +261,38 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
                     msg = (f"{case.id}: Nsight Compute measured {mark['ncu']['read_bytes']} "
                            f"DRAM bytes read, fewer than the {mark['ncu']['need_read_bytes']} "
                            f"its inputs need beyond L2 ({fv.message})")
-                    failing.append({"case": case.id, "status": "invalid", "message": msg})
-                    return ScoreReport("invalid", msg, failing_cases=failing, detail=detail)
+                    return ScoreReport("invalid", msg, detail=detail, failing_cases=[
+                        {"case": case.id, "status": "invalid", "message": msg}])
             entry["suspicious"] = True
             suspicious.append(mark)
-        speedup = base_t.median_ms / sub_t.median_ms
+        speedup = float(base_t.median_ms or 0.0) / sub_t.median_ms
         entry["speedup"] = speedup
         speedups.append(speedup)
         if limit is not None and sub_t.median_ms > limit:
-            cut = (f"{1 / speedup:.0f}x slower than {baseline.name} on {case.id}, over the "
+            cut = (f"{1 / speedup:.0f}x slower than {whose} on {case.id}, over the "
                    f"{options.slow_cut_factor:g}x cut")
             break
-    spent()
-    detail["perf"] = per_case
-    detail["coverage"] = {"timed": len(speedups), "of": len(perf_cases),
-                          "unsupported": unsupported}
-    detail["floor_gpu"] = gpu
+    over_budget()  # the GPU seconds used, up to date
+    detail.update(perf=per_case, floor_gpu=gpu,
+                  coverage={"timed": len(speedups), "of": len(perf_cases),
+                            "unsupported": unsupported})
     if suspicious:
         detail["suspicious"] = suspicious
     if cut is not None:
         detail["cut_short"] = cut
-    if not speedups:
-        return ScoreReport("incorrect", "no perf case could be timed (the submission or the "
-                           f"baseline {baseline.name} supports none)", detail=detail)
+    if not speedups or any(s <= 0 for s in speedups):
+        who = "the backward" if backward else "the submission"
+        base = f"{baseline.name}'s" if backward else baseline.name
+        return ScoreReport("incorrect", f"no {grid} case could be timed ({who} or the "
+                           f"baseline {base} supports none)", detail=detail)
     score = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
     marked = (f"; suspicious: {len(suspicious)} case(s) faster than this runner's measured "
               f"ceilings (first {suspicious[0]['case']})" if suspicious else "")
     if cut is not None:
         marked += f"; timing cut short ({cut}): scored from the cases measured"
-    return ScoreReport("scored", f"geometric mean speedup {score:.3f}x over {baseline.name} "
-                       f"on {len(speedups)}/{len(perf_cases)} perf cases{marked}", score=score,
-                       detail=detail)
-
+    return ScoreReport("scored", f"{'backward: ' if backward else ''}geometric mean speedup "
+                       f"{score:.3f}x over {whose} on {len(speedups)}/{len(perf_cases)} "
+                       f"{grid} cases{marked}", score=score, detail=detail)
 
 
 def check_cases(cases: list[Any], check: Callable[[Any], CaseResult], *,

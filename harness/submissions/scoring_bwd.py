@@ -37,30 +37,23 @@ The same bounds as the forward, counted afresh for the backward: `slow_cut_facto
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 from harness.core.candidate import Candidate
 from harness.submissions.diagnostics import strip_paths
-from harness.submissions.floor import device_name, floors, judge
 from harness.submissions.scoring import (
     Progress,
     ScoreReport,
     _diagnosed,
     check_cases,
     context_usable,
+    sanitized,
     score_candidate,
+    time_pass,
 )
-from harness.submissions.timed import (
-    CASE_LISTS,
-    CallTimer,
-    CheatDetected,
-    ScoringOptions,
-    make_timer,
-)
-from harness.submissions.timed_bwd import timed_backward_calls
+from harness.submissions.timed import CASE_LISTS, CallTimer, ScoringOptions, make_timer
 
 
 def score_passes(candidate: Candidate, options: ScoringOptions, *, secret: int,
@@ -122,24 +115,6 @@ def backward_sanitizer(candidate: Candidate, options: ScoringOptions,
     return run
 
 
-def _sanitized(sanitizer: Callable[[], Any], progress: Progress,
-               detail: dict[str, Any]) -> ScoreReport | None:
-    """Stage 2 of the module doc: None when clean (or the tool is missing), else the
-    verdict that ends scoring."""
-    progress("sanitize", "backward")
-    rep = sanitizer()
-    detail["sanitizer"] = rep.to_dict()
-    bad = rep.finding or rep.unchecked
-    if bad is None:
-        return None
-    msg = (bad.summary if rep.finding is not None else
-           f"compute-sanitizer {bad.tool} could not check the backward "
-           f"({bad.summary or bad.status}); it is not scored unchecked")
-    return ScoreReport("incorrect", f"backward: {msg}", detail=detail,
-                       failing_cases=[{"case": "compute-sanitizer", "status": "failed",
-                                       "message": msg}])
-
-
 def _public(report: ScoreReport) -> None:
     """The backward's messages as the submitter sees them: no folder of this machine (a
     raised exception's message and frame name the harness's files)."""
@@ -182,7 +157,7 @@ def score_backward(candidate: Candidate, options: ScoringOptions, *, secret: int
         return _diagnosed(report, sanitizer, progress) if report.verdict == "crashed" \
             else report
     if sanitizer is not None:
-        report = _sanitized(sanitizer, progress, detail)
+        report = sanitized(sanitizer, progress, detail, backward=True)
         if report is not None:
             return report
 
@@ -193,97 +168,6 @@ def score_backward(candidate: Candidate, options: ScoringOptions, *, secret: int
     perf_cases = options.perf_bwd_cases or get_grid(options.perf_bwd_grid)
     if options.max_perf_cases is not None:
         perf_cases = perf_cases[:options.max_perf_cases]
-    return _time_backward(candidate, baseline, perf_cases, options, secret=secret,
-                          timer=timer or make_timer(device), progress=progress,
-                          detail=detail, over_budget=over_budget)
-
-
-def _unsupported(cand: Candidate, case: Any) -> str | None:
-    if not cand.support.backward:
-        return f"{cand.name} declares no backward"
-    return cand.supports(case) or cand.supports_backward(case)
-
-
-def _time_backward(candidate: Candidate, baseline: Candidate, perf_cases: list[Any],
-                   options: ScoringOptions, *, secret: int, timer: CallTimer,
-                   progress: Progress, detail: dict[str, Any],
-                   over_budget: Callable[[], bool]) -> ScoreReport:
-    """Stage 2 and 3 of the module doc."""
-    device = options.device
-    detail["timing_method"] = timer.method()
-    gpu = device_name(device)
-    per_case: list[dict[str, Any]] = []
-    unsupported: list[str] = []
-    speedups: list[float] = []
-    suspicious: list[dict[str, Any]] = []
-    cut: str | None = None
-    for case in perf_cases:
-        reason = _unsupported(candidate, case) or _unsupported(baseline, case)
-        if reason:
-            unsupported.append(f"{case.id}: {reason}")
-            continue
-        if over_budget():
-            cut = f"the job's GPU budget of {options.gpu_budget_s:g} s was reached"
-            break
-        fl = floors(case, options, gpu, backward=True)
-        progress("perf-bwd-baseline", case.id)
-        try:
-            base_t = timed_backward_calls(baseline, case, secret=secret, timer=timer,
-                                          options=options, device=device)
-        except CheatDetected as e:  # the runner's fault, not the submission's
-            return ScoreReport("crashed", f"baseline {baseline.name}'s backward failed its "
-                               f"own checks: {e}", detail=detail, status="error")
-        progress("perf-bwd", case.id)
-        limit = (base_t.median_ms * options.slow_cut_factor
-                 if base_t.median_ms and options.slow_cut_factor else None)
-        try:
-            sub_t = timed_backward_calls(candidate, case, secret=secret, timer=timer,
-                                         options=options, device=device, cut_above_ms=limit)
-        except CheatDetected as e:
-            detail["perf"] = per_case
-            return ScoreReport("incorrect", str(e), detail=detail, failing_cases=[
-                {"case": case.id, "status": "failed", "message": str(e)[:2000]}])
-        entry: dict[str, Any] = {
-            "case": case.id, "floors": fl.to_dict(), "baseline_median_ms": base_t.median_ms,
-            "median_ms": sub_t.median_ms, "min_ms": sub_t.min_ms,
-            "rel_noise": sub_t.rel_noise, "samples": len(sub_t.samples_ms),
-            "checked_calls": sub_t.checked_calls}
-        per_case.append(entry)
-        if not sub_t.samples_ms or not base_t.samples_ms or not sub_t.median_ms:
-            detail["perf"] = per_case
-            return ScoreReport("invalid", f"{case.id}: no valid timing sample", detail=detail)
-        fv = judge(sub_t.min_ms, fl, options.floor_slack) if sub_t.min_ms is not None else None
-        if fv is not None and fv.verdict == "invalid":
-            detail["perf"] = per_case
-            return ScoreReport("invalid", f"{case.id}: {fv.message}", detail=detail,
-                               failing_cases=[{"case": case.id, "status": "invalid",
-                                               "message": fv.message}])
-        if fv is not None and fv.verdict == "suspicious":
-            entry["suspicious"] = True
-            suspicious.append({"case": case.id, "message": fv.message})
-        speedup = float(base_t.median_ms or 0.0) / sub_t.median_ms
-        entry["speedup"] = speedup
-        speedups.append(speedup)
-        if limit is not None and sub_t.median_ms > limit:
-            cut = (f"{1 / speedup:.0f}x slower than {baseline.name}'s backward on {case.id}, "
-                   f"over the {options.slow_cut_factor:g}x cut")
-            break
-    over_budget()  # the GPU seconds used, up to date
-    detail.update(perf=per_case, floor_gpu=gpu,
-                  coverage={"timed": len(speedups), "of": len(perf_cases),
-                            "unsupported": unsupported})
-    if suspicious:
-        detail["suspicious"] = suspicious
-    if cut is not None:
-        detail["cut_short"] = cut
-    if not speedups or any(s <= 0 for s in speedups):
-        return ScoreReport("incorrect", "no perf-bwd case could be timed (the backward or "
-                           f"the baseline {baseline.name}'s supports none)", detail=detail)
-    score = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-    marked = (f"; suspicious: {len(suspicious)} case(s) faster than this runner's measured "
-              f"ceilings (first {suspicious[0]['case']})" if suspicious else "")
-    if cut is not None:
-        marked += f"; timing cut short ({cut}): scored from the cases measured"
-    return ScoreReport("scored", f"backward: geometric mean speedup {score:.3f}x over "
-                       f"{baseline.name}'s backward on {len(speedups)}/{len(perf_cases)} "
-                       f"perf-bwd cases{marked}", score=score, detail=detail)
+    return time_pass(candidate, baseline, perf_cases, options, secret=secret,
+                     timer=timer or make_timer(device), progress=progress, detail=detail,
+                     over_budget=over_budget, backward=True)

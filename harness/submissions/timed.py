@@ -262,21 +262,9 @@ def timed_calls(candidate: Candidate, case: Case, *, secret: int, timer: CallTim
             lambda: candidate.run(case, inputs, bufs.out, bufs.lse),
             lambda: count_poison(bufs.out, bufs.lse))
         calls["n"] += 1
-        n_unwritten = int(unwritten)
         where = f"timed call {calls['n']} on {case.id}"
-        if n_unwritten:
-            raise CheatDetected(
-                f"{where}: {n_unwritten} output element(s) still poisoned when the check "
-                f"queued right after the kernel on its stream ran (output written late, on "
-                f"another stream, or not at all)")
-        # The whole output (not only the sampled rows) must be finite: cheap, and a NaN
-        # or Inf hidden in a row the sample skips is caught on every call.
-        nonfinite = int((~torch.isfinite(bufs.out)).sum())
-        problems = [p for p in (bufs.check_guards(), snapshot.changed(inputs)) if p]
-        if nonfinite:
-            problems.append(f"{nonfinite} non-finite element(s) in the output")
-        if problems:
-            raise CheatDetected(f"{where}: " + "; ".join(problems))
+        check_call(where, unwritten, (bufs.out,), bufs, snapshot, inputs,
+                   what="output", named="the output")
         rows = pick_rows(case, inputs, gen, options.sampled_rows)
         msg = check_rows(case, inputs, bufs, candidate, rows)
         if msg:
@@ -285,6 +273,27 @@ def timed_calls(candidate: Candidate, case: Case, *, secret: int, timer: CallTim
 
     return sample_checked(one_call, timer=timer, options=options, cut_above_ms=cut_above_ms,
                           calls=calls)
+
+
+def check_call(where: str, unwritten: Any, written: tuple[torch.Tensor, ...], bufs: Any,
+               snapshot: InputSnapshot, inputs: Any, *, what: str, named: str) -> None:
+    """The checks of one timed call short of the oracle, the forward's and the backward's
+    alike: `unwritten` (the same-stream poison count) is zero, the guard zones and the
+    inputs are untouched, every element of `written` is finite. Raises CheatDetected."""
+    n_unwritten = int(unwritten)
+    if n_unwritten:
+        raise CheatDetected(
+            f"{where}: {n_unwritten} {what} element(s) still poisoned when the check "
+            f"queued right after the kernel on its stream ran (written late, on another "
+            f"stream, or not at all)")
+    # Every element finite (not only the sampled rows): cheap, and a NaN or Inf hidden in
+    # a row the sample skips is caught on every call.
+    nonfinite = sum(int((~torch.isfinite(t)).sum()) for t in written)
+    problems = [p for p in (bufs.check_guards(), snapshot.changed(inputs)) if p]
+    if nonfinite:
+        problems.append(f"{nonfinite} non-finite element(s) in {named}")
+    if problems:
+        raise CheatDetected(f"{where}: " + "; ".join(problems))
 
 
 def sample_checked(one_call: Callable[[int], tuple[float, bool, float | None]], *,

@@ -37,6 +37,7 @@ from harness.submissions.timed import (
     CheatDetected,
     ScoringOptions,
     TimedCase,
+    check_call,
     count_poison,
     pick_rows,
     sample_checked,
@@ -113,21 +114,9 @@ def timed_backward_calls(candidate: Candidate, case: Case, *, secret: int, timer
             torch.cuda.synchronize()  # inputs and poison in place before the timed region
         ms, unwritten, valid, clock = timer.sample(run, check)
         calls["n"] += 1
-        n_unwritten = int(unwritten)
         where = f"timed backward call {calls['n']} on {case.id}"
-        if n_unwritten:
-            raise CheatDetected(
-                f"{where}: {n_unwritten} gradient element(s) still poisoned when the check "
-                f"queued right after the kernel on its stream ran (written late, on another "
-                f"stream, or not at all)")
-        # Every gradient element finite, not only the sampled ones: cheap, and a NaN in a
-        # row or key the sample skips is caught on every call.
-        nonfinite = sum(int((~torch.isfinite(g)).sum()) for g in bufs.grads)
-        problems = [p for p in (bufs.check_guards(), snapshot.changed(inputs)) if p]
-        if nonfinite:
-            problems.append(f"{nonfinite} non-finite element(s) in dQ, dK, dV")
-        if problems:
-            raise CheatDetected(f"{where}: " + "; ".join(problems))
+        check_call(where, unwritten, bufs.grads, bufs, snapshot, inputs, what="gradient",
+                   named="dQ, dK, dV")
         rows = pick_rows(case, inputs, gen, options.sampled_rows)
         keys = pick_keys(case, inputs, gen, options.sampled_rows)
         assert inputs.dout is not None and inputs.out is not None and inputs.lse is not None
