@@ -1,7 +1,10 @@
 """pytest plugin (entry point `fa_harness`): options and parametrization for the suites.
 
 Options:
-  --fa-grid NAME      case grid of the suites (smoke | full | perf | decode; default smoke)
+  --fa-grid NAME      case grid of the suites (smoke | full | perf | decode | perf-bwd |
+                      serving | mods; default smoke), resolved as `fa-harness run` and
+                      `ci` resolve it (harness.runs.grid_cases): the full grid per
+                      candidate, perf-bwd through the candidates' backward
   --fa-kernels NAMES  comma-separated candidate names or globs (default: every candidate
                       available on this machine; naming one that is not available makes its
                       tests skip with the reason)
@@ -33,12 +36,17 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from harness.runs.grid_cases import GridCases
 
 _RESULTS_KEY = pytest.StashKey[list]()
 _PLAN_KEY = pytest.StashKey[dict]()
 _BATCH_KEY = pytest.StashKey[dict]()
+_GRIDS_KEY = pytest.StashKey[dict]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -128,25 +136,32 @@ def selected_candidates(config: pytest.Config) -> list:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not {"fa_candidate_name", "fa_case"} <= set(metafunc.fixturenames):
         return
-    from harness.core.grids import cases_for, get_grid
-
-    marker = metafunc.definition.get_closest_marker("fa_grid")
-    grid = marker.args[0] if marker else metafunc.config.getoption("--fa-grid")
-    try:
-        cases = get_grid(grid)
-    except ValueError as e:
-        raise pytest.UsageError(f"--fa-grid: {e}") from None
+    grid = _grid(metafunc.config, _grid_name(metafunc.definition))
     candidates = selected_candidates(metafunc.config)
     _share_cores()
-    if grid == "full":
-        # The full grid is generated per candidate from what it declares.
-        pairs = [(c, case) for c in candidates for case in cases_for(grid, c)]
-    else:
-        pairs = [(c, case) for case in cases for c in candidates]
     params = [pytest.param(c.name, case, id=f"{c.name}-{case.id}",
                            marks=pytest.mark.xdist_group(case.id))
-              for c, case in pairs]
+              for c, case in grid.pairs(candidates)]
     metafunc.parametrize(("fa_candidate_name", "fa_case"), params)
+
+
+def _grid_name(node: pytest.Item) -> str:
+    marker = node.get_closest_marker("fa_grid")
+    return marker.args[0] if marker else node.config.getoption("--fa-grid")
+
+
+def _grid(config: pytest.Config, name: str) -> GridCases:
+    """Grid `name` resolved as `fa-harness run` and `ci` resolve it (harness.runs.grid_cases),
+    once per session."""
+    from harness.runs.grid_cases import resolve_grid
+
+    grids = config.stash.setdefault(_GRIDS_KEY, {})
+    if name not in grids:
+        try:
+            grids[name] = resolve_grid(name)
+        except ValueError as e:
+            raise pytest.UsageError(f"--fa-grid: {e}") from None
+    return grids[name]
 
 
 @pytest.fixture
@@ -193,8 +208,10 @@ def fa_check(request: pytest.FixtureRequest):
     def check(candidate, case):
         from harness.execution.runner import run_correctness
 
+        # A grid run through the backward (perf-bwd) is checked through it here too.
         opts = {"secret": config.getoption("--fa-secret"),
-                "repeats": config.getoption("--fa-repeats")}
+                "repeats": config.getoption("--fa-repeats"),
+                "backward": _grid(config, _grid_name(request.node)).backward}
         batch = config.stash.get(_BATCH_KEY, {})
         if candidate.isolate:
             if (candidate.name, case) not in batch:
@@ -242,7 +259,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     from harness.records.db.store import DatabaseError, open_db, store_record
     from harness.records.record import RunRecord, spool
-    from harness.records.run_meta import gpu_meta
+    from harness.runs.run_meta import gpu_meta
 
     grid = session.config.getoption("--fa-grid")
     rec = RunRecord.from_results(results, {

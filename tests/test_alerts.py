@@ -107,7 +107,7 @@ def test_the_gate_lists_open_alerts_and_a_yardsticks_never_fails_it(walk: str,
     from sqlalchemy import create_engine
 
     from harness.dashboard import alerts as board
-    from harness.records.gate import GateOptions, finish
+    from harness.runs.gate import GateOptions, finish
 
     opts = GateOptions(db_url=walk, spool_dir=tmp_path / "spool")
     quiet = lambda _line: None  # noqa: E731
@@ -156,8 +156,8 @@ def test_the_life_of_an_alert_through_the_gate(db_url: str, tmp_path: Path) -> N
     yardstick's slowdown undone by the next commit is withdrawn and never failed the
     gate; a run synced twice changes nothing."""
     from harness.records.alerts import sync_alerts
-    from harness.records.gate import GateOptions, finish
     from harness.records.synthetic import make_record, specs_for
+    from harness.runs.gate import GateOptions, finish
 
     opts = GateOptions(db_url=db_url, spool_dir=tmp_path / "spool")
     commits = [f"{i:x}" * 40 for i in range(1, 7)]

@@ -21,7 +21,7 @@ from harness.core.candidate import Support
 from harness.core.cases import Case, MaskKind
 from harness.core.check_grad import check_backward_case
 from harness.core.results import Status
-from harness.records import gate_run
+from harness.runs import gate_run
 
 CASE = Case(1, 2, 2, 33, 47, 32, "float16", MaskKind.NONE)
 TINY = [Case(1, 2, 2, 17, 33, 16, "float16", MaskKind.CAUSAL_BR),

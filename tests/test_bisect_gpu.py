@@ -14,7 +14,7 @@ import torch
 from benchscripts import load
 
 from harness.candidates.discovery import KERNELS_ROOT
-from harness.records.bisect_run import BisectRequest, run_bisect
+from harness.runs.bisect_run import BisectRequest, run_bisect
 
 pytestmark = [pytest.mark.gpu, pytest.mark.exclusive]
 if not torch.cuda.is_available():

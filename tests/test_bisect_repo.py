@@ -16,8 +16,8 @@ import pytest
 
 from harness.candidates.discovery import KERNELS_ROOT
 from harness.cli import main as cli_main
-from harness.records.bisect_measure import BACKFILL_GRID, WorktreeMeasure
-from harness.records.bisect_run import BisectRequest, BisectUsageError, prepare, run_bisect
+from harness.runs.bisect_measure import BACKFILL_GRID, WorktreeMeasure
+from harness.runs.bisect_run import BisectRequest, BisectUsageError, prepare, run_bisect
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -215,7 +215,7 @@ def test_the_child_discovers_the_worktrees_kernels_and_says_why_it_cannot_time(t
     with worktree(repo, commits[2]) as tree:
         def child(kernel: str) -> subprocess.CompletedProcess:
             return subprocess.run(
-                [sys.executable, "-P", "-m", "harness.records.bisect_measure", "--kernel",
+                [sys.executable, "-P", "-m", "harness.runs.bisect_measure", "--kernel",
                  kernel, "--cases", case_ids(1)[0], "--commit", commits[2],
                  "--out", str(tree / "r.json")], cwd=tree, capture_output=True, text=True,
                 timeout=300)
@@ -320,9 +320,9 @@ def test_ci_bisect_bisects_the_ranged_alert_the_run_opened(team_repo, no_gpu_nee
     from types import SimpleNamespace
 
     from harness.records.alerts import get_alert
-    from harness.records.bisect_run import bisect_after_gate
     from harness.records.db.models import AlertRow
     from harness.records.db.store import get_run, open_db
+    from harness.runs.bisect_run import bisect_after_gate
 
     repo, commits = team_repo
     url = str(tmp_path / "r.sqlite")

@@ -96,7 +96,7 @@ def kind(case_id: str) -> tuple[str, bool]:
 
 
 def test_decode_bound_is_the_planners() -> None:
-    from harness.records.plan_order import DECODE_MAX_SEQLEN_Q
+    from harness.runs.plan_order import DECODE_MAX_SEQLEN_Q
 
     assert case_kinds.DECODE_MAX_SEQLEN_Q == DECODE_MAX_SEQLEN_Q
 

@@ -10,12 +10,12 @@ from sqlalchemy import select
 
 from harness.cli import main as cli_main
 from harness.core.cases import Case, MaskKind
-from harness.records import gate, gate_run
 from harness.records.db.models import Comparison
 from harness.records.db.store import counts, open_db
-from harness.records.gate import GateOptions, finish
 from harness.records.record import RunRecord, spooled
 from harness.records.synthetic import make_record, specs_for
+from harness.runs import gate, gate_run
+from harness.runs.gate import GateOptions, finish
 
 
 def _opts(tmp_path: Path, **kw) -> GateOptions:
@@ -214,7 +214,7 @@ def test_a_load_error_fails_the_gate_and_is_named(tmp_path):
 
 
 def test_a_kernel_missing_from_the_baseline_fails_unless_left_out_on_purpose(tmp_path):
-    from harness.records.plan import LeftOut, Plan
+    from harness.runs.plan import LeftOut, Plan
 
     opts = _opts(tmp_path)
     first = finish(make_record(specs_for(), seed=1, commit="a" * 40), opts, log=_quiet)

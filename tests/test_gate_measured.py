@@ -15,10 +15,10 @@ from harness.candidates.variants import KERNELS_ROOT
 from harness.cli import main as cli_main
 from harness.core.cases import Case, MaskKind
 from harness.core.results import CaseResult, Status, Timing
-from harness.records import gate, gate_run
-from harness.records.gate import GateOptions, finish
-from harness.records.plan import Plan
 from harness.records.synthetic import make_record, specs_for
+from harness.runs import gate, gate_run
+from harness.runs.gate import GateOptions, finish
+from harness.runs.plan import Plan
 
 TINY = [Case(1, 2, 2, 17, 33, 16, "float16", MaskKind.CAUSAL_BR),
         Case(2, 2, 1, 9, 9, 32, "bfloat16", MaskKind.KEY_PADDING)]
@@ -150,8 +150,8 @@ def test_a_sanitizer_finding_fails_the_gate_with_its_line(tmp_path):
 
 def test_the_sanitizer_tier_defaults_and_refusals(monkeypatch):
     from harness.execution import sanitize
-    from harness.records.gate_options import GateUsageError
-    from harness.records.gate_prepare import sanitize_tier
+    from harness.runs.gate_options import GateUsageError
+    from harness.runs.gate_prepare import sanitize_tier
 
     notes: list[str] = []
     monkeypatch.setattr(sanitize, "sanitizer_path", lambda: "/usr/bin/compute-sanitizer")
@@ -167,7 +167,7 @@ def test_the_sanitizer_tier_defaults_and_refusals(monkeypatch):
 
 
 def test_timing_settings_come_from_the_project_then_the_options(team_repo):
-    from harness.records.gate_options import default_timing
+    from harness.runs.gate_options import default_timing
 
     assert default_timing(GateOptions()) == (8, 16)
     (team_repo / "pyproject.toml").write_text(
@@ -210,8 +210,8 @@ def test_the_warm_up_replays_what_the_later_processes_will_run():
     from dataclasses import dataclass, field
 
     from harness.core.grids import get_grid
-    from harness.records.gate_prepare import warm_tasks
-    from harness.records.plan import make_plan
+    from harness.runs.gate_prepare import warm_tasks
+    from harness.runs.plan import make_plan
 
     @dataclass
     class Fake:

@@ -9,12 +9,12 @@ GATE_RUN = realdata.RESULTS / "h200-20261202T075402Z-ci-cold.json"
 
 
 def test_the_summary_names_what_each_candidate_could_flag(tmp_path):
-    from harness.records import gate
     from harness.records.compare import compare_records
     from harness.records.db.store import get_run, open_db
-    from harness.records.gate_summary import summary_markdown
     from harness.records.noise import from_db
     from harness.records.record import RunRecord
+    from harness.runs import gate
+    from harness.runs.gate_summary import summary_markdown
 
     base = realdata.load(GATE_RUN)
     rec = realdata.derive(base, hours=48, commit="e" * 40, parent=base["commit"])
@@ -47,10 +47,10 @@ def test_the_summary_names_what_each_candidate_could_flag(tmp_path):
 def test_the_summary_says_when_the_floors_outgrew_the_budget():
     # The cold default gate on an H100 (2026-12-06): the owned candidates' floors alone
     # were estimated at 375 s against the 5-minute budget; the summary says why.
-    from harness.records import gate
     from harness.records.compare import compare_records
-    from harness.records.gate_summary import summary_markdown
     from harness.records.record import RunRecord
+    from harness.runs import gate
+    from harness.runs.gate_summary import summary_markdown
 
     cold = RunRecord.read(realdata.RESULTS / "h100-20261206T025023Z-ci-cold.json")
     plan = cold.env["ci_plan"]

@@ -11,7 +11,7 @@ import pytest
 
 from harness.core.cases import Case
 from harness.core.grids import get_grid
-from harness.records import plan as P
+from harness.runs import plan as P
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

@@ -1,4 +1,4 @@
-"""The gate's backward (harness.records.plan_bwd): the owned candidates that declare a
+"""The gate's backward (harness.runs.plan_bwd): the owned candidates that declare a
 backward get it timed on a floor of cases, their own forward-timed shapes first, no
 decode shapes, the baseline's backward beside them; fewer is "not measured"."""
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 from harness.core.cases import Case, MaskKind
 from harness.core.grids import get_grid
 from harness.core.results import CaseResult, Status, Timing
-from harness.records import gate_run
-from harness.records.plan import Plan, make_plan
-from harness.records.plan_bwd import BWD_TIMING_MIN, backward_checked, plan_backward
+from harness.runs import gate_run
+from harness.runs.plan import Plan, make_plan
+from harness.runs.plan_bwd import BWD_TIMING_MIN, backward_checked, plan_backward
 
 
 @dataclass

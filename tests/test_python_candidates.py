@@ -148,11 +148,11 @@ def test_bad_candidates_through_the_cli_leave_the_others_alone(tmp_path):
 def test_shipped_python_candidates_gpu(name):
     """On a GPU: the compiled flex_attention and the Triton kernel pass the smoke grid in
     isolated children, every mask kind and both dtypes, one child per mask kind side by
-    side as the CI gate runs them (harness.records.gate_prepare.split_python)."""
+    side as the CI gate runs them (harness.runs.gate_prepare.split_python)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from harness.execution.runner import run_correctness
-    from harness.records.gate_prepare import split_python
+    from harness.runs.gate_prepare import split_python
 
     cand = _python(name)
     reason = registry.unavailable_reason(cand)

@@ -71,7 +71,7 @@ def test_the_gate_tier_and_run_sanitize_check_a_declared_backward(fake_sanitizer
     assert planted.support.backward and not template.support.backward
     assert sanitize.variant_passes(planted) == ("fwd", "bwd")
     assert sanitize.variant_passes(template) == ("fwd",)
-    # the gate's call (harness.records.gate_run): the fast tier on the owned variants
+    # the gate's call (harness.runs.gate_run): the fast tier on the owned variants
     outcomes = sanitize.sanitize_variants([planted, template], tier="fast", trusted=True)
     by_name = {o.name: o for o in outcomes}
     bad, ok = by_name["planted_bwd_far_write"], by_name["template"]

@@ -305,7 +305,7 @@ def test_flex_serving_grid_gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from harness.execution.runner import run_correctness
-    from harness.records.gate_prepare import split_python
+    from harness.runs.gate_prepare import split_python
 
     results = run_correctness([_flex()], SERVING, parallel=3, split=split_python)
     bad = [f"{r.case.id}: {r.status.value}: {r.message}" for r in results

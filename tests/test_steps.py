@@ -183,10 +183,10 @@ def test_the_gate_flags_a_slowdown_spread_over_small_commits(tmp_path):
     across commits (2.1%, confirmed by the two commits after it) does."""
     import realdata
 
-    from harness.records import gate
     from harness.records.compare import compare_records
     from harness.records.db.store import get_run, load_record, open_db
     from harness.records.record import RunRecord
+    from harness.runs import gate
 
     # The newest committed perf record that times fa2_mma (a perf record may hold others).
     perf = next(rec for rec in map(realdata.load, sorted((ROOT / "results").glob(
@@ -320,10 +320,10 @@ def _gate_on_noisy_runs(where: Path, *, seed: int, noise: float, factor: Any,
     on the newest run against the one before. Returns the gate's outcome."""
     import realdata
 
-    from harness.records import gate
     from harness.records.compare import compare_records
     from harness.records.db.store import get_run, open_db
     from harness.records.record import RunRecord
+    from harness.runs import gate
 
     perf = next(rec for rec in map(realdata.load, sorted((ROOT / "results").glob(
         "h200-*-perf.json"), reverse=True)) if "fa2_mma" in rec["kernels"])

@@ -201,7 +201,7 @@ def test_serving_grid_gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from harness.execution.runner import run_correctness
-    from harness.records.gate_prepare import split_python
+    from harness.runs.gate_prepare import split_python
 
     tri = _triton()
     reason = registry.unavailable_reason(tri)

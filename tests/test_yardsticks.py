@@ -17,10 +17,10 @@ import pytest
 from harness.candidates import discovery, registry
 from harness.cli import main as cli_main
 from harness.core.results import CaseResult, Timing
-from harness.records import gate, gate_run
 from harness.records.db.store import open_db
 from harness.records.record import RunRecord
 from harness.records.synthetic import DEFAULT_CASES, H200, Spec, entry
+from harness.runs import gate, gate_run
 
 MODULE = '''
 import torch

@@ -189,7 +189,7 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
     if "timing_max_seqlen" in data:
         timing_max_seqlen = _int(ctx, data["timing_max_seqlen"], "timing_max_seqlen", 1)
     # The gate's floor and target of timed cases for this variant when it is the team's
-    # own (harness.records.plan); absent: the project's setting, else the default.
+    # own (harness.runs.plan); absent: the project's setting, else the default.
     timing_min = timing_cases = None
     if "timing_min" in data:
         timing_min = _int(ctx, data["timing_min"], "timing_min", 0)

@@ -33,7 +33,7 @@ TOP_OPTIONAL = ("arch", "compile_options", "deterministic", "num_splits", "tiles
                 "tensor_map", "flavor")
 BACKWARD_REQUIRED = ("launch",)
 BACKWARD_OPTIONAL = ("deterministic", "workspace", "tensor_map")
-# How the CI gate times a variant (harness.records.plan): "full" every timing case it
+# How the CI gate times a variant (harness.runs.plan): "full" every timing case it
 # supports (as the budget allows), "smoke" its two cheapest, "none" correctness only.
 TIMING_MODES = ("full", "smoke", "none")
 # `[[flavor]]`: the same sources built again with more `-D` options under another name

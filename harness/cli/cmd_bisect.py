@@ -74,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     from harness.records.bisect import DEFAULT_MAX_BUILDS, END_RUNS, MIN_RUNS
-    from harness.records.bisect_run import (
+    from harness.runs.bisect_run import (
         DEFAULT_MAX_MINUTES,
         BisectNotMeasured,
         BisectRequest,

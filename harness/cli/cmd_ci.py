@@ -40,7 +40,7 @@ from harness.cli._discoveryopt import add_discovery_options
 from harness.cli.errors import EXIT_NOT_MEASURED, UsageError
 
 if TYPE_CHECKING:
-    from harness.records.gate import GateOptions, GateOutcome
+    from harness.runs.gate import GateOptions, GateOutcome
 
 DEFAULT_BISECT_MINUTES = 30.0
 
@@ -135,7 +135,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def cmd_ci(args: argparse.Namespace) -> int:
-    from harness.records.gate import GateNotMeasured, GateOptions, GateUsageError, run_gate
+    from harness.runs.gate import GateNotMeasured, GateOptions, GateUsageError, run_gate
 
     grids = _split(args.grid)
     if not grids:
@@ -168,7 +168,7 @@ def _bisect(out: GateOutcome, opts: GateOptions, args: argparse.Namespace) -> No
     to the step summary under the gate's."""
     import os
 
-    from harness.records.bisect_run import bisect_after_gate
+    from harness.runs.bisect_run import bisect_after_gate
 
     lines = bisect_after_gate(out, db_url=opts.db_url, max_minutes=opts.bisect_minutes or 0.0,
                               min_time_s=opts.min_time_s, timeout_s=opts.timeout_s,

@@ -170,7 +170,7 @@ def _compile(archs: list[str], *, quiet: bool) -> tuple[list, list, int]:
         from harness.candidates import registry
         from harness.execution.warmup import warm_up
         from harness.paths import cache_dir
-        from harness.records.gate_prepare import ci_warm_tasks
+        from harness.runs.gate_prepare import ci_warm_tasks
 
         tasks = ci_warm_tasks(registry.discover(registry.DEFAULT_KINDS))
         jobs = os.cpu_count() or 1

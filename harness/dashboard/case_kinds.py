@@ -21,7 +21,7 @@ from sqlalchemy import Engine, func, inspect, select
 from harness.dashboard.schema import CaseRow, Result
 
 # A decode-shaped case: at most this many query rows, so the time is the KV cache's read,
-# memory bound. The same bound as harness.records.plan_order.DECODE_MAX_SEQLEN_Q (the
+# memory bound. The same bound as harness.runs.plan_order.DECODE_MAX_SEQLEN_Q (the
 # dashboard may not import the layers below it; tests/test_dashboard_serving.py holds the
 # two equal).
 DECODE_MAX_SEQLEN_Q = 16

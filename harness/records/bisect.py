@@ -4,7 +4,7 @@ A step found across commits (harness.records.steps) names a last good and a firs
 commit; between them lie the commits no gate timed, or whose runs could not tell the two
 levels apart. `bisect_range` times commits of that range and names the first bad one.
 It is a pure function over `measure(commit) -> {case id: median ms}`: the command line
-(harness.records.bisect_run) builds each commit in a git worktree and times it with the
+(harness.runs.bisect_run) builds each commit in a git worktree and times it with the
 gate's method; tests and `bench/bisect_exactness.py` pass simulated timings.
 
 The method:

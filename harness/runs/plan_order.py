@@ -1,4 +1,4 @@
-"""The order in which the gate takes a candidate's timing cases (harness.records.plan).
+"""The order in which the gate takes a candidate's timing cases (harness.runs.plan).
 
 `spread_order`: a few timed cases should already cover the kinds of case a grid holds,
 not its smallest shapes. Cases are grouped in strata (decode or not, head dim, mask,

@@ -2,7 +2,7 @@
 
 `WorktreeMeasure(commit)` checks the commit out in a git worktree (harness.records.
 bisect_git; one at a time, kept while the same commit is timed again) and runs this
-module as a child process there (`python -P -m harness.records.bisect_measure`): the
+module as a child process there (`python -P -m harness.runs.bisect_measure`): the
 candidates are discovered from the worktree's kernel folders and `[tool.fa-harness]`
 (the command line's `--kernels-dir`s inside the repository mapped into the worktree),
 the one named candidate is selected as the gate selects (`gate_run.select_candidates`)
@@ -110,7 +110,7 @@ class WorktreeMeasure:
     def ready(self) -> str | None:
         """Why nothing can be timed on this machine (no working CUDA GPU), else None:
         said before any worktree is made."""
-        from harness.records.gate_run import gpu_state
+        from harness.runs.gate_run import gpu_state
 
         gpu, why = gpu_state()
         return None if gpu else f"no working CUDA GPU here ({why}): bisect times commits"
@@ -132,7 +132,7 @@ class WorktreeMeasure:
         parent = git(["rev-parse", f"{commit}^"], tree, check=False).stdout.strip() or None
         with tempfile.TemporaryDirectory(prefix="fa-harness-bisect-out-") as tmp:
             out = Path(tmp) / "record.json"
-            cmd = [sys.executable, "-P", "-m", "harness.records.bisect_measure",
+            cmd = [sys.executable, "-P", "-m", "harness.runs.bisect_measure",
                    "--kernel", self.kernel, "--cases", ",".join(self.cases),
                    "--commit", commit, "--pass", self.pass_name,
                    "--min-time", str(self.min_time_s), "--timeout", str(self.timeout_s),
@@ -180,12 +180,12 @@ def child(argv: Sequence[str] | None = None) -> int:
     from harness.candidates.discovery import DiscoveryError, configure
     from harness.core.cases import Case
     from harness.measure.perf import PerfUnavailable, run_perf
-    from harness.records.gate_options import GateUsageError
-    from harness.records.gate_run import select_candidates
     from harness.records.record import RunRecord, environment
-    from harness.records.run_meta import calibration_object, gpu_meta, kernel_info, plain_dict
+    from harness.runs.gate_options import GateUsageError
+    from harness.runs.gate_run import select_candidates
+    from harness.runs.run_meta import calibration_object, gpu_meta, kernel_info, plain_dict
 
-    ap = argparse.ArgumentParser(prog="harness.records.bisect_measure")
+    ap = argparse.ArgumentParser(prog="harness.runs.bisect_measure")
     ap.add_argument("--kernel", required=True)
     ap.add_argument("--cases", required=True)
     ap.add_argument("--commit", required=True)

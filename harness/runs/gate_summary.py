@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.records.plan import OVER_BUDGET
+from harness.runs.plan import OVER_BUDGET
 
 MAX_ROWS = 50
 
@@ -16,7 +16,7 @@ def _cell(text: str, n: int = 160) -> str:
 
 
 def summary_markdown(out: Any) -> str:
-    """`out`: a harness.records.gate.GateOutcome."""
+    """`out`: a harness.runs.gate.GateOutcome."""
     rec = out.record
     status_counts: dict[str, int] = {}
     for e in rec.results:

@@ -3,7 +3,7 @@
 1. **Choose.** Every candidate discovered (or those `--kernels` names or globs match),
    each marked owned or yardstick (harness.candidates.registry.owned), each with where
    it came from; a source that gave nothing is said so.
-2. **Plan** (harness.records.plan): owned candidates' floors first.
+2. **Plan** (harness.runs.plan): owned candidates' floors first.
 3. **Prepare, side by side** (on a GPU runner, `jobs` child processes at a time):
    the warm-up of the Python candidates' timing sequences (harness.execution.warmup),
    correctness of every candidate (harness.execution.runner, the Python candidates split
@@ -15,7 +15,7 @@
    the other (the baseline first), nothing else running.
 5. **Measured?** An owned candidate that could not run here (no GPU, failed to load,
    unavailable) or got fewer timed cases than its floor is "not measured"
-   (harness.records.gate: exit code 3); so is a run with nothing of the team's to judge
+   (harness.runs.gate: exit code 3); so is a run with nothing of the team's to judge
    (no owned candidate, none named by --kernels), said at once, before anything runs.
 """
 
@@ -32,20 +32,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.core.results import CaseResult, Status
-from harness.records.gate_options import (
+from harness.records.record import environment
+from harness.runs.gate_options import (
     BASELINE,
-    TIMING_GRIDS,
     GateNotMeasured,
     GateOptions,
     GateUsageError,
     checked_yardsticks,
-    default_timing,
+    timing_kw,
 )
-from harness.records.gate_prepare import sanitize_tier, split_python, warm
-from harness.records.plan import Plan, make_plan, replan
-from harness.records.plan_bwd import backward_checked, plan_backward
-from harness.records.record import environment
-from harness.records.run_meta import calibration_object, gpu_meta, kernel_info, plain_dict
+from harness.runs.gate_prepare import gate_grids, sanitize_tier, split_python, warm
+from harness.runs.plan import Plan, make_plan, replan
+from harness.runs.plan_bwd import backward_checked, plan_backward
+from harness.runs.run_meta import calibration_object, gpu_meta, kernel_info, plain_dict
 
 MAX_DEFAULT_JOBS = 16
 # How long the timing phase waits for all its children to be ready before it starts
@@ -109,7 +108,6 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
     """Choose, plan, prepare, time (the module doc)."""
     from harness.candidates import registry
     from harness.candidates.discovery import sources
-    from harness.core.grids import get_grid
     from harness.execution.report import LineReport
     from harness.execution.runner import run_correctness
 
@@ -118,12 +116,7 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
     if opts.require_gpu and not gpu:
         raise GateNotMeasured(f"--require-gpu: no working CUDA GPU here ({why_no_gpu})")
     notes: list[str] = []
-    cases_by_grid = {}
-    for g in opts.grids:
-        try:
-            cases_by_grid[g] = get_grid(g)
-        except ValueError as exc:
-            raise GateUsageError(str(exc)) from None
+    grids = gate_grids(opts.grids)
     pool = registry.discover()
     broken = registry.load_errors()
     notes += registry.notes()   # e.g. a source tree never installed: no entry points
@@ -181,18 +174,18 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
             not_measured.append((c.name, f"unavailable: {why}"))
     if not candidates and not errors:
         raise GateUsageError("no candidate to run on this machine")
-    check_cases = [c for g, cs in cases_by_grid.items() if g not in TIMING_GRIDS for c in cs]
-    timing_cases = [c for g, cs in cases_by_grid.items() if g in TIMING_GRIDS for c in cs]
-    if timing_cases and not gpu:
-        notes.append(f"grid {', '.join(g for g in opts.grids if g in TIMING_GRIDS)}: "
+    check_cases, timing_cases = grids.check_cases, grids.timing_cases
+    check_for = grids.check_for()
+    timed_grids = grids.timed + grids.timed_bwd
+    if timed_grids and not gpu:
+        notes.append(f"grid {', '.join(g.name for g in timed_grids)}: "
                      "timing needs a GPU; not run")
     jobs = _jobs(opts, gpu)
-    floor, target = default_timing(opts)
-    plan_kw = {"owned": owned, "timing_min": floor, "timing_target": target}
+    plan_kw = {"owned": owned, **timing_kw(opts)}
     plan = make_plan(candidates, check_cases, timing_cases, budget_min=opts.budget_min,
                      min_time_s=opts.min_time_s, gpu=gpu, parallel=jobs, **plan_kw)
     if gpu:
-        plan_backward(plan, candidates, timing_cases, owned=owned)
+        plan_backward(plan, candidates, grids.backward_pool, owned=owned)
     for line in plan.lines():
         log(line)
     for err in errors:
@@ -217,22 +210,25 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
                                 parallel=max(1, jobs // 4))
     try:
         if check_cases:
-            log(f"correctness: {len(check_cases)} case(s) x {len(candidates)} candidate(s)"
+            counts = {c.name: grids.check_count(c) for c in candidates}
+            log((f"correctness: {sum(counts.values())} (candidate, case) pair(s), generated "
+                 "per candidate" if check_for else
+                 f"correctness: {len(check_cases)} case(s) x {len(candidates)} candidate(s)")
                 + (f", {jobs} at a time" if jobs > 1 else ""))
-            report = LineReport({c.name: len(check_cases) for c in candidates},
-                                stream=sys.stdout)
+            report = LineReport(counts, stream=sys.stdout)
             results += run_correctness(candidates, check_cases, secret=opts.secret,
                                        timeout_s=opts.timeout_s, on_result=report,
-                                       parallel=jobs, split=split_python)
+                                       parallel=jobs, split=split_python, cases_for=check_for)
             with_bwd = backward_checked(candidates, owned)
             if with_bwd:
                 log(f"backward correctness: {len(check_cases)} case(s) x {len(with_bwd)} "
                     "candidate(s)")
-                report = LineReport({c.name: len(check_cases) for c in with_bwd},
+                report = LineReport({c.name: grids.check_count(c) for c in with_bwd},
                                     stream=sys.stdout, label=" (bwd)")
                 results += run_correctness(with_bwd, check_cases, secret=opts.secret,
                                            timeout_s=opts.timeout_s, on_result=report,
-                                           parallel=jobs, split=split_python, backward=True)
+                                           parallel=jobs, split=split_python, backward=True,
+                                           cases_for=check_for)
         correctness_s = time.monotonic() - t0
         if warm_f is not None:
             plan.compile_took_s = warm_f.result()
@@ -250,7 +246,7 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
     if gpu and plan.timed:
         before = {k: len(v) for k, v in plan.timed.items()}
         plan = replan(plan, candidates, timing_cases, time.monotonic() - t0, **plan_kw)
-        plan_backward(plan, candidates, timing_cases, owned=owned)
+        plan_backward(plan, candidates, grids.backward_pool, owned=owned)
         after = {k: len(v) for k, v in plan.timed.items()}
         if after != before:
             log(f"re-plan: {plan.correctness_took_s:.0f} s spent; timing "
@@ -280,7 +276,9 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
                             "kernels": kernels, "env": env}
     meta["gpu"] = gpu_meta() if gpu else None
     meta["calibration"] = plain_dict(calibration)
-    ids = {c.id for c in check_cases} | ({c.id for c in timing_cases} if gpu else set())
+    ids = {c.id for c in check_cases} | ({c.id for c in grids.backward_pool} if gpu else set())
+    if check_for is not None:
+        ids |= {k.id for c in candidates for k in check_for(c)}
     return Execution(results, meta, notes, plan, errors, ids, not_here, owned,
                      not_measured, sanitized)
 
@@ -354,7 +352,7 @@ def _time_all(opts: GateOptions, candidates: Sequence[Any], plan: Plan,
 
 def _time_backward(opts: GateOptions, candidates: Sequence[Any], plan: Plan,
                    calibration: Any | None, log: Callable[[str], None]) -> list[CaseResult]:
-    """The backward's timing (harness.records.plan_bwd): one child per candidate, after
+    """The backward's timing (harness.runs.plan_bwd): one child per candidate, after
     the forward's, the baseline first."""
     from harness.execution.report import LineReport
     from harness.measure.perf import add_baseline_ratios, run_perf

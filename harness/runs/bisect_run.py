@@ -7,7 +7,7 @@ K --cases PATTERN`). `prepare` checks it before anything is built: git present, 
 repository clean (`--bad` defaults to HEAD, and uncommitted changes are not HEAD), the
 last good commit an ancestor of the first bad one, the cases known; each failure is one
 line (BisectUsageError, exit 2). `run_bisect` then searches the range
-(harness.records.bisect.bisect_range) with the measure of harness.records.bisect_measure
+(harness.records.bisect.bisect_range) with the measure of harness.runs.bisect_measure
 (a worktree per commit, the gate's timing path, each run stored as backfill), removes
 every worktree whatever happens (an exception, Ctrl-C, SIGTERM), and, for an alert,
 records the culprit (`alerts.set_culprit`) when the search ended on one commit.
@@ -222,10 +222,10 @@ def prepare(req: BisectRequest) -> Prepared:
 
 def _placer(p: Prepared, db_url: str | None) -> Callable[[str, str | None], datetime | None]:
     """Where a backfill run of a commit of the range goes in `created_at` order (module
-    doc of harness.records.bisect_measure): between the newest stored run of the last
+    doc of harness.runs.bisect_measure): between the newest stored run of the last
     good commit and the oldest of the first bad one on the GPU model, in range order."""
-    from harness.records.bisect_measure import BACKFILL_GRID
     from harness.records.db.store import DatabaseError, open_db, recent_runs
+    from harness.runs.bisect_measure import BACKFILL_GRID
 
     def stored(runs: list[Any]) -> list[Any]:  # an earlier bisection's runs are not ends
         return [r for r in runs if list(r.grids or []) != [BACKFILL_GRID]]
@@ -279,7 +279,7 @@ def run_bisect(req: BisectRequest, *, measure: Callable[[str], Any] | None = Non
     """Prepare (unless given), search, clean up, record the culprit (module doc).
     `measure` replaces the worktree measure (tests; it then stores nothing)."""
     from harness.records.bisect_git import interrupts_as_keyboard
-    from harness.records.bisect_measure import WorktreeMeasure
+    from harness.runs.bisect_measure import WorktreeMeasure
 
     p = prepared or prepare(req)
     if req.max_builds < 3:

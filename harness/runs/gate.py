@@ -1,7 +1,7 @@
 """`fa-harness ci`: the one command a GPU CI job runs on every commit.
 
 Flow: choose, plan, prepare (warm-up, correctness, sanitizer tier) and time the
-candidates (harness.records.gate_run), printing one line per failing case and per finished
+candidates (harness.runs.gate_run), printing one line per failing case and per finished
 candidate -> write the run record (spool first, so nothing is lost) -> store it (it stays
 in the spool when the database is unreachable) -> find the baseline (latest run of the
 parent commit on the same GPU model, else a window of recent runs on the baseline branch)
@@ -36,18 +36,18 @@ from typing import Any
 from harness.records.alert_replay import backfill
 from harness.records.alerts import AlertError, open_alerts, sync_alerts
 from harness.records.compare import CompareError, Report, compare_records
-from harness.records.gate_options import (
+from harness.records.noise import from_db as noise_from_db
+from harness.records.record import RunRecord, spool
+from harness.runs.gate_options import (
     DEFAULT_GRIDS,
     TIMING_GRIDS,
     GateNotMeasured,
     GateOptions,
     GateUsageError,
 )
-from harness.records.gate_run import Execution, execute, gpu_present, select_candidates
-from harness.records.gate_summary import summary_markdown
-from harness.records.noise import from_db as noise_from_db
-from harness.records.plan import Plan, excuse_missing
-from harness.records.record import RunRecord, spool
+from harness.runs.gate_run import Execution, execute, gpu_present, select_candidates
+from harness.runs.gate_summary import summary_markdown
+from harness.runs.plan import Plan
 
 __all__ = ["DEFAULT_GRIDS", "EXIT_NOT_MEASURED", "TIMING_GRIDS", "Execution", "GateNotMeasured",
            "GateOptions", "GateOutcome", "GateUsageError", "execute", "finish", "gpu_present",
@@ -156,6 +156,34 @@ def _steps(db: Any, out: GateOutcome, record: RunRecord) -> None:
     if n:
         out.notes.append(f"{n} step(s) across commits confirmed by this commit "
                          "(harness.records.steps)")
+
+
+def excuse_missing(report: Any, plan: Plan | None, *, selected: Sequence[str] | None,
+                   case_ids: set[str] | None, not_here: Sequence[str],
+                   broken: Sequence[str] = ()) -> None:
+    """Mark the baseline's (candidate, case) pairs that a run left out on purpose (its
+    plan, --kernels, no GPU here, a grid not run, a load error already reported) in
+    `detail["excused"]` of each "missing" verdict of `report` (harness.records.compare.
+    Report); every other missing one fails: a kernel must not silently drop out."""
+    import fnmatch
+
+    planned = plan.excused() if plan is not None else set()
+    for v in report.verdicts:
+        if v.verdict != "missing":
+            continue
+        why = None
+        if (v.variant, v.case_id) in planned:
+            why = "left out by the plan"
+        elif selected and not any(fnmatch.fnmatchcase(v.variant, p) for p in selected):
+            why = "not selected by --kernels"
+        elif v.variant in not_here:
+            why = "needs a GPU"
+        elif case_ids is not None and v.case_id not in case_ids:
+            why = "case not in this run's grids"
+        elif any(v.variant in e for e in broken):
+            why = "failed to load (reported as a load error)"
+        if why:
+            v.detail["excused"] = why
 
 
 def finish(record: RunRecord, opts: GateOptions, *, notes: Sequence[str] = (),

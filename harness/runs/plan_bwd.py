@@ -3,7 +3,7 @@
 An owned candidate that declares a backward (a manifest's `[backward]`, a Python
 candidate's `backward=`) gets it judged on the correctness grids (harness.core.check_grad)
 and timed on `BWD_TIMING_MIN` cases (never cut for the budget, as the forward's floor);
-fewer timed backward cases than that is "not measured" (harness.records.gate), exactly
+fewer timed backward cases than that is "not measured" (harness.runs.gate), exactly
 as for the forward. The cases are the candidate's own forward-timed cases first (so the
 two passes of one kernel are seen on the same shapes), decode shapes left out (a
 backward of one query row is not what training runs), then the rest of the timing grid
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.core.cases import Case
-from harness.records.plan import BASELINE, Plan, timed_case_cost_s
-from harness.records.plan_order import spread_order
+from harness.runs.plan import BASELINE, Plan, timed_case_cost_s
+from harness.runs.plan_order import spread_order
 
 BWD_TIMING_MIN = 4
 BWD_COST_FACTOR = 2.5

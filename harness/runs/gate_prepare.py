@@ -1,14 +1,59 @@
-"""The prepare phase of `fa-harness ci` (harness.records.gate_run): what it warms up, how
+"""The prepare phase of `fa-harness ci` (harness.runs.gate_run): what it warms up, how
 it splits correctness, which sanitizer tier it runs."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from harness.records.gate_options import GateOptions, GateUsageError
-from harness.records.plan import Plan
+from harness.core.cases import Case
+from harness.runs.gate_options import GateOptions, GateUsageError
+from harness.runs.grid_cases import GridCases, cases_of, per_candidate, resolve_grid
+from harness.runs.plan import Plan
+
+
+@dataclass
+class GateGrids:
+    """The gate's grids, resolved as every front resolves them (harness.runs.grid_cases)."""
+    check: list[GridCases]  # correctness only
+    timed: list[GridCases]  # timed through the forward
+    timed_bwd: list[GridCases]  # timed through the backward (perf-bwd)
+
+    @property
+    def check_cases(self) -> list[Case]:
+        """The correctness grids' shared lists: what the plan estimates from."""
+        return cases_of(self.check)
+
+    def check_for(self) -> Callable[[Any], list[Case]] | None:
+        """Each candidate's own correctness cases, where a grid is generated per candidate."""
+        return per_candidate(self.check)
+
+    def check_count(self, cand: Any) -> int:
+        return sum(len(g.for_candidate(cand)) for g in self.check)
+
+    @property
+    def timing_cases(self) -> list[Case]:
+        return cases_of(self.timed)
+
+    @property
+    def backward_pool(self) -> list[Case]:
+        """Where the owned backwards' timed cases are taken from (harness.runs.plan_bwd):
+        the forward's timing cases, then those of a grid timed through the backward."""
+        fwd = self.timing_cases
+        return fwd + [k for k in cases_of(self.timed_bwd) if k not in fwd]
+
+
+def gate_grids(names: Sequence[str]) -> GateGrids:
+    """`--grid`'s names resolved; an unknown one is a usage error."""
+    try:
+        grids = [resolve_grid(g) for g in names]
+    except ValueError as exc:
+        raise GateUsageError(str(exc)) from None
+    return GateGrids(check=[g for g in grids if not g.timing],
+                     timed=[g for g in grids if g.timing and not g.backward],
+                     timed_bwd=[g for g in grids if g.timing and g.backward])
 
 
 def sanitize_tier(opts: GateOptions, gpu: bool, notes: list[str]) -> str | None:
@@ -43,18 +88,21 @@ def split_python(cand: Any) -> Callable[[Any], Any] | None:
 
 
 def warm_tasks(candidates: Sequence[Any], plan: Plan, check_cases: Sequence[Any] = (),
-               *, correctness: bool = True) -> list[Any]:
+               *, correctness: bool = True,
+               cases_for: Callable[[Any], Sequence[Any]] | None = None) -> list[Any]:
     """What `ci` will compile, as warm-up tasks (harness.execution.warmup): each CUDA
     variant's module; each Python candidate's timing sequence (`plan.wanted`) and, with
     `correctness`, the sequence of each of its correctness children (split by mask kind
-    as the runner splits them, unsupported cases dropped as the runner drops them)."""
+    as the runner splits them, unsupported cases dropped as the runner drops them).
+    `cases_for`: each candidate's own correctness cases (a per-candidate grid)."""
     from harness.execution.warmup import WarmTask
 
     tasks = []
     for c in candidates:
         if c.device != "cuda":
             continue
-        supported = [k for k in check_cases if c.supports(k) is None]
+        mine = cases_for(c) if cases_for is not None else check_cases
+        supported = [k for k in mine if c.supports(k) is None]
         if c.kind == "cuda":
             probe = supported[:1] or list(plan.wanted.get(c.name) or [])[:1]
             if probe and correctness:
@@ -91,17 +139,14 @@ def ci_warm_tasks(candidates: Sequence[Any], opts: GateOptions | None = None) ->
     """Everything `fa-harness ci` with these options (default: none) will compile on this
     runner, as warm-up tasks: `fa-harness kernels --compile` runs them on a GPU."""
     from harness.candidates.registry import owned
-    from harness.core.grids import get_grid
-    from harness.records.gate_options import TIMING_GRIDS, default_timing, yardstick_patterns
-    from harness.records.plan import make_plan
+    from harness.runs.gate_options import timing_kw, yardstick_patterns
+    from harness.runs.plan import make_plan
 
     opts = opts or GateOptions()
-    check = [c for g in opts.grids if g not in TIMING_GRIDS for c in get_grid(g)]
-    timing = [c for g in opts.grids if g in TIMING_GRIDS for c in get_grid(g)]
-    floor, target = default_timing(opts)
-    plan = make_plan(candidates, check, timing, budget_min=opts.budget_min,
-                     min_time_s=opts.min_time_s, gpu=True, timing_min=floor,
-                     timing_target=target,
+    grids = gate_grids(opts.grids)
+    plan = make_plan(candidates, grids.check_cases, grids.timing_cases,
+                     budget_min=opts.budget_min, min_time_s=opts.min_time_s, gpu=True,
                      owned=[c.name for c in candidates
-                            if owned(c, opts.kernels or (), yardstick_patterns(opts))])
-    return warm_tasks(candidates, plan, check)
+                            if owned(c, opts.kernels or (), yardstick_patterns(opts))],
+                     **timing_kw(opts))
+    return warm_tasks(candidates, plan, grids.check_cases, cases_for=grids.check_for())

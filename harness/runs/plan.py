@@ -10,19 +10,21 @@ asked for (a variant's manifest: `timing = "full" | "smoke" | "none"`, optionall
 `timing_max_seqlen`, `timing_min`, `timing_cases`; a peer: `PEER_TIMING`), in this order
 of priority:
 
-1. each owned candidate's floor, `timing_min` cases (default 8, `[tool.fa-harness]
-   timing-min`; a "smoke" candidate: its 2), and the speed-up baseline on the same cases;
+1. each owned candidate's floor, `timing_min` cases (`--timing-min`, else its manifest's,
+   else `[tool.fa-harness] timing-min`, else 8; a "smoke" candidate: its 2), and the
+   speed-up baseline on the same cases;
    this is never cut for the budget: a gate that times nothing is worse than a late one;
 2. each yardstick on `YARDSTICK_CASES` cases, while the estimate fits the budget;
-3. the owned candidates, one case each in turn, up to `timing_cases` (default 16,
-   `[tool.fa-harness] timing-cases`), while the estimate fits;
+3. the owned candidates, one case each in turn, up to `timing_cases` (in the same order:
+   `--timing-cases`, the manifest's, `[tool.fa-harness] timing-cases`, 16), while the
+   estimate fits;
 4. the baseline on those further cases too, while the estimate fits.
 
 An owned "full" candidate's cases are taken in `spread_order`: strata of the grid (decode
 or not, head dim, mask, dtype, GQA) in turn, the middle sequence length of each first, so
 a few timed cases already cover the grid's kinds instead of its smallest shapes; "smoke"
 candidates and yardsticks take their cheapest cases. An owned candidate that
-ends with fewer timed cases than its floor is "not measured" (harness.records.gate).
+ends with fewer timed cases than its floor is "not measured" (harness.runs.gate).
 
 What is not timed is listed with its reason (manifest, sequence-length cap, yardstick,
 target reached, budget), goes into the run record (`env["ci_plan"]`) and the summary,
@@ -43,7 +45,7 @@ from typing import Any
 from harness.core.cases import Case
 from harness.core.flops import attention_flops
 from harness.core.iomodel import ideal_bytes
-from harness.records.plan_order import cheapest_first, spread_order
+from harness.runs.plan_order import cheapest_first, spread_order
 
 DEFAULT_BUDGET_MIN = 5.0
 DEFAULT_MIN_TIME_S = 0.2  # sampling time per timed case in the gate (the records' setting)
@@ -65,7 +67,7 @@ TIMED_CASE_OVERHEAD_S = 0.75
 # A candidate's timing child: spawn, torch and CUDA start-up, NVRTC compile (cached).
 CHILD_START_S = 4.0
 # The gate starts every timing child side by side before the first is timed
-# (harness.records.gate_run), so at timing time a child costs only its turn.
+# (harness.runs.gate_run), so at timing time a child costs only its turn.
 CHILD_TURN_S = 1.0
 # Correctness: per (candidate, case) on the GPU (small smoke shapes) and on the CPU.
 CHECK_GPU_S = 0.15
@@ -137,7 +139,7 @@ class Plan:
     # Candidate -> the cases it would be timed on with time to spare (owned: up to its
     # target), in timing order: what the warm-up compiles before the clock starts.
     wanted: dict[str, list[Case]] = field(default_factory=dict)
-    # The backward's timing and floors (harness.records.plan_bwd).
+    # The backward's timing and floors (harness.runs.plan_bwd).
     timed_bwd: dict[str, list[Case]] = field(default_factory=dict)
     minimum_bwd: dict[str, int] = field(default_factory=dict)
 
@@ -203,7 +205,9 @@ class Demand:
 
 
 def _demand(cand: Any, timing_cases: Sequence[Case], plan: Plan, *, owned: bool,
-            timing_min: int, timing_target: int, min_time_s: float) -> Demand | None:
+            timing_min: int, timing_target: int, min_time_s: float,
+            forced_min: int | None = None, forced_target: int | None = None
+            ) -> Demand | None:
     mode, cap = timing_mode(cand)
     supported = spread_order([c for c in timing_cases if _supports(cand, c)])
     if mode == "none":
@@ -226,9 +230,10 @@ def _demand(cand: Any, timing_cases: Sequence[Case], plan: Plan, *, owned: bool,
         minimum = SMOKE_CASES if owned else 0
         target = SMOKE_CASES if owned else min(SMOKE_CASES, YARDSTICK_CASES)
     elif owned:
-        minimum = meta.get("timing_min")
+        # What the command line asked for beats the manifest, which beats the project.
+        minimum = forced_min if forced_min is not None else meta.get("timing_min")
         minimum = timing_min if minimum is None else int(minimum)
-        target = meta.get("timing_cases")
+        target = forced_target if forced_target is not None else meta.get("timing_cases")
         target = max(minimum, timing_target if target is None else int(target))
     else:
         minimum, target = 0, YARDSTICK_CASES
@@ -269,8 +274,11 @@ def make_plan(candidates: Sequence[Any], check_cases: Sequence[Case],
               room_s: float | None = None, owned: Sequence[str] = (),
               timing_min: int = DEFAULT_TIMING_MIN,
               timing_target: int = DEFAULT_TIMING_CASES, parallel: int = 1,
-              child_start_s: float = CHILD_START_S) -> Plan:
-    """The plan of the module doc. `owned`: names of the team's candidates. `room_s`: the
+              child_start_s: float = CHILD_START_S, forced_min: int | None = None,
+              forced_target: int | None = None) -> Plan:
+    """The plan of the module doc. `owned`: names of the team's candidates. `timing_min`,
+    `timing_target`: the floor and target where a manifest says none; `forced_min`,
+    `forced_target`: set on the command line, they beat a manifest's too. `room_s`: the
     seconds timing may take, given instead of derived from the budget (the re-plan once
     correctness has run and its real cost is known, `replan`). `child_start_s`: what each
     candidate's timing child costs before its first case."""
@@ -285,7 +293,8 @@ def make_plan(candidates: Sequence[Any], check_cases: Sequence[Case],
         if getattr(cand, "device", "cpu") != "cuda":
             continue
         d = _demand(cand, timing_cases, plan, owned=cand.name in owned,
-                    timing_min=timing_min, timing_target=timing_target, min_time_s=min_time_s)
+                    timing_min=timing_min, timing_target=timing_target, min_time_s=min_time_s,
+                    forced_min=forced_min, forced_target=forced_target)
         if d is not None:
             demands[cand.name] = d
             plan.timed[cand.name] = []
@@ -381,31 +390,3 @@ def replan(plan: Plan, candidates: Sequence[Any], timing_cases: Sequence[Case],
     new.compile_took_s = plan.compile_took_s
     new.wanted = plan.wanted
     return new
-
-
-def excuse_missing(report: Any, plan: Plan | None, *, selected: Sequence[str] | None,
-                   case_ids: set[str] | None, not_here: Sequence[str],
-                   broken: Sequence[str] = ()) -> None:
-    """Mark the baseline's (candidate, case) pairs that a run left out on purpose (its
-    plan, --kernels, no GPU here, a grid not run, a load error already reported) in
-    `detail["excused"]` of each "missing" verdict of `report` (harness.records.compare.
-    Report); every other missing one fails: a kernel must not silently drop out."""
-    import fnmatch
-
-    planned = plan.excused() if plan is not None else set()
-    for v in report.verdicts:
-        if v.verdict != "missing":
-            continue
-        why = None
-        if (v.variant, v.case_id) in planned:
-            why = "left out by the plan"
-        elif selected and not any(fnmatch.fnmatchcase(v.variant, p) for p in selected):
-            why = "not selected by --kernels"
-        elif v.variant in not_here:
-            why = "needs a GPU"
-        elif case_ids is not None and v.case_id not in case_ids:
-            why = "case not in this run's grids"
-        elif any(v.variant in e for e in broken):
-            why = "failed to load (reported as a load error)"
-        if why:
-            v.detail["excused"] = why

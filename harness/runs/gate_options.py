@@ -1,14 +1,16 @@
 """What `fa-harness ci` is asked to do (`GateOptions`), and the gate's constants: shared by
-the run (harness.records.gate_run) and the finish (harness.records.gate)."""
+the run (harness.runs.gate_run) and the finish (harness.runs.gate)."""
 
 from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from harness.core import grids
 from harness.records.compare import DEFAULT_POLICY, Policy
-from harness.records.plan import (
+from harness.runs.plan import (
     BASELINE,
     DEFAULT_BUDGET_MIN,
     DEFAULT_MIN_TIME_S,
@@ -20,7 +22,7 @@ __all__ = ["BASELINE", "DEFAULT_GRIDS", "GateNotMeasured", "GateOptions", "GateU
            "SANITIZE_TIERS", "TIMING_GRIDS"]
 
 # Grids whose purpose is timing; without a GPU they are reported as not run.
-TIMING_GRIDS = frozenset({"perf", "decode"})
+TIMING_GRIDS = frozenset(grids.TIMING_GRIDS)
 DEFAULT_GRIDS = ("smoke", "perf", "decode")
 SANITIZE_TIERS = ("fast", "full", "none")
 # A case that hangs costs its candidate this much once (harness.execution.isolate stops
@@ -66,12 +68,13 @@ class GateOptions:
     # Child processes side by side for the warm-up, correctness and the sanitizer
     # (None: one per CPU core on a GPU runner, 1 without a GPU).
     jobs: int | None = None
-    # The floor and target of timed cases per owned candidate (None: [tool.fa-harness]
-    # timing-min / timing-cases, else 8 / 16); a manifest's timing_min/timing_cases win.
+    # The floor and target of timed cases per owned candidate (None: a manifest's
+    # timing_min / timing_cases, else [tool.fa-harness] timing-min / timing-cases, else
+    # 8 / 16). Given here (the command line), they beat a manifest's as well.
     timing_min: int | None = None
     timing_cases: int | None = None
     # `--bisect`: minutes for bisecting the ranged alerts this run opened
-    # (harness.records.bisect_run.bisect_after_gate); None: not asked.
+    # (harness.runs.bisect_run.bisect_after_gate); None: not asked.
     bisect_minutes: float | None = None
 
 
@@ -84,6 +87,14 @@ def default_timing(opts: GateOptions) -> tuple[int, int]:
     hi = opts.timing_cases if opts.timing_cases is not None else \
         project_setting("timing-cases", DEFAULT_TIMING_CASES)
     return lo, max(lo, hi)
+
+
+def timing_kw(opts: GateOptions) -> dict[str, Any]:
+    """The plan's arguments for timed cases per owned candidate (harness.runs.plan): the
+    project's defaults, and what the command line set, which a manifest does not beat."""
+    lo, hi = default_timing(opts)
+    return {"timing_min": lo, "timing_target": hi, "forced_min": opts.timing_min,
+            "forced_target": opts.timing_cases}
 
 
 def checked_yardsticks(opts: GateOptions, known: list[str], notes: list[str]) -> list[str]:
