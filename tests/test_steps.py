@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from harness.records import steps
 from harness.records.steps import find_steps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -374,3 +375,15 @@ def test_across_chips_a_step_must_hold_a_third_commit():
     meds[-3] *= 1.03
     series = {("k", "fwd", "c"): list(zip(COMMITS, meds, strict=True))}
     assert ("k", "fwd", "c") in confirmed_steps(series, COMMITS[-1], chips=many)
+
+
+def test_two_runs_at_a_new_level_must_stand_clear_of_their_noise():
+    """A step the gate calls from two commits at the new level must be CONFIRM_K standard
+    errors of their mean: the 1.8% step of a 2-case candidate's mean at a 0.94% spread that
+    turned a no-op commit red (bench/gate_verdicts.py, band 0.5-1.5%) waits for a third
+    commit; a 3% one does not."""
+    small = steps.Step(index=10, last_good="a", first_bad="b", ratio=1.018, sigma=0.0094)
+    assert not steps._held_enough(small, 2)
+    assert steps._held_enough(small, 3)
+    big = steps.Step(index=10, last_good="a", first_bad="b", ratio=1.03, sigma=0.0094)
+    assert steps._held_enough(big, 2)

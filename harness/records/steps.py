@@ -381,6 +381,21 @@ def _points_needed(names: Sequence[str], first_bad: int, chips: dict[str, str] |
     return CONFIRM_POINTS if len(seen) == 1 and "" not in seen else CONFIRM_POINTS_ACROSS
 
 
+CONFIRM_K = 3.0  # the new level's mean over the commits holding it, in its standard errors
+
+
+def _held_enough(st: Step, held: int) -> bool:
+    """A step the gate calls from `held` commits at the new level must stand `CONFIRM_K`
+    standard errors of their mean (sigma / sqrt(held)) above the level before: two runs
+    are weak evidence of a level. The search's own rule (one spread and a U test) let
+    1.1-1.8% steps of a candidate's mean, at spreads of 0.5-0.9%, turn no-op commits red
+    from two runs on series of the committed 0.5-1.5% band (bench/gate_verdicts.py); a
+    step that holds a third commit needs 1.7 spreads, so a real one is still called
+    within 2 commits of its culprit."""
+    size = abs(math.log(st.ratio)) if st.ratio > 0 else 0.0
+    return size >= CONFIRM_K * st.sigma / math.sqrt(max(held, 1))
+
+
 def _confirmed(names: Sequence[str], meds: Sequence[float], changed: list[bool] | None,
                chips: dict[str, str] | None = None) -> Step | None:
     """The regression step the newest point of a series confirms (confirmed_steps)."""
@@ -388,7 +403,8 @@ def _confirmed(names: Sequence[str], meds: Sequence[float], changed: list[bool] 
         at = names.index(st.first_bad)
         held = len(names) - at  # commits at the new level
         if st.direction == "regression" and st.recovered_at is None and \
-                _points_needed(names, at, chips) <= held <= CONFIRM_WINDOW:
+                _points_needed(names, at, chips) <= held <= CONFIRM_WINDOW and \
+                _held_enough(st, held):
             return st
     return None
 

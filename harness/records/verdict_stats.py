@@ -26,7 +26,11 @@ spread the history knows (`harness.records.noise`):
    of the GPU model) instead of fitted.
 3. **The candidate as a whole.** A change to a kernel moves all its cases; the evidence
    pooled over them is where the power is. The candidate's change is the Hodges-Lehmann
-   estimate (median of the Walsh averages) of its cases' d, robust to one case's outlier;
+   estimate (median of the Walsh averages) of its cases' d, robust to one case's outlier
+   (with fewer than `ROBUST_CASES` cases, where that is their mean, the smallest d: every
+   case must have moved, an intersection-union reading as in Berger (1982), "Multiparameter
+   hypothesis testing and acceptance sampling", Technometrics 24(4); its A/A pairs are
+   centred on their median, as the smallest of a few noisy changes lies below zero);
    its spread comes from the same statistic over the candidate's consecutive A/A runs in
    the history (so whatever a run's cases share, the chip's clock and power state, stays
    in it: on an H100 fa3_wgmma's cases moved 0.58% run to run and their mean 0.52%), moderated
@@ -99,13 +103,11 @@ UNCHANGED_SHARE = 0.05
 # cases), on one chip: bench/gate_verdicts.py --tails.
 CASE_TAIL_DF = 1.5
 CANDIDATE_TAIL_DF = math.inf  # one chip: the moderated spread's own degrees of freedom
-# ... for a candidate of at least ROBUST_CASES cases; with fewer its Walsh median is the
-# mean of one or two cases and has their tails: FEW_CASES_TAIL_DF, the Student t fit of
-# the committed one-chip residuals of a run's mean over its cases (--tails). On one
-# chip's series a 2-case candidate 1.1% slower by two cases' noise read p = 3e-5 at the
-# spread's own degrees of freedom.
+# A candidate of fewer cases changes by its least-moved case (module doc, 3.): a Walsh
+# median of two or three cases is their mean, which one case's heavy-tailed excursion
+# moves (on one chip's series a 2-case candidate read 1.1% slower, p = 3e-5, from one
+# case's noise), while a change to the kernel moves every case.
 ROBUST_CASES = 4
-FEW_CASES_TAIL_DF = 3.0
 # Across chips (a run on another GPU than its baseline's, or unknown): the chips of one
 # model differ by several percent for a whole candidate (1.3 degrees of freedom fitted).
 ACROSS_TAIL_DF = 1.5
@@ -233,10 +235,17 @@ def window(noise: NoiseModel, key: Key, source: str, device: str,
     return win
 
 
+def candidate_change(ds: Sequence[float]) -> float:
+    """A candidate's change from its cases' changes (module doc, 3.): the Walsh median of
+    `ROBUST_CASES` or more; with fewer, the smallest (every case must have moved)."""
+    return walsh_median(ds) if len(ds) >= ROBUST_CASES else min(ds)
+
+
 def _candidate_pairs(noise: NoiseModel, variant: str, pass_name: str,
                      across: bool | None) -> list[float]:
-    """The Walsh-median change of consecutive runs of one candidate at one source over the
-    cases both timed (A/A pairs of the candidate as a whole), of the kind `across` is."""
+    """The candidate's change (`candidate_change`) between consecutive runs at one source
+    over the cases both timed (A/A pairs of the candidate as a whole), of the kind
+    `across` is."""
     runs: dict[Any, dict[str, tuple[float, str, str]]] = {}
     for key in noise.points:
         if key[0] != variant or key[1] != pass_name:
@@ -259,7 +268,7 @@ def _candidate_pairs(noise: NoiseModel, variant: str, pass_name: str,
         if across is not None and (len(da) != 1 or len(db) != 1 or "" in da or "" in db
                                    or (da != db) != across):
             continue
-        out.append(walsh_median([b[c][0] - a[c][0] for c in common]))
+        out.append(candidate_change([b[c][0] - a[c][0] for c in common]))
     return out
 
 
@@ -329,31 +338,44 @@ def _candidates(out: RunDecision, noise: NoiseModel,
     theirs: dict[tuple[str, str], float] = {}
     kinds = {g: across_of(cs[0].key) for g, cs in groups.items()}
     for g in groups:
-        pairs = _candidate_pairs(noise, g[0], g[1], kinds[g])
+        pairs, _ = _centred(_candidate_pairs(noise, g[0], g[1], kinds[g]), len(groups[g]))
         if len(pairs) >= 2:
             theirs[g] = robust_scale(pairs)
     for (name, pass_name), cs in sorted(groups.items()):
         if len(cs) < MIN_COMMON:
             continue
-        pairs = _candidate_pairs(noise, name, pass_name, kinds[(name, pass_name)])
+        pairs, centre = _centred(_candidate_pairs(noise, name, pass_name,
+                                                  kinds[(name, pass_name)]), len(cs))
         others = [s for g, s in theirs.items() if g != (name, pass_name)]
         prior = statistics.median(others) if others else statistics.median(
             c.spread.value for c in cs)
         spread = Spread.moderate(pairs, prior)
         if spread is None:
             continue
-        d = walsh_median([c.d for c in cs])
         n_base = int(statistics.median(c.n_base for c in cs))
+        # The centre was seen between two runs; against the mean of n_base runs the
+        # differences, and so the smallest of them, spread sqrt((1 + 1/n) / 2) as much.
+        d = candidate_change([c.d for c in cs]) - centre * math.sqrt(
+            (1.0 + 1.0 / max(n_base, 1)) / 2.0)
         alpha = (CANDIDATE_ALPHA / max(n_changed, 1) if changed(name)
                  else CANDIDATE_ALPHA * UNCHANGED_SHARE / max(n_same, 1))
-        tail = (ACROSS_TAIL_DF if not all(c.one_chip for c in cs)
-                else CANDIDATE_TAIL_DF if len(cs) >= ROBUST_CASES else FEW_CASES_TAIL_DF)
+        tail = ACROSS_TAIL_DF if not all(c.one_chip for c in cs) else CANDIDATE_TAIL_DF
         cand = CandidateChange(name, pass_name, len(cs), math.exp(d), spread,
                                spread.p_up(d, n_base, tail), alpha, cs[0].yardstick,
                                bar=_bar(spread, n_base, alpha, tail))
         if cand.p_value < alpha and d >= math.log1p(MIN_CHANGE):
             cand.verdict = "regression"
         out.candidates.append(cand)
+
+
+def _centred(pairs: list[float], cases: int) -> tuple[list[float], float]:
+    """A/A pairs of a candidate's change about their centre: the smallest of a few cases'
+    changes is below zero when nothing changed (the median of its A/A pairs); a Walsh
+    median is centred at zero."""
+    if cases >= ROBUST_CASES or len(pairs) < 2:
+        return pairs, 0.0
+    centre = statistics.median(pairs)
+    return [p - centre for p in pairs], centre
 
 
 def _bar(spread: Spread, n_base: int, alpha: float, tail_df: float) -> float:
