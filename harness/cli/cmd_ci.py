@@ -77,11 +77,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="child processes side by side for warm-up, correctness and the "
                         "sanitizer (default: one per CPU core on a GPU runner, at most 16)")
     p.add_argument("--timing-min", type=int, default=None, metavar="N",
-                   help="floor of timed cases per owned candidate (default: [tool.fa-harness]"
-                        " timing-min, else 8)")
+                   help="floor of timed cases per owned candidate, over a manifest's "
+                        "timing_min too (default: the manifest's, else [tool.fa-harness] "
+                        "timing-min, else 8)")
     p.add_argument("--timing-cases", type=int, default=None, metavar="N",
-                   help="timed cases per owned candidate when time allows (default: "
-                        "[tool.fa-harness] timing-cases, else 16)")
+                   help="timed cases per owned candidate when time allows, over a manifest's "
+                        "timing_cases too (default: the manifest's, else [tool.fa-harness] "
+                        "timing-cases, else 16)")
     p.add_argument("--baseline-branch", default="main",
                    help="branch whose recent runs are the baseline when the parent commit "
                         "has no run (default main)")
