@@ -219,14 +219,14 @@ def browser(url: str, spec: SynthSpec, shots: Path) -> dict[str, Any]:
 def gate_reads(url: str) -> dict[str, Any]:
     """What `fa-harness ci` and `import` read of this history for the newest run: the
     noise model (harness.records.noise.from_db) and the step search's series of three
-    candidates (harness.records.steps.history_from_db), each timed twice (seconds)."""
+    candidates (harness.records.step_gate.history_from_db), each timed twice (seconds)."""
     from sqlalchemy import func, select
     from sqlalchemy.orm import sessionmaker
 
     from harness.records.db.database import Database
     from harness.records.db.models import Run
     from harness.records.noise import from_db
-    from harness.records.steps import history_from_db
+    from harness.records.step_gate import history_from_db
 
     engine = create_engine(url)
     db = Database(url, engine, sessionmaker(engine))

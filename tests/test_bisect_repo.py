@@ -161,7 +161,7 @@ def test_alert_culprit_and_backfill_runs_in_commit_order_never_a_baseline(
     from harness.records.alerts import get_alert
     from harness.records.db.models import AlertRow, Run
     from harness.records.db.store import baseline_runs, get_run, open_db
-    from harness.records.steps import history_from_db
+    from harness.records.step_gate import history_from_db
 
     repo, commits = team_repo
     url = str(tmp_path / "r.sqlite")

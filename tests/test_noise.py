@@ -175,7 +175,7 @@ def test_runs_that_did_not_time_a_case_leave_its_history_alone(tmp_path):
     decode case (counted per series, not per stored run); counting the last 20 runs of
     any kind, they saw two of its runs at two sources, and no spread at all."""
     from harness.records.db.store import get_run, open_db
-    from harness.records.steps import history_from_db
+    from harness.records.step_gate import history_from_db
 
     key = ("template", "fwd", "b1h32k8-1x1024-d128-fp16-none")
     url = realdata.fa_import(f"sqlite:///{tmp_path / 'r.sqlite'}", RESULTS)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from harness.records import steps
+from harness.records import step_gate, steps
 from harness.records.steps import find_steps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,7 +135,8 @@ def _cases(n: int, noise: float, step_at: int, step: float, seed: int
 
 
 def test_a_whole_kernel_step_that_each_cases_noise_hides_is_named_by_their_mean():
-    from harness.records.steps import ALL_CASES, candidate_series, confirmed_steps
+    from harness.records.step_gate import confirmed_steps
+    from harness.records.steps import ALL_CASES, candidate_series
 
     series = _cases(12, noise=0.012, step_at=21, step=1.02, seed=5)
     named = [st for pts in series.values()
@@ -162,7 +163,8 @@ def test_a_whole_kernel_step_that_each_cases_noise_hides_is_named_by_their_mean(
 
 def test_a_candidate_step_marks_its_slower_cases_or_else_its_slowest():
     from harness.records.compare import Report, Verdict
-    from harness.records.steps import ALL_CASES, Step, apply_steps
+    from harness.records.step_gate import apply_steps
+    from harness.records.steps import ALL_CASES, Step
 
     st = Step(index=21, last_good="c20", first_bad="c21", ratio=1.02, sigma=0.004)
     vs = [Verdict("k", "a", "same", ratio=1.01), Verdict("k", "b", "same", ratio=0.995),
@@ -304,7 +306,7 @@ def test_the_gate_reads_where_the_source_changed_from_the_stored_records(tmp_pat
 def _forget_verdicts(url: str) -> None:
     """As if no gate had run at the earlier commits: the step search at the newest one
     then reports what it finds (a step an earlier stored verdict flagged is reported
-    once, there: steps.unreported)."""
+    once, there: step_gate.unreported)."""
     import sqlite3
 
     con = sqlite3.connect(url.removeprefix("sqlite:///"))
@@ -358,8 +360,8 @@ def _gate_on_noisy_runs(where: Path, *, seed: int, noise: float, factor: Any,
 def test_across_chips_a_step_must_hold_a_third_commit():
     """Two runs in a row on slow chips look like a confirmed step; where the points ran on
     several chips a step is a regression only once a third commit holds the new level
-    (harness.records.steps._points_needed). On one chip two are enough."""
-    from harness.records.steps import CONFIRM_POINTS_ACROSS, confirmed_steps
+    (harness.records.step_gate._points_needed). On one chip two are enough."""
+    from harness.records.step_gate import CONFIRM_POINTS_ACROSS, confirmed_steps
 
     meds = _series({}, seed=3)
     meds[-2] *= 1.03  # two chips 3% slow, the last two runs
@@ -383,7 +385,7 @@ def test_two_runs_at_a_new_level_must_stand_clear_of_their_noise():
     turned a no-op commit red (bench/gate_verdicts.py, band 0.5-1.5%) waits for a third
     commit; a 3% one does not."""
     small = steps.Step(index=10, last_good="a", first_bad="b", ratio=1.018, sigma=0.0094)
-    assert not steps._held_enough(small, 2)
-    assert steps._held_enough(small, 3)
+    assert not step_gate._held_enough(small, 2)
+    assert step_gate._held_enough(small, 3)
     big = steps.Step(index=10, last_good="a", first_bad="b", ratio=1.03, sigma=0.0094)
-    assert steps._held_enough(big, 2)
+    assert step_gate._held_enough(big, 2)

@@ -26,7 +26,7 @@ from harness.records.db.database import Database
 from harness.records.db.models import Comparison
 from harness.records.db.queries import baseline_runs, get_run, load_record
 from harness.records.noise import from_db as noise_from_db
-from harness.records.steps import apply_steps, confirmed_steps, history_with_chips, unreported
+from harness.records.step_gate import apply_steps, confirmed_steps, history_with_chips, unreported
 
 # The gate's defaults (GateOptions.window, .baseline_branch), so an imported run is judged
 # against the runs a CI job on its branch would have compared it with.

@@ -143,7 +143,12 @@ class GateOutcome:
 def _steps(db: Any, out: GateOutcome, record: RunRecord) -> None:
     """A step across commits that this commit confirms is a regression of the owned
     candidate even when the pairwise comparison saw none (harness.records.steps)."""
-    from harness.records.steps import apply_steps, confirmed_steps, history_with_chips, unreported
+    from harness.records.step_gate import (
+        apply_steps,
+        confirmed_steps,
+        history_with_chips,
+        unreported,
+    )
 
     owned = [k for k, info in record.kernels.items() if info.get("owned")]
     if out.report is None or not record.commit or not owned or out.run_id is None:
