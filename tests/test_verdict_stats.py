@@ -134,13 +134,13 @@ def test_a_candidate_of_few_cases_needs_every_case_to_move():
 
 def test_the_smallest_of_a_few_cases_is_centred_on_its_aa_runs():
     """With nothing changed the least-moved of two cases is below zero by about half a
-    spread: its A/A pairs' median is taken out (`_centred`), else every run would read as
+    spread: its A/A pairs' median is taken out (`centred`), else every run would read as
     faster and a slowdown's bar would be too high."""
     pairs = [-0.004, -0.002, -0.003, 0.001, -0.006, -0.001]
-    centred, centre = vs._centred(pairs, 2)
+    centred, centre = vs.centred(pairs, 2)
     assert centre == pytest.approx(-0.0025)
     assert statistics.median(centred) == pytest.approx(0.0)
-    assert vs._centred(pairs, vs.ROBUST_CASES) == (pairs, 0.0)
+    assert vs.centred(pairs, vs.ROBUST_CASES) == (pairs, 0.0)
 
 
 def statistics_mean_log(model, key):

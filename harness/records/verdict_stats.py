@@ -87,10 +87,23 @@ from typing import Any
 from scipy import stats
 
 from harness.records.noise import Key, NoiseModel
+from harness.records.verdict_history import (  # noqa: F401  (names the tests and docs use)
+    MAD_EFFICIENCY,
+    MIN_COMMON,
+    PRIOR_DF,
+    ROBUST_CASES,
+    WINDOW,
+    Spread,
+    candidate_change,
+    candidate_pairs,
+    case_spreads,
+    centred,
+    log_median,
+    robust_scale,
+    walsh_median,
+    window,
+)
 
-WINDOW = 5  # baseline runs at the same source whose mean a change is taken against
-PRIOR_DF = 4.0  # degrees of freedom the prior spread is worth
-MAD_EFFICIENCY = 0.37  # degrees of freedom per A/A pair of a robust (MAD) scale
 MIN_CHANGE = 0.01  # the smallest change that is flagged, per case and per candidate
 CASE_Q = 0.0025  # Benjamini-Hochberg level over the owned cases of one run
 CANDIDATE_ALPHA = 0.0025  # one-sided, split over the owned candidates whose source changed
@@ -103,11 +116,6 @@ UNCHANGED_SHARE = 0.05
 # cases), on one chip: bench/gate_verdicts.py --tails.
 CASE_TAIL_DF = 1.5
 CANDIDATE_TAIL_DF = math.inf  # one chip: the moderated spread's own degrees of freedom
-# A candidate of fewer cases changes by its least-moved case (module doc, 3.): a Walsh
-# median of two or three cases is their mean, which one case's heavy-tailed excursion
-# moves (on one chip's series a 2-case candidate read 1.1% slower, p = 3e-5, from one
-# case's noise), while a change to the kernel moves every case.
-ROBUST_CASES = 4
 # Across chips (a run on another GPU than its baseline's, or unknown): the chips of one
 # model differ by several percent for a whole candidate (1.3 degrees of freedom fitted).
 ACROSS_TAIL_DF = 1.5
@@ -115,56 +123,7 @@ PROTECTED_ALPHA = 0.05  # a case of a candidate found slower as a whole
 OPEN_ALPHA = 0.01  # unadjusted p below this and beyond MIN_CHANGE: "inconclusive"
 LARGE_CHANGE = 0.05  # a case's change this large ...
 LARGE_K = 15.0  # ... and this many spreads of the difference is flagged on its own
-MIN_COMMON = 2  # cases two runs must share for a candidate-level A/A pair
 
-
-def _log(m: Any) -> float | None:
-    try:
-        x = float(m)
-    except (TypeError, ValueError):
-        return None
-    return math.log(x) if x > 0 and math.isfinite(x) else None
-
-
-def robust_scale(diffs: Sequence[float]) -> float:
-    """One run's spread from |differences| of A/A pairs (noise module's scale)."""
-    return 1.4826 * statistics.median(abs(d) for d in diffs) / math.sqrt(2.0)
-
-
-def walsh_median(xs: Sequence[float]) -> float:
-    """The one-sample Hodges-Lehmann estimate: the median of all (x_i + x_j) / 2, i <= j."""
-    return statistics.median((a + b) / 2.0 for i, a in enumerate(xs) for b in xs[i:])
-
-
-@dataclass(frozen=True)
-class Spread:
-    """A moderated run-to-run spread (module doc, 2.): the value, its degrees of freedom,
-    the pairs it saw and the prior it was shrunk toward."""
-
-    value: float
-    df: float
-    pairs: int
-    prior: float | None
-
-    @staticmethod
-    def moderate(pairs: Sequence[float], prior: float | None) -> Spread | None:
-        nu = MAD_EFFICIENCY * len(pairs) if len(pairs) >= 2 else 0.0
-        own = robust_scale(pairs) if nu else None
-        if prior is None or not math.isfinite(prior) or prior <= 0:
-            return Spread(own, nu, len(pairs), None) if own else None
-        if own is None:
-            return Spread(prior, PRIOR_DF, len(pairs), prior)
-        var = (PRIOR_DF * prior ** 2 + nu * own ** 2) / (PRIOR_DF + nu)
-        return Spread(math.sqrt(var), PRIOR_DF + nu, len(pairs), prior)
-
-    def t(self, d: float, n_base: int) -> float:
-        return d / (self.value * math.sqrt(1.0 + 1.0 / max(n_base, 1)))
-
-    def p_up(self, d: float, n_base: int, tail_df: float = math.inf) -> float:
-        return float(stats.t.sf(self.t(d, n_base), min(self.df, tail_df)))
-
-    def p_down(self, d: float, n_base: int, tail_df: float = math.inf) -> float:
-        return float(stats.t.cdf(self.t(d, n_base), min(self.df, tail_df)))
 
 
 @dataclass
@@ -210,72 +169,6 @@ class RunDecision:
     candidates: list[CandidateChange] = field(default_factory=list)
 
 
-# ----------------------------------------------------------------- history reading
-
-
-def _points(noise: NoiseModel, key: Key) -> list[tuple[str, float, str, Any]]:
-    runs = noise.runs.get(key) or [None] * len(noise.points.get(key, []))
-    return [(src, x, dev, run) for (src, m, dev), run in zip(noise.points.get(key, []), runs,
-                                                             strict=True)
-            if (x := _log(m)) is not None]
-
-
-def window(noise: NoiseModel, key: Key, source: str, device: str,
-           base: Sequence[dict[str, Any]] = ()) -> list[float]:
-    """The ln medians of the last `WINDOW` runs at `source`, of `device` where it has any
-    (module doc, 1.). `base`: the baseline's entries of the key, newest first; a history
-    that does not end with the newest of them (the baseline is not in it) gives way to
-    their medians."""
-    pts = [(x, dev) for src, x, dev, _ in _points(noise, key) if src == source]
-    own = [x for x, dev in pts if device and dev == device]
-    win = (own or [x for x, _ in pts])[-WINDOW:]
-    first = _log(base[0].get("median_ms")) if base else None
-    if first is not None and not any(abs(x - first) < 1e-12 for x in win):
-        return [x for e in base[:WINDOW] if (x := _log(e.get("median_ms"))) is not None]
-    return win
-
-
-def candidate_change(ds: Sequence[float]) -> float:
-    """A candidate's change from its cases' changes (module doc, 3.): the Walsh median of
-    `ROBUST_CASES` or more; with fewer, the smallest (every case must have moved)."""
-    return walsh_median(ds) if len(ds) >= ROBUST_CASES else min(ds)
-
-
-def _candidate_pairs(noise: NoiseModel, variant: str, pass_name: str,
-                     across: bool | None) -> list[float]:
-    """The candidate's change (`candidate_change`) between consecutive runs at one source
-    over the cases both timed (A/A pairs of the candidate as a whole), of the kind
-    `across` is."""
-    runs: dict[Any, dict[str, tuple[float, str, str]]] = {}
-    for key in noise.points:
-        if key[0] != variant or key[1] != pass_name:
-            continue
-        for src, x, dev, run in _points(noise, key):
-            if run is not None:
-                runs.setdefault(run, {})[key[2]] = (x, src, dev)
-    # Run ids grow with the history (database ids, or the order rows were added in).
-    ordered = [runs[r] for r in sorted(runs, key=lambda r: (isinstance(r, str), r))]
-    out = []
-    for a, b in zip(ordered, ordered[1:], strict=False):
-        common = sorted(set(a) & set(b))
-        if len(common) < MIN_COMMON:
-            continue
-        sa = {a[c][1] for c in common}
-        if len(sa) != 1 or sa != {b[c][1] for c in common}:
-            continue  # the code changed between them: not an A/A pair
-        da = {a[c][2] for c in common}
-        db = {b[c][2] for c in common}
-        if across is not None and (len(da) != 1 or len(db) != 1 or "" in da or "" in db
-                                   or (da != db) != across):
-            continue
-        out.append(candidate_change([b[c][0] - a[c][0] for c in common]))
-    return out
-
-
-def _case_spreads(noise: NoiseModel, across: bool | None) -> dict[Key, list[float]]:
-    return {k: noise.used(k, across) for k in noise.points}
-
-
 # ----------------------------------------------------------------- the decision
 
 
@@ -297,7 +190,7 @@ def decide(verdicts: Sequence[Any], new_entries: dict[Key, dict[str, Any]],
     for v in verdicts:
         key = (v.variant, v.pass_name, v.case_id)
         entry = new_entries.get(key)
-        x = _log((entry or {}).get("median_ms"))
+        x = log_median((entry or {}).get("median_ms"))
         if entry is None or x is None or entry.get("status") != "passed":
             continue
         if not base_entries.get(key) or v.verdict in ("new", "missing"):
@@ -308,7 +201,7 @@ def decide(verdicts: Sequence[Any], new_entries: dict[Key, dict[str, Any]],
                      device if not across else "", base)
         if not win:
             continue
-        pairs = pools.setdefault(across, _case_spreads(noise, across))
+        pairs = pools.setdefault(across, case_spreads(noise, across))
         own = pairs.get(key, [])
         others = [robust_scale(p) for k, p in pairs.items()
                   if k[:2] == key[:2] and k != key and len(p) >= 2]
@@ -338,13 +231,13 @@ def _candidates(out: RunDecision, noise: NoiseModel,
     theirs: dict[tuple[str, str], float] = {}
     kinds = {g: across_of(cs[0].key) for g, cs in groups.items()}
     for g in groups:
-        pairs, _ = _centred(_candidate_pairs(noise, g[0], g[1], kinds[g]), len(groups[g]))
+        pairs, _ = centred(candidate_pairs(noise, g[0], g[1], kinds[g]), len(groups[g]))
         if len(pairs) >= 2:
             theirs[g] = robust_scale(pairs)
     for (name, pass_name), cs in sorted(groups.items()):
         if len(cs) < MIN_COMMON:
             continue
-        pairs, centre = _centred(_candidate_pairs(noise, name, pass_name,
+        pairs, centre = centred(candidate_pairs(noise, name, pass_name,
                                                   kinds[(name, pass_name)]), len(cs))
         others = [s for g, s in theirs.items() if g != (name, pass_name)]
         prior = statistics.median(others) if others else statistics.median(
@@ -366,16 +259,6 @@ def _candidates(out: RunDecision, noise: NoiseModel,
         if cand.p_value < alpha and d >= math.log1p(MIN_CHANGE):
             cand.verdict = "regression"
         out.candidates.append(cand)
-
-
-def _centred(pairs: list[float], cases: int) -> tuple[list[float], float]:
-    """A/A pairs of a candidate's change about their centre: the smallest of a few cases'
-    changes is below zero when nothing changed (the median of its A/A pairs); a Walsh
-    median is centred at zero."""
-    if cases >= ROBUST_CASES or len(pairs) < 2:
-        return pairs, 0.0
-    centre = statistics.median(pairs)
-    return [p - centre for p in pairs], centre
 
 
 def _bar(spread: Spread, n_base: int, alpha: float, tail_df: float) -> float:
