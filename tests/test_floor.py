@@ -67,3 +67,33 @@ def test_bytes_that_must_come_from_dram():
     assert unfit_ideal_bytes(DECODE, l2) == reads - l2
     small = Case(1, 1, 1, 64, 64, 64, "float16", MaskKind.NONE)
     assert unfit_ideal_bytes(small, l2) == 0
+
+
+def test_fp8_floor_uses_the_fp8_peak():
+    """An FP8 case's compute ceiling is FP8's (Hopper: twice fp16's): a compute-bound FP8
+    forward at 1,500 TFLOP/s on the H100 SXM is possible, the same speed in fp16 is not;
+    the A100 has no FP8 tensor cores, so its fp8 floor stays at the fp16 peak."""
+    from harness.core.cases import Fp8
+    from harness.core.flops import attention_flops
+
+    assert (GPU_SPECS["h100-sxm"].tflops_fp8, GPU_SPECS["h200"].tflops_fp8) == (1979.0, 1979.0)
+    assert GPU_SPECS["a100-80gb-sxm"].tflops_fp8 is None
+    plain = Case(1, 16, 16, 8192, 8192, 128, "bfloat16", MaskKind.NONE)
+    fp8 = Case(1, 16, 16, 8192, 8192, 128, "bfloat16", MaskKind.NONE, fp8=Fp8.QKV_TENSOR)
+    cache = Case(1, 16, 16, 8192, 8192, 128, "bfloat16", MaskKind.NONE, fp8=Fp8.KV_HEAD)
+    at_1500 = attention_flops(plain) / 1500e12 * 1e3
+    h100 = "NVIDIA H100 80GB HBM3"
+    f_plain, f_fp8, f_cache = (floors(c, ScoringOptions(), h100) for c in (plain, fp8, cache))
+    assert f_plain.physical_ms is not None and f_fp8.physical_ms is not None
+    assert f_fp8.physical_ms == pytest.approx(attention_flops(fp8) / 1979e12 * 1e3)
+    assert f_cache.physical_ms == f_fp8.physical_ms  # a cache kernel may run e4m3 GEMMs
+    assert judge(at_1500, f_plain, 0.02).verdict == "invalid"
+    assert judge(at_1500, f_fp8, 0.02).verdict == "ok"
+    assert judge(attention_flops(fp8) / 2100e12 * 1e3, f_fp8, 0.02).verdict == "invalid"
+    a100 = floors(fp8, ScoringOptions(), "NVIDIA A100-SXM4-80GB")
+    assert a100.physical_ms == pytest.approx(attention_flops(fp8) / 312e12 * 1e3)
+    # a datasheet given in the options may name its FP8 peak; without one, fp16's
+    sheet = {"name": "x", "tflops_fp16": 100.0, "hbm_tbps": 1e6}
+    f_sheet = floors(fp8, ScoringOptions(datasheet=sheet), "any")
+    f_sheet8 = floors(fp8, ScoringOptions(datasheet={**sheet, "tflops_fp8": 200.0}), "any")
+    assert f_sheet.physical_ms == pytest.approx(2 * f_sheet8.physical_ms)

@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.core.cases import Case
-from harness.core.fp8 import scalar_descales, stored_bytes
+from harness.core.fp8 import Fp8, scalar_descales, stored_bytes
 
 F32 = 4
 ALGORITHMS = ("naive_3pass", "naive_fused", "fa1", "fa2", "splitkv", "ideal")
@@ -52,7 +52,8 @@ DEFAULT_BLOCK_K = 64
 @dataclass(frozen=True)
 class GpuSpec:
     """Datasheet ceilings: dense fp16/bf16 tensor-core TFLOP/s (without sparsity) and HBM
-    TB/s, the L2 size, the device names that identify the part, and the datasheet."""
+    TB/s, the L2 size, the device names that identify the part, the datasheet, and the
+    dense FP8 (e4m3) tensor-core TFLOP/s (None: no FP8 tensor cores, e.g. the A100)."""
 
     name: str
     tflops_fp16: float
@@ -60,6 +61,17 @@ class GpuSpec:
     l2_bytes: int = 0
     device_names: tuple[str, ...] = ()  # substrings of torch.cuda.get_device_name()
     source: str = ""
+    tflops_fp8: float | None = None
+
+    def peak_tflops(self, case: Case) -> float:
+        """The compute ceiling of `case`: FP8's for a case with e4m3 tensors on a GPU with
+        FP8 tensor cores, else fp16/bf16's. A KV-cache case (Q in the dtype) gets FP8's
+        too: a kernel may quantize Q and run both products in e4m3 (vLLM's FA3 path with
+        an FP8 cache does), so fp16's peak would call such an honest kernel impossible.
+        Without FP8 tensor cores every e4m3 tile is widened first: fp16's peak."""
+        if Fp8(case.fp8) is not Fp8.NONE and self.tflops_fp8:
+            return self.tflops_fp8
+        return self.tflops_fp16
 
     @property
     def ridge(self) -> float:
@@ -68,25 +80,30 @@ class GpuSpec:
 
 
 _H100_DS = ("NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100): "
-            "SXM 989 TFLOP/s dense FP16/BF16 (1,979 with sparsity), 3.35 TB/s; PCIe 756, "
-            "2.0 TB/s; NVL 835, 3.9 TB/s; 50 MB L2")
+            "SXM 989 TFLOP/s dense FP16/BF16 (1,979 with sparsity), 1,979 dense FP8 "
+            "(3,958 with sparsity), 3.35 TB/s; PCIe 756, FP8 1,513 (3,026), 2.0 TB/s; NVL "
+            "835, FP8 1,670.5 (3,341), 3.9 TB/s; 50 MB L2")
 _H200_DS = ("NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200): "
-            "SXM 989 TFLOP/s dense FP16/BF16 (1,979 with sparsity), 4.8 TB/s; NVL 835, "
-            "4.8 TB/s; 50 MB L2 (Hopper architecture whitepaper)")
+            "SXM 989 TFLOP/s dense FP16/BF16 (1,979 with sparsity), 1,979 dense FP8 "
+            "(3,958 with sparsity), 4.8 TB/s; NVL 835, FP8 1,670.5 (3,341), 4.8 TB/s; "
+            "50 MB L2 (Hopper architecture whitepaper)")
 _A100_DS = ("NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/a100): "
             "312 TFLOP/s dense FP16/BF16 (624 with sparsity); 80GB SXM 2,039 GB/s, 80GB PCIe "
             "1,935 GB/s, 40GB 1,555 GB/s; 40 MB L2 (Ampere architecture whitepaper)")
 _MB = 1024 * 1024
 
 # Ordered: the first entry whose device name occurs in the GPU's name applies, so the
-# more specific names (NVL, PCIe, 40GB) come before the plain ones.
+# more specific names (NVL, PCIe, 40GB) come before the plain ones. Hopper's dense FP8
+# peak is twice its fp16 one (the H200 has the H100 SXM's compute); the A100 has no FP8
+# tensor cores.
 GPU_SPECS: dict[str, GpuSpec] = {
     s.name: s for s in (
-        GpuSpec("h200-nvl", 835.0, 4.8, 50 * _MB, ("H200 NVL",), _H200_DS),
-        GpuSpec("h200", 989.0, 4.8, 50 * _MB, ("H200",), _H200_DS),
-        GpuSpec("h100-nvl", 835.0, 3.9, 50 * _MB, ("H100 NVL",), _H100_DS),
-        GpuSpec("h100-pcie", 756.0, 2.0, 50 * _MB, ("H100 PCIe",), _H100_DS),
-        GpuSpec("h100-sxm", 989.0, 3.35, 50 * _MB, ("H100 80GB HBM3", "H100 SXM"), _H100_DS),
+        GpuSpec("h200-nvl", 835.0, 4.8, 50 * _MB, ("H200 NVL",), _H200_DS, 1670.5),
+        GpuSpec("h200", 989.0, 4.8, 50 * _MB, ("H200",), _H200_DS, 1979.0),
+        GpuSpec("h100-nvl", 835.0, 3.9, 50 * _MB, ("H100 NVL",), _H100_DS, 1670.5),
+        GpuSpec("h100-pcie", 756.0, 2.0, 50 * _MB, ("H100 PCIe",), _H100_DS, 1513.0),
+        GpuSpec("h100-sxm", 989.0, 3.35, 50 * _MB, ("H100 80GB HBM3", "H100 SXM"), _H100_DS,
+                1979.0),
         GpuSpec("a100-80gb-pcie", 312.0, 1.935, 40 * _MB, ("A100 80GB PCIe",), _A100_DS),
         GpuSpec("a100-40gb", 312.0, 1.555, 40 * _MB, ("A100-SXM4-40GB", "A100-PCIE-40GB"),
                 _A100_DS),
@@ -307,12 +324,16 @@ def roofline_tflops(intensity: float, spec: GpuSpec | Ceilings) -> float:
     return min(spec.tflops_fp16, intensity * spec.hbm_tbps)
 
 
-def roofline_floor_ms(flops: int | float, nbytes: int | float, spec: GpuSpec | Ceilings) -> float:
+def roofline_floor_ms(flops: int | float, nbytes: int | float, spec: GpuSpec | Ceilings,
+                      case: Case | None = None) -> float:
     """The least time any kernel needs to do `flops` and move `nbytes` on `spec`
-    (ms). Measurements below this floor are physically impossible (status invalid)."""
+    (ms). Measurements below this floor are physically impossible (status invalid). With
+    `case`, the compute ceiling is the peak of its input precision (`GpuSpec.peak_tflops`:
+    FP8's for e4m3 inputs); without, fp16/bf16's."""
     if isinstance(spec, Ceilings):
         spec = spec.as_spec()
-    return max(flops / (spec.tflops_fp16 * 1e12), nbytes / (spec.hbm_tbps * 1e12)) * 1e3
+    peak = spec.tflops_fp16 if case is None else spec.peak_tflops(case)
+    return max(flops / (peak * 1e12), nbytes / (spec.hbm_tbps * 1e12)) * 1e3
 
 
 def get_gpu(name: str) -> GpuSpec:

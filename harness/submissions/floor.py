@@ -3,7 +3,8 @@
 Two levels, both max(FLOPs / compute ceiling, ideal HBM bytes / bandwidth ceiling):
 
 * the **physical floor**, from the datasheet of the runner's GPU (`iomodel.GPU_SPECS`:
-  dense tensor-core peak and HBM bandwidth, sources in the table): nothing runs faster, so
+  dense tensor-core peak of the case's input precision, FP8's for e4m3 inputs
+  (`GpuSpec.peak_tflops`), and HBM bandwidth, sources in the table): nothing runs faster, so
   a sample below it (less `floor_slack`, for the timer's resolution) is `invalid`. A GPU
   missing from the table has no floor, and the report says so;
 * the **runner's own ceilings**, measured (`harness.measure.calibrate`: copy GB/s, matmul
@@ -46,8 +47,10 @@ def device_name(device: str) -> str:
 def datasheet(options: ScoringOptions, name: str) -> GpuSpec | None:
     if options.datasheet:
         d = options.datasheet
+        fp8 = d.get("tflops_fp8")
         return GpuSpec(str(d.get("name", "options")), float(d["tflops_fp16"]),
-                       float(d["hbm_tbps"]), int(d.get("l2_bytes", 0)))
+                       float(d["hbm_tbps"]), int(d.get("l2_bytes", 0)),
+                       tflops_fp8=None if fp8 is None else float(fp8))
     return datasheet_for(name)
 
 
@@ -85,8 +88,12 @@ def floor_ms(case: Case, ceilings: dict[str, float], *, backward: bool = False) 
 def floors(case: Case, options: ScoringOptions, gpu_name: str, *,
            backward: bool = False) -> Floors:
     spec = datasheet(options, gpu_name)
+    # The compute ceiling of the case's precision: fp16's would put the floor of an FP8
+    # case twice too high on Hopper and call a fast, honest FP8 kernel invalid. (The
+    # measured ceilings stay the calibration's fp16/bf16 matmul: an FP8 case faster than
+    # those is suspicious, and re-checked, not invalid.)
     physical = None if spec is None else floor_ms(
-        case, {"copy_gbps": spec.hbm_tbps * 1000, "matmul_tflops": spec.tflops_fp16},
+        case, {"copy_gbps": spec.hbm_tbps * 1000, "matmul_tflops": spec.peak_tflops(case)},
         backward=backward)
     ceilings, source = measured_ceilings(options, case.dtype)
     measured = None if ceilings is None else floor_ms(case, ceilings, backward=backward)

@@ -53,7 +53,8 @@ class ScoringOptions:
     # The runner's measured ceilings (else its calibration): faster is `suspicious`.
     ceilings: dict[str, float] | None = None  # {"copy_gbps": .., "matmul_tflops": ..}
     # The datasheet to use instead of the runner GPU's table entry (tests, unknown GPUs):
-    # {"name": .., "tflops_fp16": .., "hbm_tbps": .., "l2_bytes": ..}.
+    # {"name": .., "tflops_fp16": .., "hbm_tbps": .., "l2_bytes": .., "tflops_fp8": ..}
+    # (tflops_fp8 optional: without it fp8 cases get the fp16 peak).
     datasheet: dict[str, Any] | None = None
     # Re-check suspicious cases with Nsight Compute when it is installed.
     ncu_recheck: bool = True
