@@ -9,6 +9,11 @@ flex's own document masking over the packed tensors. It returns the LSE (natural
 -inf for a fully masked row, whose output is 0). Paged caches are skipped: torch's
 public API has no paged flex_attention (PAGED_REASON).
 
+Score modifiers (harness.candidates.flex_mods): softcap and ALiBi are a `score_mod`;
+sinks, which no score_mod can add, are folded in from the LSE after the kernel. Any head
+dim, and d_v != d_qk (flex's `Ev`; compiled, non-power-of-two dims are padded inside
+the kernel). FP8 cases are skipped (FP8_REASON).
+
 Varlen padding rows. flex_attention writes every row of its output, and the harness's
 padding rows between packed sequences must stay unwritten. So flex never writes the
 harness's buffers: when a case has padding rows, the timed call gathers the sequences'
@@ -39,6 +44,7 @@ from typing import Any
 import torch
 
 from harness.candidates.flex_masks import block_mask_for
+from harness.candidates.flex_mods import score_mod_for, with_sinks
 from harness.candidates.python_candidate import PythonKernel, autograd_backward
 
 _compiled: dict[str, Any] = {}
@@ -72,9 +78,11 @@ def _flex(device: str):
 
 
 def flex_prepare(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale,
-                 window_left=-1, window_right=-1, layout="dense", serving=None, **_):
-    """The block mask is built here, once per input set (and kept while the next input
-    set of the same case needs the same one: flex_masks), outside the timed call."""
+                 window_left=-1, window_right=-1, layout="dense", serving=None,
+                 softcap=0.0, alibi_slopes=None, sinks=None, **_):
+    """The block mask and the score_mod are built here, once per input set (and the
+    block mask kept while the next input set of the same case needs the same one:
+    flex_masks), outside the timed call."""
     H = q.shape[1]
     window = (window_left, window_right)
     rows = _padded_rows(q, serving) if layout == "varlen" else None
@@ -82,6 +90,10 @@ def flex_prepare(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale,
                                 key_lengths=key_lengths, causal_offset=causal_offset,
                                 window=window, layout=layout, serving=serving,
                                 compact=rows is not None)
+    # softcap and ALiBi as a score_mod; sinks folded in from the LSE (flex_mods' doc)
+    score_mod = score_mod_for(softcap, alibi_slopes, mask_kind, q.shape[2], k.shape[2],
+                              q.device)
+    mod_kw = {} if score_mod is None else {"score_mod": score_mod}
     flex = _flex(q.device.type)
     gqa = k.shape[1] != H
     try:
@@ -89,7 +101,7 @@ def flex_prepare(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale,
     except ImportError:  # torch before AuxRequest
         AuxRequest = None
     if rows is not None:  # the scratch result the sequences' rows are scattered into
-        out_s = torch.zeros_like(q)
+        out_s = q.new_zeros(q.shape[:3] + (v.shape[-1],))
         lse_s = torch.full(q.shape[:3], -torch.inf, dtype=torch.float32, device=q.device)
 
     def flex_call(fn, kernel_options):
@@ -100,10 +112,11 @@ def flex_prepare(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale,
             q_in = q if rows is None else q.index_select(2, rows)
             if AuxRequest is not None:
                 out, aux = fn(q_in, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa,
-                              return_aux=AuxRequest(lse=True), **extra)
-                return out, aux.lse
-            return fn(q_in, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa,
-                      return_lse=True, **extra)
+                              return_aux=AuxRequest(lse=True), **mod_kw, **extra)
+                return with_sinks(out, aux.lse, sinks)
+            out, lse = fn(q_in, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa,
+                          return_lse=True, **mod_kw, **extra)
+            return with_sinks(out, lse, sinks)
 
     def attempt(fn, kernel_options):
         out, lse = flex_call(fn, kernel_options)
@@ -122,7 +135,8 @@ def flex_prepare(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale,
     from torch.nn.attention.flex_attention import flex_attention as eager
 
     paths = [(flex, None), (flex, _SMALL_TILES), (eager, None)]
-    key = (q.dtype, tuple(q.shape), tuple(k.shape), mask_kind, window, layout)
+    key = (q.dtype, tuple(q.shape), tuple(k.shape), tuple(v.shape), mask_kind, window,
+           layout, bool(softcap), alibi_slopes is not None)
     return lambda: first_working(key, paths, attempt, _note_fallback)
 
 
@@ -200,8 +214,16 @@ PAGED_REASON = ("flex_attention cannot read a block table: torch's public API ha
                 "KV cache (only the private torch.nn.attention.experimental._paged_attention)")
 
 
+# flex_attention takes e4m3 tensors on the GPU but no descales: the harness's scales would
+# have to go through a score_mod (d_q d_k) and a rescale of O (d_v), a peer not written.
+FP8_REASON = ("flex_attention has no descale arguments for e4m3 inputs (an FP8 flex peer, "
+              "descales through a score_mod and a rescale of O, is not written)")
+
+
 def flex_supports(case) -> str | None:  # noqa: ANN001 - a harness.core.cases.Case
-    return PAGED_REASON if case.layout.value == "paged" else None
+    if case.layout.value == "paged":
+        return PAGED_REASON
+    return FP8_REASON if case.fp8.value != "none" else None
 
 
 def _available() -> str | None:
@@ -221,9 +243,13 @@ def flex_candidates() -> list[PythonKernel]:
         deterministic=True, algorithm="fa2" if device == "cuda" else "naive_fused",
         tiles={"block_q": 128} if device == "cuda" else {},
         description="PyTorch flex_attention (compiled on the GPU, eager on the CPU), "
-                    "every mask kind, sliding windows and varlen as a block mask",
+                    "every mask kind, sliding windows and varlen as a block mask, softcap "
+                    "and ALiBi as a score_mod, sinks from the LSE",
         available=_available, prepare=flex_prepare, notes=take_notes,
         supports=flex_supports, layouts=("dense", "varlen"), window=True,
+        # softcap and ALiBi as a score_mod, sinks from the LSE (flex_mods); V's own head
+        # dim is flex's Ev
+        softcap=True, alibi=True, sinks=True, head_dim_v=True,
         # its own (compiled) backward kernel, through autograd; torch has no flex
         # backward on the CPU ("FlexAttention does not support backward on CPU"); the
         # forward it differentiates builds the window's block mask, so it has the window

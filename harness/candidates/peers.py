@@ -28,6 +28,11 @@ reason ("sliding window as a boolean attn_mask: Flash Attention does not support
 non-null attn_mask", torch 2.11). Varlen and paged cases are skipped with the reason
 (LAYOUT_REASONS): SDPA has no cu_seqlens or block-table API.
 
+Score modifiers (harness.candidates.peer_mods): ALiBi is a float `attn_mask` (the bias,
+-inf where the mask or window hides a key), offered to every backend; softcap and sinks
+are skipped with the reason (SDPA has no hook for either). V may have its own head dim
+(d_v != d_qk), offered to every backend too: one that refuses it is skipped.
+
 Peers do not write LSE (`writes_lse=False`); the output is checked.
 
 The backward of each backend is torch.autograd through its forward, run under the same
@@ -48,6 +53,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.candidates.peer_mods import alibi_bias, causal_visible, mod_reason
 from harness.core.candidate import Candidate, Support
 from harness.core.cases import (
     Case,
@@ -84,8 +90,10 @@ def _backend(name: str):
 def _signature(case: Case, device: str) -> tuple:
     # Everything torch's backend selection looks at (a window is a mask); batch and seed
     # do not matter.
+    # ALiBi's float mask and V's own head dim are refused by some backends.
     return (device, case.dtype, case.head_dim, case.mask, case.heads, case.kv_heads,
-            case.seqlen_q, case.seqlen_k, case.window_left, case.window_right)
+            case.seqlen_q, case.seqlen_k, case.window_left, case.window_right, case.alibi,
+            case.dv)
 
 
 def _probe_case(case: Case) -> Case:
@@ -159,22 +167,37 @@ class SdpaPeer(Candidate):
             v = v.repeat_interleave(case.group_size, dim=1)
             gqa = False
 
+        if case.alibi:
+            # ALiBi is a float attn_mask, the case's mask and window folded in as -inf
+            # (peer_mods): it replaces is_causal and the boolean masks.
+            if case.has_window:
+                vis = window_mask(case, inputs)
+            else:
+                vis = causal_visible(case)
+                if inputs.mask is not None:
+                    m = inputs.mask.to(device=q.device, dtype=torch.bool)
+                    vis = m if vis is None else vis.to(q.device) & m
+            return self._sdpa(q, k, v, alibi_bias(case, inputs, vis), False, scale, gqa)
+
         if case.has_window:
             # The window (with the causal limit in it) as a boolean attn_mask: taken by
             # the backends that accept an arbitrary mask, refused by the others.
             return self._sdpa(q, k, v, window_mask(case, inputs), False, scale, gqa)
 
         if case.mask is MaskKind.CAUSAL_BR and not square and self.backend == "flash":
-            # aten flash: is_causal means bottom-right (FlashAttention's convention).
-            pad = (-case.head_dim) % 8
-            qp, kp, vp = ((torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v)) if pad
-                          else (q, k, v))
-            d = case.head_dim
+            # aten flash: is_causal means bottom-right (FlashAttention's convention). Head
+            # dims padded to a multiple of 8 (V's on its own: d_v may differ from d_qk).
+            def pad8(t: torch.Tensor) -> torch.Tensor:
+                pad = (-t.shape[-1]) % 8
+                return torch.nn.functional.pad(t, (0, pad)) if pad else t
+
+            qp, kp, vp = pad8(q), pad8(k), pad8(v)
+            dv = case.dv
 
             def flash_br() -> torch.Tensor:
                 out = torch.ops.aten._scaled_dot_product_flash_attention(
                     qp, kp, vp, 0.0, is_causal=True, return_debug_mask=False, scale=scale)[0]
-                return out[..., :d] if pad else out
+                return out[..., :dv]
 
             return flash_br
 
@@ -260,7 +283,8 @@ class SdpaPeer(Candidate):
                 and self._try(probe_case, inputs, gqa_native=False) is None):
             reason = None
         if reason is not None:
-            how = "sliding window as a boolean attn_mask: " if case.has_window else ""
+            how = ("ALiBi as a float attn_mask: " if case.alibi else
+                   "sliding window as a boolean attn_mask: " if case.has_window else "")
             reason = f"{self.name}: {how}{reason}"
         self._support_cache[key] = (reason, native)
         return reason, native
@@ -270,6 +294,9 @@ class SdpaPeer(Candidate):
     def supports(self, case: Case) -> str | None:
         if case.layout in LAYOUT_REASONS:
             return f"{self.name}: {LAYOUT_REASONS[case.layout]}"
+        why = mod_reason(case)  # softcap and sinks: what SDPA cannot express
+        if why:
+            return f"{self.name}: {why}"
         static = self.support.reason_unsupported(case)
         if static:
             return static
@@ -348,9 +375,11 @@ def _peer(backend: str, device: str, description: str, algorithm: str,
         algorithm=algorithm,
         # window: every backend is offered the window as a mask; one that refuses a mask
         # says so when its support is probed (sdpa_flash takes none).
+        # alibi, head_dim_v: every backend is offered ALiBi as a float mask and V of its
+        # own head dim; one that refuses either says so when probed (peer_mods).
         support=Support(writes_lse=False, deterministic=backend != "efficient",
                         backward=True, backward_deterministic=backend == "math",
-                        window=True),
+                        window=True, alibi=True, head_dim_v=True),
         description=description,
         isolate=False,
         tiles=dict(tiles or {}),
