@@ -29,6 +29,7 @@ from harness.cli.errors import (
     EXIT_USAGE,
     UsageError,
 )
+from harness.cli.helpfmt import DocstringFormatter
 
 __all__ = ["EXIT_FAIL", "EXIT_INTERRUPTED", "EXIT_NOT_MEASURED", "EXIT_OK", "EXIT_USAGE",
            "UsageError", "main"]
@@ -69,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                 p = sub.choices[name]
                 if not p.description and module.__doc__:
                     p.description = module.__doc__.strip()
-                    p.formatter_class = argparse.RawDescriptionHelpFormatter
+                    p.formatter_class = DocstringFormatter
     return parser
 
 

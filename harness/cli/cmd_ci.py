@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 from harness.cli._dbopt import add_db_option
 from harness.cli._discoveryopt import add_discovery_options
 from harness.cli.errors import EXIT_NOT_MEASURED, UsageError
+from harness.cli.helpfmt import DocstringFormatter
 
 if TYPE_CHECKING:
     from harness.runs.gate import GateOptions, GateOutcome
@@ -47,7 +48,7 @@ DEFAULT_BISECT_MINUTES = 30.0
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ci", help="the CI gate: run, record, store, compare, summarise",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=DocstringFormatter)
     p.add_argument("--grid", default="smoke,perf,decode",
                    help="comma-separated grids (default smoke,perf,decode; timing grids "
                         "need a GPU)")

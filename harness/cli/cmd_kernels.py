@@ -22,6 +22,7 @@ import re
 from harness.cli._discoveryopt import add_discovery_options
 from harness.cli.console import markup
 from harness.cli.errors import EXIT_FAIL, EXIT_OK, UsageError
+from harness.cli.helpfmt import DocstringFormatter
 
 ARCH_RE = re.compile(r"^sm_\d+[af]?\Z")
 
@@ -29,7 +30,7 @@ ARCH_RE = re.compile(r"^sm_\d+[af]?\Z")
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("kernels", help="list candidates and what they support; --compile "
                                        "builds the CUDA variants", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=DocstringFormatter)
     p.add_argument("--compile", action="store_true",
                    help="compile every CUDA variant with nvcc (no GPU needed) and, on a GPU, "
                         "warm the compile caches for everything `ci` runs here")
