@@ -109,13 +109,12 @@ def test_a_wrong_flex_modifier_is_caught(prepare, case, reason):
 
 
 def test_a_wrong_sdpa_alibi_sign_is_caught(monkeypatch):
-    right = peers_mod.alibi_bias
+    right = peers_mod.alibi_mask
 
-    def flipped(case, inputs, visible):  # noqa: ANN001, ANN202
-        return right(case, dataclasses.replace(inputs, alibi_slopes=-inputs.alibi_slopes),
-                     visible)
+    def flipped(case, inputs):  # noqa: ANN001, ANN202
+        return right(case, dataclasses.replace(inputs, alibi_slopes=-inputs.alibi_slopes))
 
-    monkeypatch.setattr(peers_mod, "alibi_bias", flipped)
+    monkeypatch.setattr(peers_mod, "alibi_mask", flipped)
     for case in (ALIBI, ALIBI_WIDE):
         res = check_case(sdpa_math(), case, device="cpu")
         assert res.status is Status.FAILED and "out: max error" in res.message, res.message

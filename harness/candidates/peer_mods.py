@@ -6,9 +6,11 @@ scores before the softmax. So:
 - ALiBi runs: its bias -slope_h * |i + o - j| (o = 0 under causal_tl, else Nk - Nq, also
   without a causal mask; harness.core.reference's module doc) is a float mask, with -inf
   where the case's mask or window hides the key. It is materialised (B|1, H, Nq, Nk) in
-  the query's dtype, the one every backend takes, in the preparation (outside the timed
-  call), and it replaces is_causal and the boolean masks: a backend that takes no float
-  mask (flash) refuses it and is skipped with torch's reason;
+  float32 (SDPA takes a float32 mask with fp16/bf16 inputs; in fp16 the bias's rounding
+  fails the check where every visible key is far away: docs/score-mods.md, "Peers") in
+  the preparation (outside the timed call), and it replaces is_causal and the boolean
+  masks: a backend that takes no float mask (flash) refuses it and is skipped with
+  torch's reason;
 - softcap cannot: tanh of the scores is not an addition, and SDPA has no hook after QK^T;
 - sinks cannot: a sink is a term of the denominator with no key, and SDPA returns no LSE
   (publicly) to fold it in afterwards (flex_attention does: harness.candidates.flex_mods).
@@ -43,8 +45,24 @@ def mod_reason(case: Case) -> str | None:
     return None
 
 
+def alibi_mask(case: Case, inputs: Inputs) -> torch.Tensor:
+    """The float attn_mask of an ALiBi case, its mask and window folded in as -inf."""
+    device = inputs.q.device
+    if case.has_window:  # the band of harness.core.serving, the causal limit in it
+        from harness.core.serving import seq_visibility
+
+        vis = seq_visibility(case, case.seqlen_q, case.seqlen_k)[None, None].to(device)
+    else:
+        vis = causal_visible(case)
+        vis = None if vis is None else vis.to(device)
+    if inputs.mask is not None:
+        m = inputs.mask.to(device=device, dtype=torch.bool)
+        vis = m if vis is None else vis & m
+    return alibi_bias(case, inputs, vis)
+
+
 def alibi_bias(case: Case, inputs: Inputs, visible: torch.Tensor | None) -> torch.Tensor:
-    """The float attn_mask of an ALiBi case: (B|1, H, Nq, Nk) in q's dtype, the bias
+    """The float attn_mask of an ALiBi case: (B|1, H, Nq, Nk) in float32, the bias
     -slope_h * |i + o - j| where `visible` (boolean, broadcastable to (B, 1, Nq, Nk);
     None: every key) holds, -inf elsewhere."""
     assert inputs.alibi_slopes is not None, "an ALiBi case draws its slopes"

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.candidates.peer_mods import alibi_bias, causal_visible, mod_reason
+from harness.candidates.peer_mods import alibi_mask, mod_reason
 from harness.core.candidate import Candidate, Support
 from harness.core.cases import (
     Case,
@@ -167,17 +167,8 @@ class SdpaPeer(Candidate):
             v = v.repeat_interleave(case.group_size, dim=1)
             gqa = False
 
-        if case.alibi:
-            # ALiBi is a float attn_mask, the case's mask and window folded in as -inf
-            # (peer_mods): it replaces is_causal and the boolean masks.
-            if case.has_window:
-                vis = window_mask(case, inputs)
-            else:
-                vis = causal_visible(case)
-                if inputs.mask is not None:
-                    m = inputs.mask.to(device=q.device, dtype=torch.bool)
-                    vis = m if vis is None else vis.to(q.device) & m
-            return self._sdpa(q, k, v, alibi_bias(case, inputs, vis), False, scale, gqa)
+        if case.alibi:  # a float attn_mask, mask and window in it as -inf (peer_mods)
+            return self._sdpa(q, k, v, alibi_mask(case, inputs), False, scale, gqa)
 
         if case.has_window:
             # The window (with the causal limit in it) as a boolean attn_mask: taken by
