@@ -29,7 +29,8 @@ run: $(VENV)
 	$(BIN)/fa-harness run
 
 # Four pytest runs: the tests, every CPU candidate on the smoke grid, then the
-# algorithm models on the full adversarial grid (fast enough on the CPU) and on the mods
+# algorithm models on the full adversarial grid (fast enough on the CPU) and, with the CPU
+# peers (sdpa_math, eager flex_attention: about two minutes of the run), on the mods
 # grid (score modifiers, head dims, input distributions: docs/score-mods.md). pytest's exit 5 (collected
 # no test) means the command itself is broken: it fails, with a message saying so.
 NO_TESTS = { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
@@ -50,7 +51,7 @@ test: $(VENV)
 	$(BIN)/pytest $(PYTEST_FLAGS) tests || $(NO_TESTS)
 	$(BIN)/pytest $(PYTEST_FLAGS) harness/suites --fa-grid smoke || $(NO_TESTS)
 	$(BIN)/pytest $(PYTEST_FLAGS) harness/suites --fa-grid full --fa-kernels '*_model' || $(NO_TESTS)
-	$(BIN)/pytest $(PYTEST_FLAGS) harness/suites --fa-grid mods --fa-kernels '*_model' || $(NO_TESTS)
+	$(BIN)/pytest $(PYTEST_FLAGS) harness/suites --fa-grid mods --fa-kernels '*_model,sdpa_math,flex_attention' || $(NO_TESTS)
 
 # The GPU tests in two calls: first the ones that measure time (marked `exclusive`), with
 # the GPU to themselves; then the rest (verdicts, compiles, correctness), which share it,
