@@ -131,3 +131,17 @@ def test_a_sink_holds_a_row_with_no_key():
     assert torch.allclose(got_lse[0, 0], torch.tensor([0.6931472, 0.0, 1.3132617]))
     same = with_sinks(out, lse, None)
     assert same[0] is out and same[1] is lse
+
+
+def test_an_alibi_mask_in_fp16_fails_where_every_key_is_far(monkeypatch):
+    """Why the SDPA peer's ALiBi mask is float32 (docs/score-mods.md, "Peers"): rounded to
+    fp16, the bias of keys far from the diagonal is off by up to half a step of 2^-5, and
+    on this key-padding case (rows whose visible keys are all far away) the output fails
+    the check; the float32 mask passes it."""
+    case = Case(3, 4, 2, 97, 130, 64, F16, M.KEY_PADDING, alibi=True)
+    assert check_case(sdpa_math(), case, device="cpu").status is Status.PASSED
+    right = peers_mod.alibi_mask
+    monkeypatch.setattr(peers_mod, "alibi_mask",
+                        lambda c, inputs: right(c, inputs).to(inputs.q.dtype))
+    res = check_case(sdpa_math(), case, device="cpu")
+    assert res.status is Status.FAILED and "out: max error" in res.message, res.message
