@@ -21,8 +21,8 @@ $(VENV): pyproject.toml
 	@test -x $(BIN)/python || test -n "$(PYTHON)" || \
 		{ echo "make: no Python >= 3.11 on PATH (set PYTHON=/path/to/python3.11+)" >&2; exit 2; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install torch==2.13.0
-	$(BIN)/python -m pip install -e '.[dev,dashboard,postgres]'
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev,dashboard,postgres]'
 	touch $(VENV)
 
 run: $(VENV)

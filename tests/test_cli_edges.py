@@ -84,7 +84,10 @@ def test_database_commands_do_not_import_torch(tmp_path):
 def test_run_stores_every_run_in_the_default_database(tmp_path):
     proc = _cli("run", "--kernels", "naive_model", "--cases", "*-fp16-none", home=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "stored as run 1" in proc.stdout
+    # It ends saying where the run went and what to try next.
+    last = proc.stdout.strip().splitlines()[-2:]
+    assert last[0] == f"stored as run 1 in sqlite:///{tmp_path / 'results.sqlite'}", last
+    assert last[1].startswith("next: fa-harness dashboard, then open ") and "run=1" in last[1]
     assert (tmp_path / "results.sqlite").exists()
     # FA_HARNESS_DB is honoured
     other = tmp_path / "other.sqlite"

@@ -100,11 +100,17 @@ def store_run(opts: Any, candidates: list[Any], results: list[Any], usage: Usage
     try:
         with open_db(opts.db) as db:
             run_id = store_record(db, rec)
+            where = db.display_url
     except DatabaseError as e:
         level = "error" if named else "warning"
         print(f"fa-harness run: {level}: database not updated, record kept in {kept}: {e}",
               file=sys.stderr)
         return not named
     kept.unlink(missing_ok=True)
-    print(f"stored as run {run_id}")
+    # The run's last lines: where it went, and the command that shows it (a first-time
+    # user's `make run` ends here).
+    print(f"stored as run {run_id} in {where}")
+    db_opt = f" --db '{where}'" if opts.db else ""
+    print(f"next: fa-harness dashboard{db_opt}, then open "
+          f"http://127.0.0.1:8501/?page=run&run={run_id} (this run's results)")
     return True
