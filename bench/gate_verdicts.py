@@ -34,7 +34,7 @@ candidate), the share of planted steps red at their own commit, and flagged with
 commits (at the stepped candidate, or the stepped case).
 
     python bench/gate_verdicts.py [--trials 6] [--length 60] [--chips one|many|both]
-        [--steps whole:2,case:5] [--bands all] [--json FILE]
+        [--steps whole:2,case:5] [--bands all] [--json FILE] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ import tempfile
 import time
 import uuid as uuidlib
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,24 @@ def _show(template: dict[str, Any], verdicts: list[list[dict[str, Any]]],
                       f"{ {k: d.get(k) for k in ('step', 'candidate', 'p_slower', 'history', 'run_to_run_spread', 'spread_pairs', 'base_window_runs', 'threshold') if k in d} }")
 
 
+def _show_missed(verdicts: list[list[dict[str, Any]]], planted: dict[str, Any]) -> None:
+    """The stepped candidate's timed verdicts from the step's commit to 2 after it."""
+    k0 = planted["commit"]
+    print(f"  missed: {planted['kind']} {planted['size']:.0%} of {planted['variant']} "
+          f"{planted.get('case') or ''} at commit {k0}")
+    for i in range(k0, min(k0 + 3, len(verdicts))):
+        for v in verdicts[i]:
+            if v["kernel"] != planted["variant"] or (
+                    planted["kind"] == "case" and (v["pass"], v["case"]) !=
+                    tuple(planted["case"][1:])):
+                continue
+            d = v["detail"] or {}
+            print(f"    commit {i}: {v['pass']} {v['case']} {v['verdict']} "
+                  f"{(v['ratio'] or 0):.4f} p={d.get('p_slower')} "
+                  f"spread={d.get('run_to_run_spread')} bar={d.get('threshold')} "
+                  f"window={d.get('base_window_runs')}")
+
+
 def _tails(results: Path) -> None:
     """How heavy the tails of real run-to-run noise are (harness.records.verdict_stats, 5.):
     each pool's residuals in robust spreads (1.4826 x median |r|; exact zeros, a series'
@@ -235,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated band names (as printed), or all")
     ap.add_argument("--tails", action="store_true",
                     help="first, Student t fits of the residual pools in robust spreads")
+    ap.add_argument("--show-missed", action="store_true",
+                    help="print the stepped candidate's verdicts where a step was missed")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="series judged side by side (each in a process of its own)")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     results = ROOT / "results"
@@ -262,14 +285,19 @@ def main(argv: list[str] | None = None) -> int:
             for step in steps:
                 t0 = time.monotonic()
                 tot: Counter[str] = Counter()
-                for _ in range(args.trials):
-                    runs, planted = series(template, (cases[band], cands[band]),
-                                           length=args.length, chips=chips, step=step,
-                                           source_changes=args.source_changes, rng=rng)
-                    verdicts = judge_series(runs)
+                # Every series is drawn first, in order, so a seed gives the same
+                # series whatever --jobs is.
+                drawn = [series(template, (cases[band], cands[band]), length=args.length,
+                                chips=chips, step=step, source_changes=args.source_changes,
+                                rng=rng) for _ in range(args.trials)]
+                with ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+                    judged = list(pool.map(judge_series, [runs for runs, _ in drawn]))
+                for (_runs, planted), verdicts in zip(drawn, judged, strict=True):
                     sc = score(template, verdicts, planted)
                     if args.show_red:
                         _show(template, verdicts, planted)
+                    if args.show_missed and planted["kind"] and not sc["within_2"]:
+                        _show_missed(verdicts, planted)
                     tot.update({"noop": sc["noop"], "red": sc["red"],
                                 "cand": sc["candidate_commits"],
                                 "cand_red": sum(sc["red_candidates"].values()),
