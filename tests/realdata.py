@@ -11,8 +11,8 @@ has the shape real runs give it (calibration keys, GPU model keys, grids, parent
     fails one case (import computes the regression verdicts), a decode run with only fp16
     cases, a run without calibration, a re-run of the first commit made later, and a
     run on another GPU model; the child commit's records name their repository;
-  - "dense": the committed records that hold no serving case (varlen, paged, sliding
-    window): the database of a team that runs dense cases only;
+  - "dense": a sample of the committed records that hold no serving case (varlen, paged,
+    sliding window; `DENSE_SAMPLE`): the database of a team that runs dense cases only;
   - "one_grid": only the perf record;
   - "submissions": a migrated database with submissions and no run.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -119,8 +120,16 @@ def fa_import(url: str, *paths: Path) -> str:
     return url
 
 
-def dense_record_files() -> list[Path]:
-    """The committed record files none of whose results is a serving case."""
+# Dense records of both GPUs and of each kind of run (perf, decode, backward, gate A/A):
+# enough for the dense-only pages, a fifth of the time of importing every dense record.
+DENSE_SAMPLE = [PERF, DECODE, RESULTS / "h200-20261201T221903Z-perf-bwd.json",
+                RESULTS / "h200-20261202T020708Z-ci-aa1.json",
+                RESULTS / "h100-20261205T072458Z-perf.json"]
+
+
+def dense_record_files(paths: list[Path] | None = None) -> list[Path]:
+    """The committed record files (of `paths`, else all) none of whose results is a
+    serving case."""
     from harness.core.cases import Case
 
     def serving(path: Path) -> bool:
@@ -128,7 +137,7 @@ def dense_record_files() -> list[Path]:
         return any(Case.from_dict(e["case"]).is_serving or Case.from_dict(e["case"]).has_window
                    for e in rec.get("results", []))
 
-    return [p for p in sorted(RESULTS.glob("*.json")) if not serving(p)]
+    return [p for p in (paths or sorted(RESULTS.glob("*.json"))) if not serving(p)]
 
 
 def build(kind: str, directory: Path) -> str:
@@ -143,10 +152,55 @@ def build(kind: str, directory: Path) -> str:
     if kind == "one_grid":
         return fa_import(url, PERF)
     if kind == "dense":
-        return fa_import(url, *dense_record_files())
+        dense = dense_record_files(DENSE_SAMPLE)
+        assert dense == DENSE_SAMPLE, "a record of the dense sample holds a serving case"
+        return fa_import(url, *dense)
     if kind == "submissions":
         return with_submissions(url)
     raise ValueError(kind)
+
+
+def session_dir(factory: Any) -> Path:
+    """The folder every pytest-xdist worker of this session sees (the workers' own temp
+    folders lie in it), or the session's temp folder without xdist."""
+    import os
+
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared(kind: str, factory: Any, make: Callable[[Path], str] | None = None) -> str:
+    """The database `build(kind)` (or `make(directory)`) makes, built once per test session
+    and shared by the pytest-xdist workers (the first to ask builds it under a file lock;
+    the others wait for it and reuse it): importing the committed records is the slowest
+    step of many tests, and the same records give the same database. The file is for
+    reading: a test that imports more into it takes `copy_db(...)` of it."""
+    from filelock import FileLock
+
+    root = session_dir(factory) / "realdata-shared"
+    root.mkdir(parents=True, exist_ok=True)
+    done = root / f"{kind}.url"
+    with FileLock(str(root / f"{kind}.lock")):
+        if not done.exists():
+            url = (make or (lambda d: build(kind, d)))(root / kind)
+            done.write_text(url)
+    return done.read_text()
+
+
+def copy_db(url: str, directory: Path) -> str:
+    """A private copy of the SQLite database at `url` under `directory`, to import into."""
+    import sqlite3
+
+    directory.mkdir(parents=True, exist_ok=True)
+    dst = directory / Path(url.removeprefix("sqlite:///")).name
+    # SQLite's backup: a consistent copy whatever its write-ahead log holds.
+    src, out = sqlite3.connect(url.removeprefix("sqlite:///")), sqlite3.connect(dst)
+    try:
+        src.backup(out)
+    finally:
+        src.close()
+        out.close()
+    return f"sqlite:///{dst}"
 
 
 def with_submissions(url: str) -> str:

@@ -188,12 +188,23 @@ def _t(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
-def build(directory: Path) -> tuple[str, list[Any]]:
-    """`fa-harness import --trusted results/`, then the serving runs: (database URL, their records)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    url = realdata.fa_import(f"sqlite:///{directory / 'serving.sqlite'}", realdata.RESULTS)
+def _add_serving(url: str, directory: Path) -> tuple[str, list[Any]]:
+    """The serving runs imported into the database at `url`: (its URL, their records)."""
     recs = records()
     folder = directory / "serving-records"
     for i, rec in enumerate(recs):
         rec.write(folder / f"serving-{i}.json")
     return realdata.fa_import(url, folder), recs
+
+
+def shared(factory: Any) -> tuple[str, list[Any]]:
+    """`fa-harness import --trusted results/`, then the serving runs, made once per test
+    session (`realdata.shared`) from a copy of the session's shared import of results/:
+    (database URL, the serving runs' records)."""
+
+    def make(directory: Path) -> str:
+        url = realdata.copy_db(realdata.shared("results", factory), directory)
+        return _add_serving(url, directory)[0]
+
+    # The records are made the same way every time (fixed uuids and seeds).
+    return realdata.shared("serving", factory, make), records()

@@ -6,20 +6,17 @@ committed H200 records, imported the way a user imports them."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import realdata
 from sqlalchemy import select
 
-from harness.cli import main
 from harness.records.db.engine import make_engine
 from harness.records.db.models import CaseRow, Comparison, Result, Run, Variant
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 
-
-def test_every_comparison_of_the_committed_records_names_a_base_run_that_holds_it(tmp_path):
-    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
-    assert main(["import", "--trusted", str(RESULTS), "--db", url]) == 0
+def test_every_comparison_of_the_committed_records_names_a_base_run_that_holds_it(
+        tmp_path_factory):
+    # `fa-harness import --trusted results/`, imported once per session (realdata.shared).
+    url = realdata.shared("results", tmp_path_factory)
     engine = make_engine(url)
     with engine.connect() as conn:
         held = set(conn.execute(

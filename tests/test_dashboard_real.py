@@ -22,8 +22,9 @@ AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
 
 @pytest.fixture(scope="module")
 def dbs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    base = tmp_path_factory.mktemp("real")
-    return {k: realdata.build(k, base / k) for k in KINDS}
+    # Built once per session, and the whole imported history shared with the other
+    # modules that read it.
+    return {k: realdata.shared(k, tmp_path_factory) for k in KINDS}
 
 
 app = realdata.dashboard_app

@@ -31,12 +31,12 @@ app = realdata.dashboard_app
 
 @pytest.fixture(scope="module")
 def serving(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list]:
-    return servingdata.build(tmp_path_factory.mktemp("serving"))
+    return servingdata.shared(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return realdata.build("dense", tmp_path_factory.mktemp("dense"))
+    return realdata.shared("dense", tmp_path_factory)
 
 
 sql = realdata.sql
@@ -227,12 +227,12 @@ def test_decode_section_of_the_committed_decode_run(dense: str, monkeypatch) -> 
     assert got == pytest.approx(splitkv, rel=1e-9)
 
 
-def test_decode_section_of_the_committed_serving_decode_run(tmp_path: Path,
-                                                            monkeypatch) -> None:
+def test_decode_section_of_the_committed_serving_decode_run(tmp_path_factory, monkeypatch
+                                                            ) -> None:
     """The real H200 decode record with paged and varlen caches: every layout shows, at
     the record's own ideal bytes over its medians, and paged against contiguous reads
     off the table."""
-    url = realdata.build("results", tmp_path)
+    url = realdata.shared("results", tmp_path_factory)
     record = realdata.load(realdata.SERVING_DECODE)
     rid = sql(url, "SELECT id FROM runs WHERE uuid = :u", u=record["uuid"])[0][0]
     at = app(url, monkeypatch, page="roofline", run=str(rid))

@@ -8,7 +8,7 @@ import realdata
 GATE_RUN = realdata.RESULTS / "h200-20261202T075402Z-ci-cold.json"
 
 
-def test_the_summary_names_what_each_candidate_could_flag(tmp_path):
+def test_the_summary_names_what_each_candidate_could_flag(tmp_path, tmp_path_factory):
     from harness.records.compare import compare_records
     from harness.records.db.store import get_run, open_db
     from harness.records.noise import from_db
@@ -18,8 +18,9 @@ def test_the_summary_names_what_each_candidate_could_flag(tmp_path):
 
     base = realdata.load(GATE_RUN)
     rec = realdata.derive(base, hours=48, commit="e" * 40, parent=base["commit"])
-    url = realdata.fa_import(f"sqlite:///{tmp_path / 'r.sqlite'}", realdata.RESULTS,
-                             realdata.write([rec], tmp_path / "new"))
+    # The committed history (imported once per session: realdata.shared), then the new run.
+    url = realdata.fa_import(realdata.copy_db(realdata.shared("results", tmp_path_factory),
+                                           tmp_path), realdata.write([rec], tmp_path / "new"))
     new = RunRecord.from_dict(rec)
     with open_db(url) as db:
         noise = from_db(db, new.gpu_model_key, before_run_id=get_run(db, "latest").id)

@@ -51,12 +51,13 @@ def _verdicts(url: str) -> list[tuple]:
         con.close()
 
 
-def test_the_committed_fa1_wobble_is_noise_and_a_planted_step_is_not(tmp_path):
+def test_the_committed_fa1_wobble_is_noise_and_a_planted_step_is_not(tmp_path,
+                                                                     tmp_path_factory):
     """The committed records imported: fa1's +2.3% at p ~ 1e-77 on the decode case
     (its medians wander by ~3% across unchanged commits) is "same" once three earlier
     runs show that spread; then a run of the newest perf record with fa2_mma 10% slower:
     flagged."""
-    url = realdata.fa_import(f"sqlite:///{tmp_path / 'r.sqlite'}", RESULTS)
+    url = realdata.copy_db(realdata.shared("results", tmp_path_factory), tmp_path)
     rows = _verdicts(url)
     fa1 = [r for r in rows if r[1] == "fa1" and r[2] == "b1h32k8-1x1024-d128-bf16-none"
            and r[4] and abs(r[4] - 1) > 0.02]
@@ -80,10 +81,10 @@ def test_the_committed_fa1_wobble_is_noise_and_a_planted_step_is_not(tmp_path):
     assert all(math.isclose(r[4], 1.10, rel_tol=0.02) for r in flagged)
 
 
-def test_the_model_reads_earlier_runs_and_pairs_only_one_source(tmp_path):
+def test_the_model_reads_earlier_runs_and_pairs_only_one_source(tmp_path_factory):
     from harness.records.db.store import get_run, open_db
 
-    url = realdata.fa_import(f"sqlite:///{tmp_path / 'r.sqlite'}", RESULTS)
+    url = realdata.shared("results", tmp_path_factory)
     with open_db(url) as db:
         last = get_run(db, "latest").id
         m = noise.from_db(db, "nvidia-h200", before_run_id=last)
@@ -169,7 +170,7 @@ def test_the_range_a_source_measured_on_other_chips():
                        new_median=0.5) == "correctness_regression"
 
 
-def test_runs_that_did_not_time_a_case_leave_its_history_alone(tmp_path):
+def test_runs_that_did_not_time_a_case_leave_its_history_alone(tmp_path_factory):
     """The committed records end with 15 perf and backward runs that time no decode case:
     the noise model and the step search still see the gate runs' history of template's
     decode case (counted per series, not per stored run); counting the last 20 runs of
@@ -178,7 +179,7 @@ def test_runs_that_did_not_time_a_case_leave_its_history_alone(tmp_path):
     from harness.records.step_gate import history_from_db
 
     key = ("template", "fwd", "b1h32k8-1x1024-d128-fp16-none")
-    url = realdata.fa_import(f"sqlite:///{tmp_path / 'r.sqlite'}", RESULTS)
+    url = realdata.shared("results", tmp_path_factory)
     with open_db(url) as db:
         last = get_run(db, "latest").id
         m = noise.from_db(db, "nvidia-h200", before_run_id=last)

@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import realdata
 from sqlalchemy import select
 
 from harness.core.cases import Case, MaskKind
@@ -133,15 +134,14 @@ def test_an_infinite_gradient_error_is_recorded_not_refused():
     assert rec.results[0]["extra"]["grad_errors"]["dq"] == {"ratio": "inf", "err": "nan"}
 
 
-def test_dashboard_keeps_the_committed_backward_apart(tmp_path):
+def test_dashboard_keeps_the_committed_backward_apart(tmp_path_factory):
     """The committed H200 records imported: the perf-bwd run's fa2_mma is "fa2_mma (bwd)"
     on every page, and a case both grids hold has one series per pass."""
-    from harness.cli import main
     from harness.dashboard import queries
     from harness.records.db.engine import make_engine
 
-    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
-    assert main(["import", "--trusted", str(RESULTS), "--db", url]) == 0
+    # `fa-harness import --trusted results/`, imported once per session (realdata.shared).
+    url = realdata.shared("results", tmp_path_factory)
     engine = make_engine(url)
     names = queries.variant_names(engine)
     assert {"fa2_mma", "fa2_mma (bwd)", "triton_fa2 (bwd)", "sdpa_flash (bwd)"} <= set(names)
