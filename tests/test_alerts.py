@@ -28,7 +28,7 @@ H200 = "nvidia-h200"
 
 @pytest.fixture(scope="module")
 def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    url = walkdata.build(tmp_path_factory.mktemp("walk"), walkdata.cache_dir(request.config))
+    url = walkdata.build(tmp_path_factory.mktemp("walk"), walkdata.cache_dir(request.config, tmp_path_factory))
     return Path(url.removeprefix("sqlite:///"))
 
 

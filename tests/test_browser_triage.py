@@ -33,7 +33,7 @@ def walk(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
     shutil.rmtree(SHOTS, ignore_errors=True)
     url = walkdata.build(tmp_path_factory.mktemp("browser-triage"),
-                         walkdata.cache_dir(request.config))
+                         walkdata.cache_dir(request.config, tmp_path_factory))
     engine = make_engine(url)
     try:
         _, token = create_token(engine, "ana")

@@ -25,7 +25,7 @@ AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
 @pytest.fixture(scope="module")
 def walk(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     return walkdata.build(tmp_path_factory.mktemp("walk"),
-                          walkdata.cache_dir(request.config))
+                          walkdata.cache_dir(request.config, tmp_path_factory))
 
 
 app = realdata.dashboard_app

@@ -12,7 +12,8 @@ Building it costs a minute on a loaded 2-core machine (every record is validated
 the JSON Schema twice), so the prepared SQLite file is cached under pytest's cache folder,
 keyed by the records, the plan above and the source of everything that writes it
 (`harness/records`, `harness/cli/cmd_import.py`); a test copies it and works on the copy.
-`pytest --cache-clear` builds it afresh.
+`pytest --cache-clear` builds it afresh; with the cache plugin off (`-p no:cacheprovider`)
+it is built once per test session, in a folder the pytest-xdist workers share.
 """
 
 from __future__ import annotations
@@ -78,6 +79,17 @@ def build(directory: Path, cache: Path | None = None) -> str:
     per key in `cache` (pytest's cache folder) when one is given."""
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / "walk.sqlite"
+    if cache is None:
+        return _build(directory, None, target)
+    from filelock import FileLock
+
+    cache.mkdir(parents=True, exist_ok=True)
+    # One builder at a time: a parallel worker waits for the file instead of building it too.
+    with FileLock(str(cache / "walk.lock")):
+        return _build(directory, cache, target)
+
+
+def _build(directory: Path, cache: Path | None, target: Path) -> str:
     cached = cache / f"walk-{_key()}.sqlite" if cache is not None else None
     if cached is None or not cached.exists():
         work = directory / "build"
@@ -100,8 +112,12 @@ def build(directory: Path, cache: Path | None = None) -> str:
     return f"sqlite:///{target}"
 
 
-def cache_dir(config: Any) -> Path | None:
-    """pytest's cache folder for the walk, None where the cache plugin is off
-    (`-p no:cacheprovider`): then every build imports the records afresh."""
+def cache_dir(config: Any, factory: Any = None) -> Path | None:
+    """pytest's cache folder for the walk; where the cache plugin is off
+    (`-p no:cacheprovider`, as `make test` runs), a folder of this session that its
+    pytest-xdist workers share (`factory`: the tmp_path_factory), so the walk is built
+    once per session rather than once per module and worker; None without either."""
     cache = getattr(config, "cache", None)
-    return None if cache is None else cache.mkdir("fa-harness-walk")
+    if cache is not None:
+        return cache.mkdir("fa-harness-walk")
+    return None if factory is None else realdata.session_dir(factory) / "fa-harness-walk"
