@@ -389,3 +389,14 @@ def test_two_runs_at_a_new_level_must_stand_clear_of_their_noise():
     assert step_gate._held_enough(small, 3)
     big = steps.Step(index=10, last_good="a", first_bad="b", ratio=1.03, sigma=0.0094)
     assert step_gate._held_enough(big, 2)
+
+
+def test_across_chips_every_commit_at_the_new_level_must_have_moved():
+    """Two slow chips among three commits are not a step across chips (one chip runs a
+    case 5% slow in 2% of the committed cross-chip residuals); three are."""
+    level = [1.0 + 0.002 * ((i * 7) % 5 - 2) for i in range(20)]
+    two_of_three = level + [1.05, 1.0, 1.05]
+    three = level + [1.05, 1.049, 1.051]
+    st = steps.Step(index=20, last_good="c19", first_bad="c20", ratio=1.05, sigma=0.003)
+    assert not step_gate._every_point_moved(two_of_three, 20, st)
+    assert step_gate._every_point_moved(three, 20, st)

@@ -11,6 +11,7 @@ whose run first flagged it (`unreported`), and its alert stays open
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -145,11 +146,29 @@ def _confirmed(names: Sequence[str], meds: Sequence[float], changed: list[bool] 
     for st in reversed(find_steps(names, meds, changed=changed)):
         at = names.index(st.first_bad)
         held = len(names) - at  # commits at the new level
+        needed = _points_needed(names, at, chips)
         if st.direction == "regression" and st.recovered_at is None and \
-                _points_needed(names, at, chips) <= held <= CONFIRM_WINDOW and \
-                _held_enough(st, held):
+                needed <= held <= CONFIRM_WINDOW and _held_enough(st, held) and \
+                (needed == CONFIRM_POINTS or _every_point_moved(meds, at, st)):
             return st
     return None
+
+
+def _every_point_moved(meds: Sequence[float], at: int, st: Step) -> bool:
+    """Across chips, every commit from the first bad one on lies nearer the new level
+    than the old (above the median of up to `WINDOW` commits before it by half the
+    step), not two of three: one chip of a model runs a case 5% slow in 2% of the
+    committed cross-chip residuals, so two such chips among three commits made 5% steps
+    of single cases, and 1-3% steps of 2-case candidates' means, that turned 1% of the
+    no-op commits of series from those residuals red (bench/gate_verdicts.py --chips
+    many, quiet band). A real step moves every commit."""
+    xs = [math.log(m) for m in meds]
+    before = xs[max(0, at - WINDOW):at]
+    if not before:
+        return False
+    mid = statistics.median(before)
+    half = math.log(st.ratio) / 2.0 if st.ratio > 0 else 0.0
+    return all(x >= mid + half for x in xs[at:])
 
 
 def unreported(db: Any, gpu_model_key: str | None, run_id: int, series: Series,
