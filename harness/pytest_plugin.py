@@ -47,6 +47,9 @@ _RESULTS_KEY = pytest.StashKey[list]()
 _PLAN_KEY = pytest.StashKey[dict]()
 _BATCH_KEY = pytest.StashKey[dict]()
 _GRIDS_KEY = pytest.StashKey[dict]()
+# "CANDIDATE: no case of grid NAME: why" of the candidates a per-candidate grid gives no
+# case (ordered, each once: every suite's test function asks for the same grid).
+_NO_CASE_KEY = pytest.StashKey[dict]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -142,6 +145,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     params = [pytest.param(c.name, case, id=f"{c.name}-{case.id}",
                            marks=pytest.mark.xdist_group(case.id))
               for c, case in grid.pairs(candidates)]
+    no_case = metafunc.config.stash.setdefault(_NO_CASE_KEY, {})
+    no_case.update(dict.fromkeys(grid.no_case_lines(candidates)))
     metafunc.parametrize(("fa_candidate_name", "fa_case"), params)
 
 
@@ -191,9 +196,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     session.config.stash[_PLAN_KEY] = plan
     session.config.stash[_BATCH_KEY] = {}
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if plan and reporter is not None and not os.environ.get("PYTEST_XDIST_WORKER"):
+    if reporter is None or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if plan:
         for line in _discovery_lines():
             reporter.write_line(line)
+    # Printed even when nothing else runs: a candidate without a case of the grid would
+    # otherwise just be missing from the session.
+    for line in session.config.stash.get(_NO_CASE_KEY, {}):
+        reporter.write_line(line)
 
 
 @pytest.fixture

@@ -8,54 +8,40 @@ combination gets its own seeded draw and the `seed` field stays 0.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from harness.core.cases import Case, Layout, MaskKind
+from harness.core.grid_full import (  # noqa: F401 - the full grid's names, re-exported
+    ANCHOR_PAIRS,
+    BATCHES,
+    DECODE_MAX_SEQLEN_Q,
+    DTYPES,
+    FULL_BIG_PAIRS,
+    FULL_DECODE_PAIRS,
+    FULL_DRAWS_PER_COMBINATION,
+    FULL_LONG_KEYS,
+    FULL_SAMPLER_SEED,
+    FULL_TARGET_CASES,
+    HEAD_CONFIGS,
+    MAIN_HEAD_DIMS,
+    MASKS,
+    MHA_CONFIGS,
+    ODD_HEAD_DIMS,
+    SQUARE_PAIRS,
+    WAVES_MASKS,
+    WAVES_SHAPE,
+    FullGrid,
+    _all_pairs,
+    full,
+    full_for,
+    full_grid_for,
+    waves_for,
+)
 from harness.core.grid_mods import mods
 
 if TYPE_CHECKING:
     from harness.core.candidate import Candidate
-
-DTYPES = ("float16", "bfloat16")
-MASKS = tuple(MaskKind)
-
-# Sequence-length pairs FlashAttention's own tests sweep (odd sizes, partial tiles, Nq > Nk
-# and Nq < Nk, single-row decode-like queries), each also swapped, plus a few squares.
-ANCHOR_PAIRS = ((113, 203), (128, 217), (108, 256), (256, 512), (512, 256), (1023, 1024),
-                (1024, 1023), (1, 239), (3, 799), (127, 513))
-SQUARE_PAIRS = ((1, 1), (64, 64), (97, 97))
-MAIN_HEAD_DIMS = (64, 128)
-# Odd head dims: only candidates declaring them run these (others skip with the reason).
-ODD_HEAD_DIMS = (40, 59, 96, 111)
-# (heads, kv_heads): MHA, GQA with groups of 2 and 3, MQA.
-HEAD_CONFIGS = ((4, 4), (4, 2), (6, 2), (4, 1))
-BATCHES = (1, 2, 4)
-FULL_DRAWS_PER_COMBINATION = 2
-FULL_SAMPLER_SEED = 20240611
-# Above this many (query, key) pairs per head a full-grid case keeps batch * heads <= 8,
-# so that the CPU models finish the grid in minutes.
-FULL_BIG_PAIRS = 300_000
-# Cases for GPU candidates with more row blocks than two waves of a 132-SM GPU (H100,
-# H200): 96 heads x 3 blocks of 128 query rows (6 of 64), so a persistent kernel's CTA
-# (one per SM, taking blocks from a counter) runs two or more in turn. The rest of the
-# grid has at most 168 blocks of 128 rows, most cases under 20, so a CTA's second block,
-# which inherits the first one's pipeline state, would otherwise go unchecked. Under a
-# bottom-right causal mask the first block of every head sees no key (rows 0-183 of 384
-# against 200 keys), and under key padding the last batch entry none: blocks with nothing
-# to compute fall between blocks with work. (batch, heads, kv_heads with GQA, Nq, Nk).
-WAVES_SHAPE = (4, 24, 8, 384, 200)
-WAVES_MASKS = (MaskKind.CAUSAL_BR, MaskKind.KEY_PADDING, MaskKind.NONE)
-
-
-def _all_pairs() -> list[tuple[int, int]]:
-    pairs: list[tuple[int, int]] = []
-    for a, b in ANCHOR_PAIRS + SQUARE_PAIRS:
-        for p in ((a, b), (b, a)):
-            if p not in pairs:
-                pairs.append(p)
-    return pairs
 
 
 def smoke() -> list[Case]:
@@ -84,142 +70,18 @@ def smoke() -> list[Case]:
     return cases
 
 
-def full() -> list[Case]:
-    """The adversarial grid (about 190 cases), in the spirit of FlashAttention's tests.
-
-    Every sequence-length pair of ANCHOR_PAIRS (each also swapped) and SQUARE_PAIRS meets
-    every mask kind FULL_DRAWS_PER_COMBINATION times; each of those combinations draws its
-    dtype (fp16/bf16), head dim (64 and 128 half the time, else one of the odd dims 40, 59,
-    96, 111), head layout (MHA, GQA 2 and 3, MQA) and batch (1, 2, 4) from a fixed-seed
-    sampler, so the combinatorics are covered by a sampled subset instead of a product of
-    ~10^4 cases. Nq > Nk with bottom-right causal gives fully masked rows, as do key padding
-    (the last batch entry has no keys) and the random masks (every 7th row). Large pairs
-    keep batch * heads <= 8 so the CPU models finish the grid in minutes."""
-    rng = random.Random(FULL_SAMPLER_SEED)
-    dims = MAIN_HEAD_DIMS * 2 + ODD_HEAD_DIMS
-    cases: list[Case] = []
-    for _ in range(FULL_DRAWS_PER_COMBINATION):
-        for nq, nk in _all_pairs():
-            for mask in MASKS:
-                dtype = rng.choice(DTYPES)
-                d = rng.choice(dims)
-                heads, kv = rng.choice(HEAD_CONFIGS)
-                batch = rng.choice(BATCHES)
-                if nq * nk > FULL_BIG_PAIRS:
-                    batch = min(batch, 2)
-                    heads, kv = (4, kv) if kv in (1, 2, 4) else (4, 2)
-                case = Case(batch, heads, kv, nq, nk, d, dtype, mask)
-                if case not in cases:
-                    cases.append(case)
-    return cases
-
-
-# The per-candidate full grid: about this many cases for every candidate, broad or narrow.
-FULL_TARGET_CASES = 200
-# Head layouts (heads, kv_heads) for a candidate without GQA: MHA at three head counts.
-MHA_CONFIGS = ((2, 2), (4, 4), (8, 8))
-
-
-def full_for(candidate: Candidate) -> list[Case]:
-    """The `full` grid generated from what `candidate` declares (`candidate.supports`),
-    with `waves_for(candidate)` after it.
-
-    Every sequence-length pair it supports (ANCHOR_PAIRS, swapped, and SQUARE_PAIRS) meets
-    every mask kind it supports; each such (pair, mask) combination gets k cases, k chosen so
-    that the grid holds about FULL_TARGET_CASES cases, cycling through every (dtype, head
-    dim) it supports (head dims among 64, 128 and the odd 40, 59, 96, 111), head layouts
-    (MHA, GQA 2 and 3, MQA when it supports GQA; else MHA with 2, 4, 8 heads) and batches
-    1, 2, 4. A kernel that declares one dtype, one head dim and one mask gets as many cases
-    as one that declares everything, and every combination it declares is reached; the
-    count stays at most FULL_TARGET_CASES plus one round (and the waves' 6). Large pairs
-    keep batch * heads <= 8, as in `full`. Deterministic: same candidate support, same
-    list."""
-    support = candidate.support
-    masks = [m for m in MASKS if m in support.masks]
-    # Dims and pairs are probed with a case the candidate could otherwise run.
-    probe = Case(1, 4, 4, 64, 64, 64, _first(support), masks[0] if masks else MaskKind.NONE)
-    dims = [d for d in MAIN_HEAD_DIMS + ODD_HEAD_DIMS
-            if candidate.supports(_with(probe, head_dim=d, dtype=_first(support))) is None]
-    dtype_dims = [(dt, d) for d in dims for dt in DTYPES if dt in support.dtypes]
-    layouts = HEAD_CONFIGS if support.gqa else MHA_CONFIGS
-    pairs = [p for p in _all_pairs()
-             if candidate.supports(_with(probe, seqlen_q=p[0], seqlen_k=p[1],
-                                         dtype=_first(support),
-                                         head_dim=dims[0] if dims else 64)) is None]
-    if not pairs or not masks or not dtype_dims:
-        return []
-    return _sampled(candidate, pairs, masks, dtype_dims, layouts) + waves_for(candidate)
-
-
-def waves_for(candidate: Candidate) -> list[Case]:
-    """For a GPU candidate, WAVES_SHAPE under each mask of WAVES_MASKS it supports at each
-    head dim of 64 and 128 it supports, the dtypes taken in turn; none for a CPU candidate,
-    whose runs have no CTAs (and would spend seconds per case)."""
-    if candidate.device != "cuda":
-        return []
-    batch, heads, kv, nq, nk = WAVES_SHAPE
-    if not candidate.support.gqa:
-        kv = heads
-    cases: list[Case] = []
-    for mi, mask in enumerate(WAVES_MASKS):
-        for d in reversed(MAIN_HEAD_DIMS):
-            for k in range(len(DTYPES)):
-                dtype = DTYPES[(len(cases) + mi + k) % len(DTYPES)]
-                case = Case(batch, heads, kv, nq, nk, d, dtype, mask)
-                if candidate.supports(case) is None:
-                    cases.append(case)
-                    break
-    return cases
-
-
-def _sampled(candidate: Candidate, pairs: list[tuple[int, int]], masks: list[MaskKind],
-             dtype_dims: list[tuple[str, int]], layouts: tuple[tuple[int, int], ...]
-             ) -> list[Case]:
-    """`full_for`'s sampled cases: k rounds over every (pair, mask), as its docstring says."""
-    combos = len(pairs) * len(masks)
-    per = max(1, -(-FULL_TARGET_CASES // combos))
-    cases: list[Case] = []
-    seen: set[Case] = set()
-    nd, nl = len(dtype_dims), len(layouts)
-    for r in range(per):
-        for pi, (nq, nk) in enumerate(pairs):
-            for mi, mask in enumerate(masks):
-                if r > 0 and len(cases) >= FULL_TARGET_CASES:
-                    return cases
-                # Round r of a combination takes the r-th (dtype, dim, layout, batch) in a
-                # mixed-radix count, started at an offset per combination, so rounds differ
-                # and neighbouring combinations start at different places.
-                j = r + pi * 7 + mi * 3
-                dtype, d = dtype_dims[j % nd]
-                heads, kv = layouts[(j // nd) % nl]
-                batch = BATCHES[(j // (nd * nl) + r) % len(BATCHES)]
-                if nq * nk > FULL_BIG_PAIRS:
-                    batch = min(batch, 2)
-                    heads, kv = min(heads, 4), min(kv, 4)
-                    if heads % kv:
-                        kv = 2
-                case = Case(batch, heads, kv, nq, nk, d, dtype, mask)
-                if case in seen or candidate.supports(case) is not None:
-                    continue
-                seen.add(case)
-                cases.append(case)
-    return cases
-
-
-def _first(support) -> str:
-    return sorted(support.dtypes)[0] if support.dtypes else "float16"
-
-
-def _with(case: Case, **kw) -> Case:
-    from dataclasses import replace
-
-    return replace(case, **kw)
+def own_grid(grid: str, candidate: Candidate) -> FullGrid:
+    """The cases of `grid` that `candidate` runs, and why none where it runs none: the
+    per-candidate `full_grid_for` for the full grid, the named grid otherwise (whose
+    cases a candidate refuses are skipped with the reason, case by case)."""
+    if grid == "full":
+        return full_grid_for(candidate)
+    return FullGrid(get_grid(grid))
 
 
 def cases_for(grid: str, candidate: Candidate) -> list[Case]:
-    """The cases of `grid` that `candidate` runs: the per-candidate `full_for` for the full
-    grid, the named grid otherwise."""
-    return full_for(candidate) if grid == "full" else get_grid(grid)
+    """The cases of `grid` that `candidate` runs (`own_grid`)."""
+    return own_grid(grid, candidate).cases
 
 
 PERF_TOKENS = 16384

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.core.cases import Case
-from harness.core.grids import TIMING_GRIDS, cases_for, get_grid, grid_pass
+from harness.core.grids import TIMING_GRIDS, FullGrid, get_grid, grid_pass, own_grid
 
 # Grids whose cases depend on the candidate (harness.core.grids.cases_for); the shared
 # list of such a grid only stands in where no candidate is at hand (an estimate).
@@ -39,6 +39,10 @@ class GridCases:
     backward: bool
     timing: bool
     patterns: tuple[str, ...] = ()
+    # Each candidate's own grid, generated once: `for_candidate` and `no_case_lines` both
+    # need it, and some candidates' supports() runs a backend per shape it is asked about.
+    _own: dict[int, tuple[Any, FullGrid]] = field(default_factory=dict, compare=False,
+                                                  repr=False, hash=False)
 
     @property
     def pass_name(self) -> str:
@@ -48,7 +52,31 @@ class GridCases:
         """The cases `cand` runs on this grid."""
         if not self.per_candidate:
             return list(self.cases)
-        return [k for k in cases_for(self.name, cand) if matches(k.id, self.patterns)]
+        return [k for k in self._own_grid(cand).cases if matches(k.id, self.patterns)]
+
+    def _own_grid(self, cand: Any) -> FullGrid:
+        # Keyed by identity, the candidate kept beside its grid so that the id is not
+        # reused by another object while the entry lives.
+        got = self._own.get(id(cand))
+        if got is None or got[0] is not cand:
+            got = self._own[id(cand)] = (cand, own_grid(self.name, cand))
+        return got[1]
+
+    def no_case_line(self, cand: Any) -> str | None:
+        """"CANDIDATE: no case of grid NAME: why" for a candidate that runs no case of a
+        per-candidate grid (None where it runs one, and on a shared grid, whose cases a
+        candidate refuses are each reported as skipped), so that no front drops it in
+        silence."""
+        if not self.per_candidate or self.for_candidate(cand):
+            return None
+        own = self._own_grid(cand)
+        why = (own.why_none if not own.cases else
+               f"none of its cases matches --cases {','.join(self.patterns)}")
+        return f"{cand.name}: no case of grid {self.name}: {why}"
+
+    def no_case_lines(self, candidates: Sequence[Any]) -> list[str]:
+        """`no_case_line` of each candidate that has one, in the candidates' order."""
+        return [line for c in candidates if (line := self.no_case_line(c)) is not None]
 
     def pairs(self, candidates: Sequence[Any]) -> list[tuple[Any, Case]]:
         """Every (candidate, case) of the grid: candidate by candidate for a per-candidate

@@ -176,6 +176,9 @@ def _correctness(opts: RunOptions, grid: GridCases, candidates: list[Any], backw
                                       + (f"{len(results)} (candidate, case) pairs, "
                                          f"generated per candidate" if per_candidate
                                          else f"{len(grid.cases)} cases")))
+    # A candidate with no case of a per-candidate grid has no row above: say why instead.
+    for line in grid.no_case_lines(candidates):
+        console.print(markup(line))
     if tty:  # in a pipe each failing case was printed as it happened
         _print_failures(console, markup, results)
     return results
