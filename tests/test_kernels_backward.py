@@ -19,12 +19,15 @@ def test_json_has_each_candidates_backward(capsys):
     assert main(["kernels", "--json", "--kernels-dir", str(PLANTED)]) == 0
     rows = {c["name"]: c for c in json.loads(capsys.readouterr().out)["candidates"]}
     assert rows["planted_bwd"]["backward"] == {"supported": True, "deterministic": False,
-                                               "dtypes": "bf16,fp16", "head_dims": "any"}
+                                               "dtypes": "bf16,fp16", "head_dims": "any",
+                                               "masks": "all"}
     assert rows["planted_bwd_first_call"]["backward"]["supported"] is True
     assert rows["fa2_mma_det"]["backward"] == {"supported": True, "deterministic": True,
-                                               "dtypes": "bf16,fp16", "head_dims": "64,128"}
+                                               "dtypes": "bf16,fp16", "head_dims": "64,128",
+                                               "masks": "causal_br,causal_tl,key_padding,none"}
     assert rows["template"]["backward"] == {"supported": False, "deterministic": None,
-                                            "dtypes": None, "head_dims": None}
+                                            "dtypes": None, "head_dims": None,
+                                            "masks": None}
     assert rows["fa2_model"]["backward"]["deterministic"] is True
 
 

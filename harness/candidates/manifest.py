@@ -8,9 +8,8 @@ evaluated as code. The format is documented in kernels/README.md.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from harness.candidates.expr import FUNCTIONS, SIZE_NAMES, Expr, ExprError, parse_expr
 from harness.candidates.manifest_bounds import (
@@ -32,6 +31,7 @@ from harness.candidates.manifest_fields import (
     _str,
     _tname,
 )
+from harness.candidates.manifest_supports import _backward_masks, _supports
 from harness.candidates.variant_spec import (
     ALGORITHMS,
     ALLOWED_OPTIONS,
@@ -47,12 +47,8 @@ from harness.candidates.variant_spec import (
     INCLUDE_RE,
     LAUNCH_OPTIONAL,
     LAUNCH_REQUIRED,
-    MAX_HEAD_DIM,
     MAX_TENSOR_MAPS,
     MAX_WORKSPACES,
-    SCORE_MODS,
-    SUPPORTS_OPTIONAL,
-    SUPPORTS_REQUIRED,
     TENSOR_MAP_OPTIONAL,
     TENSOR_MAP_REQUIRED,
     TENSOR_MAP_TENSORS,
@@ -72,7 +68,6 @@ from harness.candidates.variant_spec import (
     VariantSpec,
     WorkspaceSpec,
 )
-from harness.core.cases import DTYPES, Layout, MaskKind
 
 # ------------------------------------------------------------------------------------
 # Validation
@@ -348,75 +343,5 @@ def _backward(ctx: _Ctx, table: Any, names: frozenset[str], supports: SupportSpe
         workspaces=_workspaces(ctx, table.get("workspace", []), "backward.workspace", names),
         launches=_launches(ctx, table["launch"], "backward.launch", names, supports),
         tensor_maps=_tensor_maps(ctx, table.get("tensor_map", []), names, "backward.tensor_map",
-                                 TENSOR_MAP_TENSORS_BWD))
-
-
-E = TypeVar("E", bound=StrEnum)
-
-
-def _enum_list(ctx: _Ctx, raw: Any, where: str, enum: type[E], what: str) -> list[E]:
-    """A list of strings, each a value of `enum`; one message naming the bad entry."""
-    out: list[E] = []
-    for i, item in enumerate(_bounded(ctx, raw, where, len(enum), unique=True)):
-        s = _str(ctx, item, f"{where}[{i}]")
-        try:
-            out.append(enum(s))
-        except ValueError:
-            raise ctx.fail(f"{where}[{i}]", f"unknown {what} {s!r} (one of "
-                           f"{', '.join(x.value for x in enum)})") from None
-    return out
-
-
-def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
-    _keys(ctx, table, "supports", SUPPORTS_REQUIRED, SUPPORTS_OPTIONAL)
-    dtypes = tuple(_str(ctx, d, f"supports.dtypes[{i}]") for i, d in
-                   enumerate(_bounded(ctx, table["dtypes"], "supports.dtypes", len(DTYPES),
-                                      unique=True)))
-    for i, d in enumerate(dtypes):
-        if d not in DTYPES:
-            raise ctx.fail(f"supports.dtypes[{i}]", f"unknown dtype {d!r} "
-                           f"(one of {', '.join(DTYPES)})")
-    raw_dims = table["head_dims"]
-    max_head_dim = MAX_HEAD_DIM
-    if "max_head_dim" in table:
-        max_head_dim = _int(ctx, table["max_head_dim"], "supports.max_head_dim", 1)
-        if max_head_dim > MAX_HEAD_DIM:
-            raise ctx.fail("supports.max_head_dim", f"must be <= {MAX_HEAD_DIM}")
-    head_dims: tuple[int, ...] | None
-    if raw_dims == "any":
-        if "max_head_dim" not in table:
-            raise ctx.fail("supports.max_head_dim", "required when head_dims = \"any\"")
-        head_dims = None
-    elif isinstance(raw_dims, list):
-        head_dims = tuple(_int(ctx, d, f"supports.head_dims[{i}]", 1)
-                          for i, d in enumerate(_bounded(ctx, raw_dims, "supports.head_dims",
-                                                         MAX_HEAD_DIM, unique=True)))
-        for i, d in enumerate(head_dims):
-            if d > max_head_dim:
-                raise ctx.fail(f"supports.head_dims[{i}]", f"{d} > {max_head_dim}")
-    else:
-        raise ctx.fail("supports.head_dims", f"must be a list of integers or \"any\", got "
-                       f"{_tname(raw_dims)}")
-    masks = _enum_list(ctx, table["masks"], "supports.masks", MaskKind, "mask kind")
-    masked_lse = _str(ctx, table.get("masked_lse", "-inf"), "supports.masked_lse")
-    if masked_lse not in ("-inf", "+inf"):
-        raise ctx.fail("supports.masked_lse", f"must be \"-inf\" or \"+inf\", got {masked_lse!r}")
-    mq = table.get("max_seqlen_q")
-    mk_ = table.get("max_seqlen_k")
-    layouts = _enum_list(ctx, table.get("layouts", ["dense"]), "supports.layouts", Layout,
-                         "layout")
-    for mod in SCORE_MODS:
-        if _bool(ctx, table.get(mod, False), f"supports.{mod}"):
-            raise ctx.fail(f"supports.{mod}", "a CUDA variant cannot declare it yet: FaParams "
-                           "has no slot for it (docs/score-mods.md); Python candidates can")
-    return SupportSpec(
-        dtypes=dtypes, head_dims=head_dims, max_head_dim=max_head_dim, masks=tuple(masks),
-        gqa=_bool(ctx, table["gqa"], "supports.gqa"),
-        writes_lse=_bool(ctx, table["writes_lse"], "supports.writes_lse"),
-        masked_lse=masked_lse,
-        max_seqlen_q=None if mq is None else _int(ctx, mq, "supports.max_seqlen_q", 1),
-        max_seqlen_k=None if mk_ is None else _int(ctx, mk_, "supports.max_seqlen_k", 1),
-        decode_only=_bool(ctx, table.get("decode_only", False), "supports.decode_only"),
-        layouts=tuple(layouts),
-        window=_bool(ctx, table.get("window", False), "supports.window"),
-    )
+                                 TENSOR_MAP_TENSORS_BWD),
+        masks=_backward_masks(ctx, table["masks"], supports) if "masks" in table else None)

@@ -70,7 +70,9 @@ split as `prepare`):
 
 `out` and `lse` are the forward's (the harness gives the oracle's, rounded to the case
 dtype, and the LSE in the declared convention), `dout` the output gradient; none of them
-may be modified. `autograd_backward(fn)` builds a `backward_prepare` from the forward `fn`
+may be modified. `backward_masks=("none", "causal_br")` declares the mask kinds the backward runs (among
+`masks`; default: all of them): the backward of a case under another mask is skipped
+with the reason wherever backward cases are chosen. `autograd_backward(fn)` builds a `backward_prepare` from the forward `fn`
 through torch.autograd (the forward runs in the prepare, the timed call is the backward
 alone): how the shipped flex_attention and the SDPA peers get theirs.
 
@@ -87,13 +89,10 @@ from typing import Any, Literal
 import torch
 
 from harness.candidates.python_kwargs import mod_args
+from harness.candidates.python_output import CandidateOutputError, expect_tensor, sequence_rows
 from harness.candidates.python_source import source_hash
 from harness.core.candidate import Candidate, Support
 from harness.core.cases import DTYPES, Case, GradInputs, Inputs, Layout, MaskKind
-
-
-class CandidateOutputError(RuntimeError):
-    """A Python candidate returned something other than what the protocol asks for."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +129,9 @@ class PythonKernel:
     # Whether the backward applies a sliding window too (it gets the same window keywords
     # as the forward); without it a windowed case's backward is skipped with the reason.
     backward_window: bool = False
+    # The mask kinds the backward runs, among `masks` (None: all of the forward's); the
+    # backward of a case under another mask is skipped with the reason.
+    backward_masks: tuple[str, ...] | None = None
     # Optional: supports(case) -> None, or the reason the case is skipped. Asked before
     # the declaration's own reasons, so that it can say why (flex_attention: why it reads
     # no paged cache) where the declaration would only say "not supported".
@@ -180,6 +182,13 @@ class PythonKernel:
                 out.append(f"{what} is not callable")
         if self.backward is not None and self.backward_prepare is not None:
             out.append("give backward or backward_prepare, not both")
+        if self.backward_masks is not None:
+            bad_bwd = [m for m in self.backward_masks if m not in self.masks]
+            if not self.has_backward:
+                out.append("backward_masks given without a backward")
+            elif isinstance(self.backward_masks, str) or not self.backward_masks or bad_bwd:
+                out.append(f"backward_masks {self.backward_masks!r} must be a non-empty "
+                           f"list among the forward's masks {list(self.masks)}")
         known_layouts = {x.value for x in Layout}
         if "dense" not in self.layouts or any(x not in known_layouts for x in self.layouts):
             out.append(f"layouts {list(self.layouts)} must include 'dense' and be among "
@@ -247,13 +256,13 @@ class PythonCandidate(Candidate):
             ) -> None:
         result = self.timed_call(case, inputs, out, lse)()
         got_out, got_lse = self._split(result)
-        _expect(got_out, "out", out)
+        expect_tensor(got_out, "out", out)
         if lse is not None:
-            _expect(got_lse, "lse", lse)
+            expect_tensor(got_lse, "lse", lse)
         # Varlen: only the sequences' rows are copied. The returned tensors are the
         # candidate's own memory, whose padding rows it may well have written (flex_attention
         # writes every row); the harness's padding rows must keep their poison.
-        rows = _sequence_rows(inputs) if case.layout is Layout.VARLEN else None
+        rows = sequence_rows(inputs) if case.layout is Layout.VARLEN else None
         for got, buf in ((got_out, out), (got_lse, lse)):
             if buf is None:
                 continue
@@ -288,7 +297,7 @@ class PythonCandidate(Candidate):
             raise CandidateOutputError(f"backward returned {type(result).__name__}, "
                                        f"expected (dq, dk, dv)")
         for name, got, buf in zip(("dq", "dk", "dv"), result, (dq, dk, dv), strict=True):
-            _expect(got, name, buf)
+            expect_tensor(got, name, buf)
             buf.copy_(got)
 
     def take_notes(self) -> list[str]:
@@ -314,30 +323,6 @@ class PythonCandidate(Candidate):
         return result, None
 
 
-def _sequence_rows(inputs: Inputs) -> torch.Tensor:
-    """int64 indices of the packed rows that belong to a sequence of a varlen case (its
-    `serving` index: slot starts cu_seqlens_q, lengths seqlens_q)."""
-    index = inputs.serving
-    starts = index.cu_seqlens_q[:-1].long()
-    lens = index.seqlens_q.long()
-    first = torch.repeat_interleave(starts, lens)  # each row's sequence start
-    into = torch.arange(int(lens.sum()), device=lens.device) - torch.repeat_interleave(
-        torch.cumsum(lens, 0) - lens, lens)  # each row's position in its sequence
-    return (first + into).to(inputs.q.device)
-
-
-def _expect(t: Any, what: str, like: torch.Tensor) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise CandidateOutputError(f"{what} is {type(t).__name__}, expected a torch.Tensor")
-    if tuple(t.shape) != tuple(like.shape):
-        raise CandidateOutputError(f"{what} has shape {tuple(t.shape)}, expected "
-                                   f"{tuple(like.shape)}")
-    if t.dtype != like.dtype:
-        raise CandidateOutputError(f"{what} has dtype {t.dtype}, expected {like.dtype}")
-    if t.device != like.device:
-        raise CandidateOutputError(f"{what} is on {t.device}, expected {like.device}")
-
-
 def to_candidate(k: PythonKernel, origin: str) -> PythonCandidate:
     support = Support(dtypes=frozenset(k.dtypes),
                       head_dims=frozenset(k.head_dims) if k.head_dims is not None else None,
@@ -345,6 +330,8 @@ def to_candidate(k: PythonKernel, origin: str) -> PythonCandidate:
                       writes_lse=k.lse is not None, masked_lse=k.lse or "-inf",
                       deterministic=k.deterministic, backward=k.has_backward,
                       backward_deterministic=k.backward_deterministic,
+                      backward_masks=(None if k.backward_masks is None else
+                                      frozenset(MaskKind(m) for m in k.backward_masks)),
                       layouts=frozenset(Layout(x) for x in k.layouts), window=k.window,
                       softcap=k.softcap, alibi=k.alibi, sinks=k.sinks,
                       head_dim_v=k.head_dim_v, fp8=k.fp8, fp8_kv=k.fp8_kv)

@@ -32,7 +32,7 @@ TOP_OPTIONAL = ("arch", "compile_options", "deterministic", "num_splits", "tiles
                 "timing", "timing_max_seqlen", "timing_min", "timing_cases", "backward",
                 "tensor_map", "flavor")
 BACKWARD_REQUIRED = ("launch",)
-BACKWARD_OPTIONAL = ("deterministic", "workspace", "tensor_map")
+BACKWARD_OPTIONAL = ("deterministic", "workspace", "tensor_map", "masks")
 # How the CI gate times a variant (harness.runs.plan): "full" every timing case it
 # supports (as the budget allows), "smoke" its two cheapest, "none" correctness only.
 TIMING_MODES = ("full", "smoke", "none")
@@ -140,6 +140,8 @@ class BackwardSpec:
     workspaces: tuple[WorkspaceSpec, ...]
     launches: tuple[LaunchSpec, ...]
     tensor_maps: tuple[TensorMapSpec, ...] = ()
+    # The mask kinds it runs, among [supports] masks (None: all of them).
+    masks: tuple[MaskKind, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -296,6 +298,8 @@ class VariantSpec:
             min_compute_capability=self.min_compute_capability,
             backward=self.backward is not None,
             backward_deterministic=bool(self.backward and self.backward.deterministic),
+            backward_masks=(frozenset(self.backward.masks) if self.backward is not None
+                            and self.backward.masks is not None else None),
         )
 
     def workspace_bytes(self, env: Mapping[str, int]) -> int:

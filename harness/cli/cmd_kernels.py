@@ -56,14 +56,18 @@ def _fmt_set(values, all_values=None) -> str:
 def _backward(c, dtypes: str, head_dims: str) -> dict:
     """What a candidate declares of its backward. It is declared over the forward's
     support (a manifest's `[backward]`, a Python candidate's `backward`), so its dtypes and
-    head dims are the forward's; a case it refuses beyond that is skipped with the reason
+    head dims are the forward's, its masks the forward's unless it names fewer
+    (`Support.backward_masks`); a case it refuses beyond that is skipped with the reason
     (`Candidate.supports_backward`: a library backend tries it)."""
+    from harness.core.cases import MaskKind
+
     s = c.support
     if not s.backward:
         return {"supported": False, "deterministic": None, "dtypes": None,
-                "head_dims": None}
+                "head_dims": None, "masks": None}
+    masks = s.masks if s.backward_masks is None else s.backward_masks
     return {"supported": True, "deterministic": s.backward_deterministic, "dtypes": dtypes,
-            "head_dims": head_dims}
+            "head_dims": head_dims, "masks": _fmt_set(masks, MaskKind)}
 
 
 def _bwd_cell(b: dict) -> str:

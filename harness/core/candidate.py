@@ -42,6 +42,10 @@ class Support:
     # difference, others get it reported).
     backward: bool = False
     backward_deterministic: bool = False
+    # The mask kinds its backward runs (None: the forward's `masks`). A backward often
+    # lags its forward (causal only, no key padding): the cases of a mask it does not
+    # declare are skipped with the reason wherever backward cases are chosen.
+    backward_masks: frozenset[MaskKind] | None = None
     # Serving shapes (harness.core.serving): the layouts it reads (varlen: packed q/k/v
     # with cu_seqlens and seqused; paged: K/V pages behind a block table) and whether it
     # applies a sliding window.
@@ -95,6 +99,14 @@ class Support:
             return f"decode kernel: seqlen_q {case.seqlen_q} > {self.max_seqlen_q_decode}"
         return None
 
+    def reason_unsupported_backward(self, case: Case) -> str | None:
+        """Why the declared backward does not run `case` (beyond the forward's reasons)."""
+        if self.backward_masks is not None and case.mask not in self.backward_masks:
+            declared = ", ".join(m.value for m in MaskKind if m in self.backward_masks)
+            return (f"its backward does not support mask {case.mask.value} (declares "
+                    f"backward masks {declared})")
+        return None
+
 
 @dataclass
 class Candidate(ABC):
@@ -127,6 +139,12 @@ class Candidate(ABC):
         is skipped (a library backend that refuses the backward of a case it runs
         forward)."""
         return None
+
+    def backward_unsupported(self, case: Case) -> str | None:
+        """Why the backward does not run `case` beyond `supports`: what the declaration
+        says (`Support.reason_unsupported_backward`: its masks), then `supports_backward`.
+        Every place that chooses or runs backward cases asks this."""
+        return self.support.reason_unsupported_backward(case) or self.supports_backward(case)
 
     def run_backward(self, case: Case, inputs: GradInputs, dq: torch.Tensor, dk: torch.Tensor,
                      dv: torch.Tensor) -> None:

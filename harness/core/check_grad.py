@@ -115,7 +115,7 @@ def check_backward_case(candidate: Candidate, case: Case, *, device: str | torch
     if reason is None and case.dist == "large":
         reason = "the backward on large-magnitude inputs is not checked yet"
     if reason is None:
-        reason = candidate.supports_backward(case)
+        reason = candidate.backward_unsupported(case)
     if reason:
         return CaseResult(candidate.name, case, Status.SKIPPED, reason,
                           extra={"pass": "bwd"})

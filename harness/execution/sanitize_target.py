@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 cand.run(case, inputs, bufs.out, bufs.lse)
                 torch.cuda.synchronize()
             if args.backward and cand.support.backward and \
-                    cand.supports_backward(case) is None:
+                    cand.backward_unsupported(case) is None:
                 _backward(cand, case)
         except Exception as e:  # noqa: BLE001 - reported, the sanitizer has the detail
             print(f"sanitize_target: {case.id}: {type(e).__name__}: "

@@ -6,8 +6,9 @@ and timed on `BWD_TIMING_MIN` cases (never cut for the budget, as the forward's 
 fewer timed backward cases than that is "not measured" (harness.runs.gate), exactly
 as for the forward. The cases are the candidate's own forward-timed cases first (so the
 two passes of one kernel are seen on the same shapes), decode shapes left out (a
-backward of one query row is not what training runs), then the rest of the timing grid
-in the spread order. The speed-up baseline's backward is timed on the same cases.
+backward of one query row is not what training runs) and so are the masks its backward
+does not declare (`Support.backward_masks`), then the rest of the timing grid in the
+spread order. The speed-up baseline's backward is timed on the same cases.
 Yardsticks' backwards are not timed by the gate: `fa-harness run --grid perf-bwd` does.
 
 The estimate is the forward's cost model at `BWD_COST_FACTOR` the work (the backward
@@ -39,10 +40,17 @@ def backward_checked(candidates: Sequence[Any], owned: Sequence[str]) -> list[An
 
 
 def _supports(cand: Any, case: Case) -> bool:
+    """Whether `cand`'s backward runs `case` as far as the plan can tell: its forward
+    support and its backward's declaration (`Support.reason_unsupported_backward`: the
+    masks it declares). A backend's own `supports_backward` probe runs the backend, so it
+    is left to the run, which skips such a case with the reason."""
     try:
-        return cand.supports(case) is None
+        if cand.supports(case) is not None:
+            return False
     except Exception:  # noqa: BLE001 - a support test that raises: let the run say why
         return True
+    declared = getattr(getattr(cand, "support", None), "reason_unsupported_backward", None)
+    return declared is None or declared(case) is None
 
 
 def plan_backward(plan: Plan, candidates: Sequence[Any], timing_cases: Sequence[Case], *,
@@ -56,7 +64,7 @@ def plan_backward(plan: Plan, candidates: Sequence[Any], timing_cases: Sequence[
     for cand in backward_checked(candidates, owned):
         if getattr(cand, "device", "cpu") != "cuda":
             continue
-        ours = [c for c in plan.timed.get(cand.name, []) if c in pool]
+        ours = [c for c in plan.timed.get(cand.name, []) if c in pool and _supports(cand, c)]
         rest = [c for c in spread_order([c for c in pool if _supports(cand, c)])
                 if c not in ours]
         cases = (ours + rest)[:floor]

@@ -182,7 +182,7 @@ def sanitized(sanitizer: Callable[[], Any], progress: Progress, detail: dict[str
 def _unsupported(cand: Candidate, case: Any, backward: bool) -> str | None:
     if backward and not cand.support.backward:
         return f"{cand.name} declares no backward"
-    return cand.supports(case) or (cand.supports_backward(case) if backward else None)
+    return cand.supports(case) or (cand.backward_unsupported(case) if backward else None)
 
 
 def time_pass(candidate: Candidate, baseline: Candidate, perf_cases: list[Any],
