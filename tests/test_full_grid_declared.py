@@ -123,3 +123,14 @@ def test_the_pytest_plugin_prints_the_line(monkeypatch):
         "runs_nothing: no case of grid full: it refuses every case of the grid it was asked "
         "about, e.g. needs a paged KV cache of its own format"]
     assert "PYTEST_XDIST_WORKER" not in os.environ
+
+
+def test_the_gate_logs_the_line():
+    from harness.runs.gate_prepare import gate_grids
+
+    lines = gate_grids(["smoke", "full"]).correctness_lines([DECODE, NOTHING], 1)
+    assert lines[0].startswith("correctness: ") and "generated per candidate" in lines[0]
+    assert lines[1:] == ["runs_nothing: no case of grid full: it refuses every case of the "
+                         "grid it was asked about, e.g. needs a paged KV cache of its own format"]
+    assert gate_grids(["smoke"]).correctness_lines([NOTHING], 2) == [
+        "correctness: 25 case(s) x 1 candidate(s), 2 at a time"]

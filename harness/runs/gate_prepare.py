@@ -33,6 +33,17 @@ class GateGrids:
     def check_count(self, cand: Any) -> int:
         return sum(len(g.for_candidate(cand)) for g in self.check)
 
+    def correctness_lines(self, candidates: Sequence[Any], jobs: int) -> list[str]:
+        """What the gate says before its correctness pass: the pairs it runs, then
+        "CANDIDATE: no case of grid NAME: why" for each candidate a per-candidate grid
+        gives nothing (it would otherwise be missing from the run in silence)."""
+        per = self.check_for() is not None
+        line = (f"correctness: {sum(self.check_count(c) for c in candidates)} (candidate, "
+                f"case) pair(s), generated per candidate" if per else
+                f"correctness: {len(self.check_cases)} case(s) x {len(candidates)} "
+                f"candidate(s)") + (f", {jobs} at a time" if jobs > 1 else "")
+        return [line] + [x for g in self.check for x in g.no_case_lines(candidates)]
+
     @property
     def timing_cases(self) -> list[Case]:
         return cases_of(self.timed)

@@ -211,10 +211,8 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
     try:
         if check_cases:
             counts = {c.name: grids.check_count(c) for c in candidates}
-            log((f"correctness: {sum(counts.values())} (candidate, case) pair(s), generated "
-                 "per candidate" if check_for else
-                 f"correctness: {len(check_cases)} case(s) x {len(candidates)} candidate(s)")
-                + (f", {jobs} at a time" if jobs > 1 else ""))
+            for line in grids.correctness_lines(candidates, jobs):
+                log(line)
             report = LineReport(counts, stream=sys.stdout)
             results += run_correctness(candidates, check_cases, secret=opts.secret,
                                        timeout_s=opts.timeout_s, on_result=report,
