@@ -29,6 +29,8 @@ from harness.core.results import Status
 
 M = MaskKind
 SMOKE = get_grid("smoke")
+# The CPU models run many small tile ops: one torch thread each (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("case", SMOKE, ids=lambda c: c.id)
@@ -70,8 +72,9 @@ def test_each_planted_backward_bug_is_caught(bug):
 
 def test_every_planted_backward_bug_fails_somewhere_on_the_smoke_grid():
     for bug in planted_backward_bugs():
-        verdicts = [check_backward_case(bug, c, device="cpu").status for c in SMOKE]
-        assert Status.FAILED in verdicts, bug.name
+        # The grid's verdict fails at its first failing case: no need to check the rest.
+        assert any(check_backward_case(bug, c, device="cpu").status is Status.FAILED
+                   for c in SMOKE), bug.name
         assert bug.support.backward
 
 

@@ -213,10 +213,11 @@ def test_committed_records_satisfy_the_published_schema():
     from jsonschema import Draft202012Validator
 
     Draft202012Validator.check_schema(schema())
+    # validate() walks the published schema itself (Draft202012Validator(schema())) after
+    # its value and size checks, so [] means the schema passed too: one walk per record,
+    # not two (the records are 43 MB; each walk took a minute on a loaded 2-core runner).
     for f in sorted(Path("results").glob("*.json")):
-        data = json.loads(f.read_text())
-        assert list(Draft202012Validator(schema()).iter_errors(data)) == []
-        assert validate(data) == []
+        assert validate(json.loads(f.read_text())) == [], f.name
 
 
 def test_schema_status_enum_is_the_status_list():
