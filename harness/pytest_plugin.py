@@ -50,6 +50,10 @@ _GRIDS_KEY = pytest.StashKey[dict]()
 # "CANDIDATE: no case of grid NAME: why" of the candidates a per-candidate grid gives no
 # case (ordered, each once: every suite's test function asks for the same grid).
 _NO_CASE_KEY = pytest.StashKey[dict]()
+# The same lines from pytest-xdist's workers, whose terminals are not shown: the
+# controller prints them in its summary.
+_WORKERS_NO_CASE_KEY = pytest.StashKey[dict]()
+_NO_CASE_OUTPUT = "fa_harness_no_case"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -195,6 +199,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 cases.append(params["fa_case"])
     session.config.stash[_PLAN_KEY] = plan
     session.config.stash[_BATCH_KEY] = {}
+    no_case = list(session.config.stash.get(_NO_CASE_KEY, {}))
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # sent to the controller when the worker is done
+        workeroutput[_NO_CASE_OUTPUT] = no_case
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None or os.environ.get("PYTEST_XDIST_WORKER"):
         return
@@ -203,8 +211,23 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             reporter.write_line(line)
     # Printed even when nothing else runs: a candidate without a case of the grid would
     # otherwise just be missing from the session.
-    for line in session.config.stash.get(_NO_CASE_KEY, {}):
+    for line in no_case:
         reporter.write_line(line)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """pytest-xdist's controller, a worker done: keep its no-case lines (each once)."""
+    lines = getattr(node, "workeroutput", {}).get(_NO_CASE_OUTPUT, [])
+    config = getattr(node, "config", None)
+    if lines and config is not None:
+        config.stash.setdefault(_WORKERS_NO_CASE_KEY, {}).update(dict.fromkeys(lines))
+
+
+def pytest_terminal_summary(terminalreporter: object, exitstatus: int,
+                            config: pytest.Config) -> None:
+    for line in config.stash.get(_WORKERS_NO_CASE_KEY, {}):
+        terminalreporter.write_line(line)  # type: ignore[attr-defined]
 
 
 @pytest.fixture

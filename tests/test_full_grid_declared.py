@@ -134,3 +134,16 @@ def test_the_gate_logs_the_line():
                          "grid it was asked about, e.g. needs a paged KV cache of its own format"]
     assert gate_grids(["smoke"]).correctness_lines([NOTHING], 2) == [
         "correctness: 25 case(s) x 1 candidate(s), 2 at a time"]
+
+
+def test_under_xdist_the_controller_prints_the_workers_lines():
+    line = "runs_nothing: no case of grid full: why"
+    config = SimpleNamespace(stash=pytest.Stash())
+    for _ in range(2):  # two workers collected the same grid: the line is printed once
+        pytest_plugin.pytest_testnodedown(
+            SimpleNamespace(config=config,
+                            workeroutput={pytest_plugin._NO_CASE_OUTPUT: [line]}), None)
+    written: list[str] = []
+    pytest_plugin.pytest_terminal_summary(SimpleNamespace(write_line=written.append), 0,
+                                          config)
+    assert written == [line]
