@@ -163,11 +163,17 @@ def score(template: dict[str, Any], verdicts: list[list[dict[str, Any]]],
     k0 = planted["commit"]
     noop = [i for i in range(1, len(verdicts)) if not planted["kind"] or not
             (k0 <= i <= k0 + 2)]
-    red = [i for i in noop if any(v["verdict"] in FAILING and v["kernel"] in owned
-                                  for v in verdicts[i])]
-    per_cand = Counter(v["kernel"] for i in noop for v in verdicts[i]
-                       if v["verdict"] in FAILING and v["kernel"] in owned)
-    out: dict[str, Any] = {"noop": len(noop), "red": len(red),
+    def false(i: int, v: dict[str, Any]) -> bool:
+        # The planted step's own verdicts after its window are a late call of a real
+        # step, not a false alarm ("late").
+        return v["verdict"] in FAILING and v["kernel"] in owned and not (
+            _of_step(v, planted) and i > k0)
+
+    red = [i for i in noop if any(false(i, v) for v in verdicts[i])]
+    late = [i for i in noop if i > k0 and not any(false(i, v) for v in verdicts[i]) and any(
+        v["verdict"] in FAILING for v in verdicts[i])]
+    per_cand = Counter(v["kernel"] for i in noop for v in verdicts[i] if false(i, v))
+    out: dict[str, Any] = {"noop": len(noop), "red": len(red), "late": len(late),
                            "red_candidates": dict(per_cand),
                            "candidate_commits": len(noop) * len(owned)}
     if planted["kind"]:
@@ -181,6 +187,12 @@ def score(template: dict[str, Any], verdicts: list[list[dict[str, Any]]],
     return out
 
 
+def _of_step(v: dict[str, Any], planted: dict[str, Any]) -> bool:
+    """Whether verdict `v` is of the planted step's candidate (or case)."""
+    return bool(planted["kind"]) and v["kernel"] == planted["variant"] and (
+        planted["kind"] == "whole" or (v["pass"], v["case"]) == tuple(planted["case"][1:]))
+
+
 def _show(template: dict[str, Any], verdicts: list[list[dict[str, Any]]],
           planted: dict[str, Any]) -> None:
     owned = {k for k, v in template["kernels"].items() if v.get("owned")}
@@ -188,7 +200,8 @@ def _show(template: dict[str, Any], verdicts: list[list[dict[str, Any]]],
         if planted["kind"] and planted["commit"] <= i <= planted["commit"] + 2:
             continue
         for v in vs:
-            if v["verdict"] in FAILING and v["kernel"] in owned:
+            if v["verdict"] in FAILING and v["kernel"] in owned and not (
+                    _of_step(v, planted) and i > planted["commit"]):
                 d = v["detail"] or {}
                 print(f"  commit {i}: {v['kernel']} {v['pass']} {v['case']} {v['ratio']:.4f} "
                       f"{ {k: d.get(k) for k in ('step', 'candidate', 'p_slower', 'history', 'run_to_run_spread', 'spread_pairs', 'base_window_runs', 'threshold') if k in d} }")
@@ -269,8 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         steps.append(None if s == "none" else (s.split(":")[0], float(s.split(":")[1])))
     rows = []
     print("| chips | band | step | series | no-op commits | red (share) "
-          "| owned candidate-commits red | red at its commit | flagged within 2 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| owned candidate-commits red | red at its commit | flagged within 2 "
+          "| its step red later |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for chips in (("one", "many") if args.chips == "both" else (args.chips,)):
         per_chip = chips == "one"
         cases = residual_pools(results, per_chip=per_chip, judged=True, pattern="h*-*.json")
@@ -280,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if len(cases[band]) < 10 or len(cands[band]) < 10:
                 print(f"| {chips} | {band} | - | too few residuals "
-                      f"({len(cases[band])}, {len(cands[band])}) | | | | | |")
+                      f"({len(cases[band])}, {len(cands[band])}) | | | | | | |")
                 continue
             for step in steps:
                 t0 = time.monotonic()
@@ -298,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                         _show(template, verdicts, planted)
                     if args.show_missed and planted["kind"] and not sc["within_2"]:
                         _show_missed(verdicts, planted)
-                    tot.update({"noop": sc["noop"], "red": sc["red"],
+                    tot.update({"noop": sc["noop"], "red": sc["red"], "late": sc["late"],
                                 "cand": sc["candidate_commits"],
                                 "cand_red": sum(sc["red_candidates"].values()),
                                 "at": sc.get("at_commit", 0), "w2": sc.get("within_2", 0)})
@@ -310,11 +324,13 @@ def main(argv: list[str] | None = None) -> int:
                        "candidate_commits": tot["cand"], "candidate_red": tot["cand_red"],
                        "at_commit": None if step is None else tot["at"] / args.trials,
                        "within_2": None if step is None else tot["w2"] / args.trials,
+                       "late": tot["late"],
                        "seconds": round(time.monotonic() - t0, 1)}
                 rows.append(row)
                 print(f"| {chips} | {band} | {name} | {args.trials} | {tot['noop']} "
                       f"| {tot['red']} ({tot['red'] / max(tot['noop'], 1):.1%}) "
-                      f"| {tot['cand_red']} of {tot['cand']} | {at} | {w2} |", flush=True)
+                      f"| {tot['cand_red']} of {tot['cand']} | {at} | {w2} "
+                      f"| {'-' if step is None else tot['late']} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1)
                                    + "\n")

@@ -364,8 +364,8 @@ def test_across_chips_a_step_must_hold_a_third_commit():
     from harness.records.step_gate import CONFIRM_POINTS_ACROSS, confirmed_steps
 
     meds = _series({}, seed=3)
-    meds[-2] *= 1.03  # two chips 3% slow, the last two runs
-    meds[-1] *= 1.03
+    meds[-2] *= 1.05  # two chips 5% slow, the last two runs (one case: a 4% floor across chips)
+    meds[-1] *= 1.05
     series = {("k", "fwd", "c"): list(zip(COMMITS, meds, strict=True))}
     one = {("k", "fwd"): dict.fromkeys(COMMITS, "GPU-a")}
     many = {("k", "fwd"): {c: f"GPU-{i}" for i, c in enumerate(COMMITS)}}
@@ -374,7 +374,7 @@ def test_across_chips_a_step_must_hold_a_third_commit():
     assert confirmed_steps(series, COMMITS[-1], chips=many) == {}
     # A real step held by three commits is confirmed across chips too.
     assert CONFIRM_POINTS_ACROSS == 3
-    meds[-3] *= 1.03
+    meds[-3] *= 1.05
     series = {("k", "fwd", "c"): list(zip(COMMITS, meds, strict=True))}
     assert ("k", "fwd", "c") in confirmed_steps(series, COMMITS[-1], chips=many)
 
@@ -400,3 +400,12 @@ def test_across_chips_every_commit_at_the_new_level_must_have_moved():
     st = steps.Step(index=20, last_good="c19", first_bad="c20", ratio=1.05, sigma=0.003)
     assert not step_gate._every_point_moved(two_of_three, 20, st)
     assert step_gate._every_point_moved(three, 20, st)
+
+
+def test_across_chips_a_step_of_one_case_must_be_larger():
+    """A 2.5% step of one case held by three commits is a step on one chip, not across
+    chips (CASE_STEP_MIN_ACROSS); a 5% one is both."""
+    small = steps.Step(index=20, last_good="a", first_bad="b", ratio=1.025, sigma=0.004)
+    assert step_gate._case_sized(small) and not step_gate._case_sized(small, across=True)
+    five = steps.Step(index=20, last_good="a", first_bad="b", ratio=1.05, sigma=0.004)
+    assert step_gate._case_sized(five, across=True)

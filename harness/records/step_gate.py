@@ -87,25 +87,34 @@ def confirmed_steps(series: Series, commit: str, sources: Sources | None = None,
         names = [c for c, _ in pts]
         changed = source_changes(names, None if sources is None else
                                  sources.get(key[:2], {}))
-        st = _confirmed(names, [m for _, m in pts], changed,
-                        None if chips is None else chips.get(key[:2], {}))
-        if st is not None and (key[2] == ALL_CASES or _case_sized(st)):
+        on = None if chips is None else chips.get(key[:2], {})
+        st = _confirmed(names, [m for _, m in pts], changed, on)
+        if st is not None and (key[2] == ALL_CASES or _case_sized(
+                st, _points_needed(names, names.index(st.first_bad), on)
+                != CONFIRM_POINTS)):
             out[key] = st
     return out
 
 
 CASE_STEP_MIN = 0.02  # a step of one case alone must be this large ...
 CASE_STEP_K = 3.0  # ... and this many of its series' spreads
+# Across chips, a step of one case alone must be twice that: chips of one model move
+# single cases by several percent, and 2.0-2.8% steps of single cases held three commits
+# on series from the committed cross-chip residuals of the quiet band turned 0.8% of
+# their no-op commits red (bench/gate_verdicts.py --chips many); a 5% step of one case
+# still clears it.
+CASE_STEP_MIN_ACROSS = 0.04
 
 
-def _case_sized(st: Step) -> bool:
+def _case_sized(st: Step, across: bool = False) -> bool:
     """A run's dozens of case series each get a search, so a step of one case is held to
     more than a candidate's mean is: at least CASE_STEP_MIN and CASE_STEP_K spreads. On
     series from the committed residuals of the 0.5-1.5% band, 1.0-1.5% steps of single
     cases turned 5% of no-op commits red (bench/gate_verdicts.py); a slowdown of the
     whole kernel is found by the candidate's mean, which keeps the plain rule."""
     size = abs(math.log(st.ratio)) if st.ratio > 0 else 0.0
-    return size >= max(math.log1p(CASE_STEP_MIN), CASE_STEP_K * st.sigma)
+    floor = CASE_STEP_MIN_ACROSS if across else CASE_STEP_MIN
+    return size >= max(math.log1p(floor), CASE_STEP_K * st.sigma)
 
 
 CONFIRM_POINTS_ACROSS = 3  # commits at the new level, where its points ran on several chips
