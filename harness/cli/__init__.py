@@ -128,5 +128,21 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
 
+def entry() -> None:
+    """The `fa-harness` program: `main`, its code the process's exit status.
+
+    After Ctrl-C the exit is immediate, streams flushed: a SIGINT that lands while
+    C++ code evaluates Python (pybind11's exec, as torch's import does) marks the
+    interpreter as stopped by an unhandled KeyboardInterrupt even though `main` caught it,
+    and CPython then ends the process by SIGINT at exit (status -2, not the documented
+    130). Nothing is left to clean up by then: `main` rolled back or spooled what it had."""
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
