@@ -111,6 +111,7 @@ def store_run(opts: Any, candidates: list[Any], results: list[Any], usage: Usage
     # user's `make run` ends here).
     print(f"stored as run {run_id} in {where}")
     db_opt = f" --db '{where}'" if opts.db else ""
+    # The run's deep link is the whole hint: the line stays within an 80-column log.
     print(f"next: fa-harness dashboard{db_opt}, then open "
-          f"http://127.0.0.1:8501/?page=run&run={run_id} (this run's results)")
+          f"http://127.0.0.1:8501/?page=run&run={run_id}")
     return True
