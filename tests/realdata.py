@@ -4,8 +4,10 @@ Each database is filled the way the operator fills one: `fa-harness import --tru
 record files (the project's own history; untrusted imports are never baselines).
 The variations are derived from the real records, so every field the dashboard reads
 has the shape real runs give it (calibration keys, GPU model keys, grids, parents):
-  - "results": exactly `fa-harness import --trusted results/` (every committed run: the H200's
-    history and the runs on an H100; the verdicts import computes between them);
+  - "sample": `fa-harness import --trusted` of `SAMPLE`, committed records of every kind of
+    run on both GPUs in their own order (gate runs, an A/A chain, perf, decode with paged
+    and varlen caches, backward), and the verdicts import computes between them: what the
+    whole of results/ would show these tests, at a third of its import;
   - "history": the first two committed records (the perf and decode runs of 2026-11-29,
     whose run ids 1 and 2 the tests name) plus a child commit whose perf run is slower for one kernel and
     fails one case (import computes the regression verdicts), a decode run with only fp16
@@ -120,6 +122,32 @@ def fa_import(url: str, *paths: Path) -> str:
     return url
 
 
+# The "sample" database: each record is here for what a test reads in it.
+SAMPLE = [
+    PERF, DECODE,  # the first runs of the H200's history
+    # Five gate runs at five commits: template's 1k-key decode case at levels 2.7% apart
+    # and fa1's wobble on the same shape (test_noise, test_gate_reach); the last one is
+    # the run test_gate_reach plants a child of.
+    *(RESULTS / f"h200-2026120{n}-ci{k}.json" for n, k in (
+        ("1T130808Z", ""), ("1T195440Z", "-cold"), ("1T195739Z", "-warm"),
+        ("2T022403Z", "-cold"))),
+    # An A/A chain of one commit: runs judged against pooled windows (test_base_runs).
+    *sorted(RESULTS.glob("h200-20261202T0[12]*-ci-aa[1-5].json")),
+    RESULTS / "h200-20261202T075402Z-ci-cold.json",
+    SERVING_DECODE,  # paged and varlen caches (test_dashboard_serving)
+    # Backward runs (forward and backward series apart: test_pass_records); two commits
+    # of backward runs one per dtype, the newest judged against a pooled window holding
+    # the other dtype's run (test_dashboard_real); then a perf run: the last runs time no
+    # decode case (the history of a case they skip: test_noise).
+    RESULTS / "h200-20261201T221903Z-perf-bwd.json",
+    *(RESULTS / f"h200-20261204T{t}Z-perf-bwd.json" for t in ("073954", "074418",
+                                                              "150417", "150829")),
+    RESULTS / "h200-20261206T142550Z-perf.json",
+    # The other GPU's perf run and two gate runs (what Compare opens on there).
+    RESULTS / "h100-20261205T072458Z-perf.json",
+    *sorted(RESULTS.glob("h100-20261206T02[34]*-ci-aa[12].json")),
+]
+
 # Dense records of both GPUs and of each kind of run (perf, decode, backward, gate A/A):
 # enough for the dense-only pages, a fifth of the time of importing every dense record.
 DENSE_SAMPLE = [PERF, DECODE, RESULTS / "h200-20261201T221903Z-perf-bwd.json",
@@ -144,8 +172,8 @@ def build(kind: str, directory: Path) -> str:
     """A SQLite database of `kind` (see the module docstring) under `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
     url = f"sqlite:///{directory / f'{kind}.sqlite'}"
-    if kind == "results":
-        return fa_import(url, RESULTS)
+    if kind == "sample":
+        return fa_import(url, *SAMPLE)
     if kind == "history":
         fa_import(url, DECODE, PERF)
         return fa_import(url, write(history_records(), directory / "derived"))

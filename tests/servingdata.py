@@ -198,12 +198,12 @@ def _add_serving(url: str, directory: Path) -> tuple[str, list[Any]]:
 
 
 def shared(factory: Any) -> tuple[str, list[Any]]:
-    """`fa-harness import --trusted results/`, then the serving runs, made once per test
-    session (`realdata.shared`) from a copy of the session's shared import of results/:
-    (database URL, the serving runs' records)."""
+    """The sample of the committed records (`realdata.SAMPLE`), then the serving runs, made
+    once per test session (`realdata.shared`) from a copy of the session's shared import
+    of the sample: (database URL, the serving runs' records)."""
 
     def make(directory: Path) -> str:
-        url = realdata.copy_db(realdata.shared("results", factory), directory)
+        url = realdata.copy_db(realdata.shared("sample", factory), directory)
         return _add_serving(url, directory)[0]
 
     # The records are made the same way every time (fixed uuids and seeds).

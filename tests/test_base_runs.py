@@ -15,8 +15,8 @@ from harness.records.db.models import CaseRow, Comparison, Result, Run, Variant
 
 def test_every_comparison_of_the_committed_records_names_a_base_run_that_holds_it(
         tmp_path_factory):
-    # `fa-harness import --trusted results/`, imported once per session (realdata.shared).
-    url = realdata.shared("results", tmp_path_factory)
+    # The sample of the committed records (realdata.SAMPLE), imported once per session.
+    url = realdata.shared("sample", tmp_path_factory)
     engine = make_engine(url)
     with engine.connect() as conn:
         held = set(conn.execute(

@@ -15,15 +15,15 @@ import realdata
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["overview", "history", "compare", "roofline", "correctness", "leaderboard", "run",
          "submit"]
-KINDS = ["results", "history", "one_grid", "submissions"]
+KINDS = ["sample", "history", "one_grid", "submissions"]
 
 AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
 
 
 @pytest.fixture(scope="module")
 def dbs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    # Built once per session, and the whole imported history shared with the other
-    # modules that read it.
+    # Built once per session, and the sample of the committed records shared with the
+    # other modules that read it.
     return {k: realdata.shared(k, tmp_path_factory) for k in KINDS}
 
 
@@ -101,7 +101,7 @@ def test_pandas_row_dtype(dbs: dict[str, str], monkeypatch) -> None:
 
 
 def test_roofline_real_calibration(dbs: dict[str, str], monkeypatch) -> None:
-    url = dbs["results"]
+    url = dbs["sample"]
     run_id = sql(url, "SELECT id FROM runs WHERE grids LIKE '%perf%' "
                       "AND gpu_model_key = 'nvidia-h200' ORDER BY created_at")[0][0]
     at = app(url, monkeypatch, page="roofline", run=str(run_id))
@@ -119,11 +119,11 @@ def test_roofline_real_calibration(dbs: dict[str, str], monkeypatch) -> None:
 
 
 def test_overview_per_grid(dbs: dict[str, str], monkeypatch) -> None:
-    at = app(dbs["results"], monkeypatch)
+    at = app(dbs["sample"], monkeypatch)
     latest = at.dataframe[0].value
-    # One row per GPU model and grid of the committed records (all on one branch): the
-    # H200's grids and the H100's one perf run.
-    recs = [json.loads(f.read_text()) for f in realdata.RESULTS.glob("*.json")]
+    # One row per GPU model and grid of the records (all on one branch): the H200's grids
+    # and the H100's.
+    recs = [json.loads(f.read_text()) for f in realdata.SAMPLE]
     rows = {(r["gpu"]["model_key"], "+".join(r["grids"])) for r in recs}
     assert sorted(zip(latest["gpu_model_key"], latest["grid"], strict=True)) == sorted(rows)
     assert ("nvidia-h100-80gb-hbm3", "perf") in rows
@@ -267,7 +267,7 @@ def test_compare_opens_on_the_base_run_that_shares_the_runs_cases(dbs: dict[str,
 
     from harness.dashboard.compare_data import default_base
 
-    url = dbs["results"]
+    url = dbs["sample"]
     new = sql(url, "SELECT id FROM runs WHERE grids LIKE '%perf-bwd%' "
                    "ORDER BY created_at DESC LIMIT 1")[0][0]
     missing = sql(url, "SELECT DISTINCT base_run_id FROM comparisons WHERE run_id = :r "
@@ -290,7 +290,7 @@ def test_pickers_open_on_the_gpu_with_the_most_runs(dbs: dict[str, str], monkeyp
     H100 sorts first; opened with no link, Compare must open on the H200 (the model with
     the most runs) with two runs to compare, its newest and its baseline; the H100's
     runs compare among themselves; a GPU with one run says there is nothing yet."""
-    url = dbs["results"]
+    url = dbs["sample"]
     gpus = dict(sql(url, "SELECT gpu_model_key, count(*) FROM runs GROUP BY gpu_model_key"))
     assert 1 < gpus["nvidia-h100-80gb-hbm3"] < gpus["nvidia-h200"]
     at = app(url, monkeypatch, page="compare")
@@ -346,7 +346,7 @@ def test_sigterm_stops_the_server(dbs: dict[str, str], tmp_path: Path) -> None:
     assert exe, "the fa-harness command is not installed"
     port = free_port()
     log = (tmp_path / "dash.log").open("wb")
-    proc = subprocess.Popen([exe, "dashboard", "--db", dbs["results"], "--port", str(port)],
+    proc = subprocess.Popen([exe, "dashboard", "--db", dbs["sample"], "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     health = f"http://127.0.0.1:{port}/_stcore/health"
 

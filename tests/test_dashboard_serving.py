@@ -232,7 +232,7 @@ def test_decode_section_of_the_committed_serving_decode_run(tmp_path_factory, mo
     """The real H200 decode record with paged and varlen caches: every layout shows, at
     the record's own ideal bytes over its medians, and paged against contiguous reads
     off the table."""
-    url = realdata.shared("results", tmp_path_factory)
+    url = realdata.shared("sample", tmp_path_factory)
     record = realdata.load(realdata.SERVING_DECODE)
     rid = sql(url, "SELECT id FROM runs WHERE uuid = :u", u=record["uuid"])[0][0]
     at = app(url, monkeypatch, page="roofline", run=str(rid))
@@ -319,8 +319,8 @@ def test_history_filter_and_serving_ids(serving: tuple[str, list], monkeypatch) 
     # The "All points" table (it has median_ms; the flagged-runs table above it, shown when
     # the generated run is flagged against a real one, has none).
     points = frame(at, "median_ms")
-    # The committed H200 decode records' points and the generated decode run's.
-    committed = [p for p in realdata.RESULTS.glob("h200-*-decode.json")
+    # The points of the sample's H200 decode records and of the generated decode run.
+    committed = [p for p in realdata.SAMPLE if p.name.startswith("h200-")
                  if paged in {e["case_id"] for e in realdata.load(p)["results"]}]
     assert committed and list(points["status"]) == ["passed"] * (len(committed) + 1)
     assert points["median_ms"].notna().all()

@@ -18,8 +18,9 @@ def test_the_summary_names_what_each_candidate_could_flag(tmp_path, tmp_path_fac
 
     base = realdata.load(GATE_RUN)
     rec = realdata.derive(base, hours=48, commit="e" * 40, parent=base["commit"])
-    # The committed history (imported once per session: realdata.shared), then the new run.
-    url = realdata.fa_import(realdata.copy_db(realdata.shared("results", tmp_path_factory),
+    # The sample of the committed history (imported once per session: realdata.shared),
+    # then the new run.
+    url = realdata.fa_import(realdata.copy_db(realdata.shared("sample", tmp_path_factory),
                                            tmp_path), realdata.write([rec], tmp_path / "new"))
     new = RunRecord.from_dict(rec)
     with open_db(url) as db:

@@ -13,6 +13,7 @@ import realdata
 
 from harness.records import noise
 
+sql = realdata.sql
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
@@ -53,20 +54,20 @@ def _verdicts(url: str) -> list[tuple]:
 
 def test_the_committed_fa1_wobble_is_noise_and_a_planted_step_is_not(tmp_path,
                                                                      tmp_path_factory):
-    """The committed records imported: fa1's +2.3% at p ~ 1e-77 on the decode case
+    """The sample of the committed records imported (realdata.SAMPLE): fa1's +2.3% at p ~ 1e-77 on the decode case
     (its medians wander by ~3% across unchanged commits) is "same" once three earlier
     runs show that spread; then a run of the newest perf record with fa2_mma 10% slower:
     flagged."""
-    url = realdata.copy_db(realdata.shared("results", tmp_path_factory), tmp_path)
+    url = realdata.copy_db(realdata.shared("sample", tmp_path_factory), tmp_path)
     rows = _verdicts(url)
     fa1 = [r for r in rows if r[1] == "fa1" and r[2] == "b1h32k8-1x1024-d128-bf16-none"
            and r[4] and abs(r[4] - 1) > 0.02]
     seen = [r for r in fa1 if "run_to_run_spread" in json.loads(r[5])]
     assert seen and all(r[3] == "same" for r in seen), fa1
     assert all("within the run-to-run noise" in json.loads(r[5])["reason"] for r in seen)
-    # The first comparisons, with one earlier run, say they could not know the noise.
-    early = [r for r in fa1 if r not in seen]
-    assert all(json.loads(r[5])["history"].startswith("insufficient history") for r in early)
+    # The others, judged before the spread was known (or against a run of their own
+    # commit), are not red either.
+    assert all(r[3] == "same" for r in fa1 if r not in seen), fa1
     # The newest committed perf record that times fa2_mma (a perf record may hold others).
     perf = next(rec for rec in map(realdata.load, sorted(RESULTS.glob("h200-*-perf.json"),
                                                           reverse=True))
@@ -84,7 +85,7 @@ def test_the_committed_fa1_wobble_is_noise_and_a_planted_step_is_not(tmp_path,
 def test_the_model_reads_earlier_runs_and_pairs_only_one_source(tmp_path_factory):
     from harness.records.db.store import get_run, open_db
 
-    url = realdata.shared("results", tmp_path_factory)
+    url = realdata.shared("sample", tmp_path_factory)
     with open_db(url) as db:
         last = get_run(db, "latest").id
         m = noise.from_db(db, "nvidia-h200", before_run_id=last)
@@ -171,24 +172,32 @@ def test_the_range_a_source_measured_on_other_chips():
 
 
 def test_runs_that_did_not_time_a_case_leave_its_history_alone(tmp_path_factory):
-    """The committed records end with 15 perf and backward runs that time no decode case:
-    the noise model and the step search still see the gate runs' history of template's
-    decode case (counted per series, not per stored run); counting the last 20 runs of
-    any kind, they saw two of its runs at two sources, and no spread at all."""
+    """The sample of the committed records ends with five backward and perf runs that time
+    no decode case: the noise model and the step search still see the gate runs' history
+    of template's decode case (counted per series, not per stored run). Counting the last
+    five runs of any kind would have seen none of its runs."""
     from harness.records.db.store import get_run, open_db
     from harness.records.step_gate import history_from_db
 
     key = ("template", "fwd", "b1h32k8-1x1024-d128-fp16-none")
-    url = realdata.shared("results", tmp_path_factory)
+    timed = [realdata.load(p) for p in realdata.SAMPLE if p.name.startswith("h200-")]
+    timed = sorted((r["created_at"], r["commit"]) for r in timed
+                   if any(e["kernel"] == key[0] and e["case_id"] == key[2] and e["median_ms"]
+                          for e in r["results"]))
+    url = realdata.shared("sample", tmp_path_factory)
     with open_db(url) as db:
         last = get_run(db, "latest").id
-        m = noise.from_db(db, "nvidia-h200", before_run_id=last)
+        after = sql(url, "SELECT count(*) FROM runs WHERE gpu_model_key = 'nvidia-h200' "
+                         "AND created_at > :t", t=timed[-1][0].replace("T", " ").rstrip("Z"))
+        assert after[0][0] >= 5
+        m = noise.from_db(db, "nvidia-h200", before_run_id=last, runs=5)
         series, _ = history_from_db(db, "nvidia-h200", upto_run_id=last,
                                     kernels=["template"])
-        assert len(m.points[key]) >= 8 and m.spread(key) is not None
+        assert len(m.points[key]) == len(timed) == 5 and m.spread(key) is not None
         assert m.spread(key) > 0.015  # its runs sit at levels 2.7% apart
-        assert len(series[key]) >= 7  # one median per commit: two runs shared one
-        # Still the last HISTORY_RUNS of the series at most.
+        # One median per commit: two of the runs shared one.
+        assert len(series[key]) == len({c for _, c in timed}) == 4
+        # Still the last `runs` of the series at most.
         short = noise.from_db(db, "nvidia-h200", before_run_id=last, runs=3)
         assert len(short.points[key]) == 3
         assert [p[1] for p in short.points[key]] == [p[1] for p in m.points[key][-3:]]

@@ -140,8 +140,8 @@ def test_dashboard_keeps_the_committed_backward_apart(tmp_path_factory):
     from harness.dashboard import queries
     from harness.records.db.engine import make_engine
 
-    # `fa-harness import --trusted results/`, imported once per session (realdata.shared).
-    url = realdata.shared("results", tmp_path_factory)
+    # The sample of the committed records (realdata.SAMPLE), imported once per session.
+    url = realdata.shared("sample", tmp_path_factory)
     engine = make_engine(url)
     names = queries.variant_names(engine)
     assert {"fa2_mma", "fa2_mma (bwd)", "triton_fa2 (bwd)", "sdpa_flash (bwd)"} <= set(names)

@@ -115,6 +115,26 @@ def test_invalid_record_writes_nothing(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))
 
 
+def test_a_record_read_back_is_validated_once_and_again_after_any_change(monkeypatch):
+    import harness.records.record as record_mod
+
+    text = make_record(specs_for()).dumps()
+    calls = []
+    real = record_mod.validate
+    monkeypatch.setattr(record_mod, "validate", lambda d: calls.append(1) or real(d))
+    rec = RunRecord.from_dict(json.loads(text))
+    rec.check()  # unchanged since from_dict validated it: no second walk of the schema
+    assert len(calls) == 1
+    rec.results[0]["status"] = "bogus"
+    with pytest.raises(RecordError, match=r"results\[0\]\.status"):
+        rec.check()
+    rec.results[0]["status"] = "passed"
+    rec.results[0]["median_ms"] = float("inf")
+    with pytest.raises(RecordError, match=r"results\[0\]\.median_ms"):
+        rec.check()
+    assert len(calls) == 3
+
+
 def test_read_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

@@ -212,12 +212,74 @@ def test_dev_zero_fifo_and_oversized_files_are_refused_at_once(tmp_path, capsys)
 def test_committed_records_satisfy_the_published_schema():
     from jsonschema import Draft202012Validator
 
+    from harness.records.validate import _validator
+
     Draft202012Validator.check_schema(schema())
-    # validate() walks the published schema itself (Draft202012Validator(schema())) after
-    # its value and size checks, so [] means the schema passed too: one walk per record,
-    # not two (the records are 43 MB; each walk took a minute on a loaded 2-core runner).
-    for f in sorted(Path("results").glob("*.json")):
+    # validate() checks the schema with fastjsonschema's compiled form (schema_errors):
+    # every committed record passes it; jsonschema's own walk (a minute for all 43 MB on
+    # a loaded 2-core runner) agrees on one record of each kind of run.
+    files = sorted(Path("results").glob("*.json"))
+    for f in files:
         assert validate(json.loads(f.read_text())) == [], f.name
+    kinds = {f.name.split("Z-", 1)[1].removesuffix(".json").rstrip("0123456789"): f
+             for f in files}
+    assert len(kinds) >= 6, kinds
+    for f in sorted(kinds.values(), key=lambda f: f.stat().st_size)[:6]:
+        assert list(_validator().iter_errors(json.loads(f.read_text()))) == [], f.name
+
+
+def _leaves(x: object, path: tuple = ()) -> list[tuple]:
+    if isinstance(x, dict):
+        return [p for k, v in x.items() for p in _leaves(v, (*path, k))] + [path]
+    if isinstance(x, list):
+        return [p for i, v in enumerate(x) for p in _leaves(v, (*path, i))] + [path]
+    return [path]
+
+
+def test_the_compiled_schema_check_never_passes_what_jsonschema_refuses():
+    """Each of 600 records with one value replaced by another type, length or sign (and the
+    hostile corpus): whatever jsonschema refuses, fastjsonschema's compiled check refuses
+    too, so its pass (the fast path of validate()) is jsonschema's pass."""
+    import random
+
+    from fastjsonschema import JsonSchemaException
+
+    from harness.records.validate import _fast_check, _validator
+
+    def fast_passes(d: object) -> bool:
+        try:
+            _fast_check()(d)
+            return True
+        except JsonSchemaException:
+            return False
+
+    base = _good()
+    rng = random.Random(7)
+    swaps = [True, False, None, -1, 0, 2**62, 1.5, -0.5, "", "x" * 300, "fast", [], [1],
+             {}, {"a": 1}, "2026-13-45T99:00:00Z", "Z" * 70_000]
+    leaves = [p for p in _leaves(base) if p]
+    refused = 0
+    for _ in range(600):
+        d = json.loads(json.dumps(base))
+        path = rng.choice(leaves)
+        target = d
+        for key in path[:-1]:
+            target = target[key]
+        if rng.random() < 0.15 and isinstance(target, dict):
+            del target[path[-1]]
+        else:
+            target[path[-1]] = rng.choice(swaps)
+        slow = list(_validator().iter_errors(d))
+        refused += bool(slow)
+        assert not (slow and fast_passes(d)), (path, slow[0].message[:200])
+    assert refused > 300  # most of the mutations are ones the schema sees
+    for name, text in HOSTILE.items():
+        try:
+            d = json.loads(text)
+        except (ValueError, RecursionError):
+            continue
+        if list(_validator().iter_errors(d)):
+            assert not fast_passes(d), name
 
 
 def test_schema_status_enum_is_the_status_list():

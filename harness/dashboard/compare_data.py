@@ -19,12 +19,14 @@ def default_base(engine: Engine, run_id: int) -> int | None:
     """The run `run_id` was judged against (the base run most of its stored verdicts on
     pairs both runs hold name), else the newest earlier run of the same GPU model and
     grids. A `missing` verdict names the run that holds a case this one lacks (a pooled
-    baseline's run of the other dtype, say): no pair to compare, so it does not count."""
+    baseline's run of the other dtype, say), a `new` one a base run that lacks the case
+    (a gate run judged against an earlier run of another grid): no pair to compare, so
+    neither counts."""
     with engine.connect() as conn:
         stored = conn.execute(
             select(Comparison.base_run_id, func.count().label("n"))
             .where(Comparison.run_id == run_id, Comparison.base_run_id.is_not(None),
-                   Comparison.verdict != "missing")
+                   Comparison.verdict.not_in(("missing", "new")))
             .group_by(Comparison.base_run_id).order_by(func.count().desc()).limit(1)).first()
         if stored is not None:
             return int(stored[0])

@@ -26,6 +26,7 @@ from harness.records.db.database import Database
 from harness.records.db.models import Comparison
 from harness.records.db.queries import baseline_runs, get_run, load_record
 from harness.records.noise import from_db as noise_from_db
+from harness.records.record import RunRecord
 from harness.records.step_gate import apply_steps, confirmed_steps, history_with_chips, unreported
 
 # The gate's defaults (GateOptions.window, .baseline_branch), so an imported run is judged
@@ -61,6 +62,15 @@ def judge_runs(db: Database, run_ids: Sequence[int], *, policy: Policy = DEFAULT
     runs = sorted((get_run(db, r) for r in dict.fromkeys(run_ids)),
                   key=lambda r: (r.created_at, r.id))
     out: list[Judged] = []
+    # A stored run's record never changes, and an import judges each run against the few
+    # before it: each is read from the database once per call.
+    loaded: dict[int, RunRecord] = {}
+
+    def record(run_id: int) -> RunRecord:
+        if run_id not in loaded:
+            loaded[run_id] = load_record(db, run_id)
+        return loaded[run_id]
+
     for run in runs:
         if has_verdicts(db, run.id):
             continue
@@ -75,9 +85,9 @@ def judge_runs(db: Database, run_ids: Sequence[int], *, policy: Policy = DEFAULT
             out.append(Judged(run.id, how, None, {}))
             continue
         try:
-            new = load_record(db, run.id)
+            new = record(run.id)
             noise = noise_from_db(db, new.gpu_model_key, before_run_id=run.id)
-            report = compare_records([load_record(db, b.id) for b in bases], new, policy,
+            report = compare_records([record(b.id) for b in bases], new, policy,
                                      base_label=how, noise=noise)
             if new.commit:  # a stored record's series is searched for steps it confirms
                 series, sources, chips = history_with_chips(db, new.gpu_model_key,

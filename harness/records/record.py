@@ -269,6 +269,10 @@ class RunRecord:
     # Per kernel: kind, source_hash, manifest, compile resources (registers, spills, ...).
     kernels: dict[str, dict[str, Any]] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    # The content hash (sha256()) of the form last found valid: check() revalidates only
+    # a record changed since, since the schema walk is most of what importing a record
+    # costs.
+    _valid_sha: str | None = field(default=None, init=False, repr=False, compare=False)
 
     # ---- construction
 
@@ -318,7 +322,7 @@ class RunRecord:
             e = dict(e)
             e.setdefault("case_id", Case.from_dict(e["case"]).id)
             entries.append(e)
-        return cls(uuid=canonical_uuid(data["uuid"]),
+        rec = cls(uuid=canonical_uuid(data["uuid"]),
                    created_at=iso_utc(parse_time(data["created_at"])),
                    commit=data["commit"], gpu=data["gpu"], results=entries,
                    parent=data.get("parent"), branch=data.get("branch"),
@@ -326,6 +330,11 @@ class RunRecord:
                    calibration=data.get("calibration"), grids=list(data.get("grids") or []),
                    kernels={k: dict(v) for k, v in (data.get("kernels") or {}).items()},
                    schema_version=int(data["schema_version"]))
+        # What was validated is exactly this record's form (no field was filled in or
+        # respelled): remember it as valid.
+        if rec.to_dict() == data:
+            rec._valid_sha = rec._content_sha()
+        return rec
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -337,9 +346,21 @@ class RunRecord:
         }
 
     def check(self) -> None:
+        sha = self._content_sha()
+        if sha is not None and sha == self._valid_sha:
+            return
         problems = validate(self.to_dict())
         if problems:
             raise RecordError(_summarise(problems))
+        self._valid_sha = sha
+
+    def _content_sha(self) -> str | None:
+        """sha256(), or None for a record whose content has no canonical form (a float
+        that is not finite, an object JSON cannot hold): validation says what is wrong."""
+        try:
+            return self.sha256()
+        except (TypeError, ValueError):
+            return None
 
     def with_results(self, entries: list[dict[str, Any]]) -> RunRecord:
         """This record with `entries` as its results (validated)."""
