@@ -77,7 +77,7 @@ SKIP: dict[str, str] = {
     "fa-harness run --grid perf-bwd --kernels 'fa2_mma,triton_fa2,sdpa_*'": "needs a GPU",
     "fa-harness run --grid perf --baseline sdpa_flash --ncu": "needs a GPU and Nsight "
                                                               "Compute",
-    "fa-harness import --trusted results/": "the whole committed history (about 150 s "
+    "fa-harness import --trusted results/": "the whole committed history (about a minute "
                                             "on 2 cores); the same command on two "
                                             "records runs here (docs/database-and-ci.md)",
     "fa-harness dashboard [--db URL] [--port 8501]": "a server that runs until stopped "
