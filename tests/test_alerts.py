@@ -23,6 +23,11 @@ from harness.records.alerts import (
     set_state,
 )
 
+# The modules that read the walk database run on one pytest-xdist worker (`make test`'s
+# --dist loadgroup): it builds the database once while the other worker runs other tests,
+# instead of waiting on the build's lock.
+pytestmark = pytest.mark.xdist_group("walk")
+
 H200 = "nvidia-h200"
 
 

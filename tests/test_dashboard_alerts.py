@@ -19,6 +19,11 @@ import walkdata
 from sqlalchemy import create_engine
 from walkdata import C
 
+# The modules that read the walk database run on one pytest-xdist worker (`make test`'s
+# --dist loadgroup): it builds the database once while the other worker runs other tests,
+# instead of waiting on the build's lock.
+pytestmark = pytest.mark.xdist_group("walk")
+
 AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
 
 

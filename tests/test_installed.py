@@ -30,7 +30,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 USER_REPO = Path(__file__).parent / "data" / "user_repo"
-pytestmark = pytest.mark.slow
+# One worker runs the module: the others would only wait on the build's lock.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("installed")]
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 900

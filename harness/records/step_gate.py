@@ -152,7 +152,7 @@ def _held_enough(st: Step, held: int) -> bool:
 def _confirmed(names: Sequence[str], meds: Sequence[float], changed: list[bool] | None,
                chips: dict[str, str] | None = None) -> Step | None:
     """The regression step the newest point of a series confirms (confirmed_steps)."""
-    for st in reversed(find_steps(names, meds, changed=changed)):
+    for st in reversed(find_steps(names, meds, changed=changed, tail=CONFIRM_POINTS)):
         at = names.index(st.first_bad)
         held = len(names) - at  # commits at the new level
         needed = _points_needed(names, at, chips)

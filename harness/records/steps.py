@@ -114,11 +114,15 @@ def _p_value(a: Sequence[float], b: Sequence[float]) -> float:
 def find_steps(commits: Sequence[str], medians: Sequence[float], *,
                min_step: float = MIN_STEP,
                rejected: list[tuple[int, str]] | None = None,
-               changed: Sequence[bool] | None = None) -> list[Step]:
+               changed: Sequence[bool] | None = None, tail: int = 0) -> list[Step]:
     """The steps of one commit-ordered series of medians (module doc), oldest first.
     `rejected`, if given, receives (index, rule) for each change point not kept.
     `changed`, if given, says per commit whether the candidate's source differs from the
-    previous commit's: the prior of where a step began (module doc)."""
+    previous commit's: the prior of where a step began (module doc). `tail`: a change
+    point whose new level is the series' last `tail` points or fewer is not put to the U
+    test, whose smallest p for 2 points against 15 is 0.015, above ALPHA once one earlier
+    point lies above them; the caller weighs such a step itself (the gate:
+    harness.records.step_gate._held_enough)."""
     import numpy as np
     import ruptures
 
@@ -152,7 +156,8 @@ def find_steps(commits: Sequence[str], medians: Sequence[float], *,
         rule = ("too few points" if len(left) < 2 or len(right) < 2
                 else f"below {min_step:.0%}" if abs(delta) < math.log1p(min_step)
                 else f"below {STEP_K:g} spread" if abs(delta) < STEP_K * sigma
-                else "U test" if _p_value(left, right) > ALPHA else "")
+                else "U test" if len(xs) - b > tail and _p_value(left, right) > ALPHA
+                else "")
         if rule:  # within the noise, or a short excursion of heavy-tailed noise
             if rejected is not None:
                 rejected.append((b, rule))

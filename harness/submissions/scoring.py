@@ -3,9 +3,10 @@ every timed call checked.
 
 Stages (`score_candidate`):
 1. Correctness on the `full` grid generated from what the submission declares
-   (`grids.cases_for`) through `harness.core.check.check_case` with the worker's secret
-   mixed into every case seed (a submission cannot know its inputs), each case run
-   `race_repeats` times and compared bitwise unless the manifest declares the kernel
+   (`harness.runs.grid_cases.resolve_grid`, as every front resolves a grid) through
+   `harness.core.check.check_case` with the worker's secret mixed into every case seed
+   (a submission cannot know its inputs), each case run `race_repeats` times and
+   compared bitwise unless the manifest declares the kernel
    nondeterministic, the oracle computed after the kernel ran and kept on the CPU. Any
    failure: verdict `incorrect`, failing cases listed. A crash (CUDA error) or hang ends
    the run: `crashed` / `timeout` (the hang is detected by the worker's per-case deadline);
@@ -108,7 +109,6 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
     fault; a CUDA error propagates as an exception only when the context is unusable
     (the worker's child turns it into `crashed`)."""
     from harness.core.check import check_case
-    from harness.core.grids import get_grid
 
     progress = progress or (lambda _s, _c: None)
     device = options.device
@@ -123,9 +123,10 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
 
     # 1. correctness: the per-candidate full grid, each case repeated and compared bitwise
     # (race check), the oracle kept off the device.
-    from harness.core.grids import cases_for
+    from harness.runs.grid_cases import resolve_grid
 
-    cases = options.correctness_cases or cases_for(options.correctness_grid, candidate)
+    cases = options.correctness_cases or resolve_grid(
+        options.correctness_grid).for_candidate(candidate)
     report = check_cases(
         cases, lambda case: check_case(candidate, case, device=device, secret=secret,
                                        repeats=max(1, options.race_repeats),
@@ -147,7 +148,7 @@ def score_candidate(candidate: Candidate, options: ScoringOptions, *, secret: in
         from harness.candidates.registry import get_candidate
 
         baseline = get_candidate(options.baseline)
-    perf_cases = options.perf_cases or get_grid(options.perf_grid)
+    perf_cases = options.perf_cases or list(resolve_grid(options.perf_grid).cases)
     if options.max_perf_cases is not None:
         perf_cases = perf_cases[:options.max_perf_cases]
     return time_pass(candidate, baseline, perf_cases, options, secret=secret,

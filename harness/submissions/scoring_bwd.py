@@ -132,7 +132,7 @@ def score_backward(candidate: Candidate, options: ScoringOptions, *, secret: int
     fault short of an unusable CUDA context. `sanitizer`: the backward's sanitizer stage
     (`backward_sanitizer`), None where compute-sanitizer does not run."""
     from harness.core.check_grad import check_backward_case
-    from harness.core.grids import cases_for, get_grid
+    from harness.runs.grid_cases import resolve_grid
 
     progress = progress or (lambda _s, _c: None)
     device = options.device
@@ -147,7 +147,8 @@ def score_backward(candidate: Candidate, options: ScoringOptions, *, secret: int
         detail["gpu_s"] = round(time.monotonic() - started, 1)
         return options.gpu_budget_s is not None and detail["gpu_s"] >= options.gpu_budget_s
 
-    cases = options.correctness_cases or cases_for(options.correctness_grid, candidate)
+    cases = options.correctness_cases or resolve_grid(
+        options.correctness_grid).for_candidate(candidate)
     report = check_cases(
         cases, lambda case: check_backward_case(candidate, case, device=device, secret=secret,
                                                 repeats=max(1, options.race_repeats)),
@@ -165,7 +166,7 @@ def score_backward(candidate: Candidate, options: ScoringOptions, *, secret: int
         from harness.candidates.registry import get_candidate
 
         baseline = get_candidate(options.baseline)
-    perf_cases = options.perf_bwd_cases or get_grid(options.perf_bwd_grid)
+    perf_cases = options.perf_bwd_cases or list(resolve_grid(options.perf_bwd_grid).cases)
     if options.max_perf_cases is not None:
         perf_cases = perf_cases[:options.max_perf_cases]
     return time_pass(candidate, baseline, perf_cases, options, secret=secret,
