@@ -421,3 +421,26 @@ def test_across_chips_a_step_of_one_case_must_be_larger():
     assert step_gate._case_sized(small) and not step_gate._case_sized(small, across=True)
     five = steps.Step(index=20, last_good="a", first_bad="b", ratio=1.05, sigma=0.004)
     assert step_gate._case_sized(five, across=True)
+
+
+def test_a_step_held_by_the_newest_two_commits_is_not_put_to_the_u_test_at_the_gate():
+    """Fifteen commits at 0.8% noise, one of them a 7% slow run, then two at +5%: the U
+    test between 15 points and 2 cannot reach p = 0.02 once one earlier point lies above
+    them, so the search alone rejects the step; the gate's search (tail = 2) keeps it for
+    step_gate._held_enough to weigh, and calls it a regression of that case."""
+    from harness.records.step_gate import _confirmed
+
+    rng = random.Random(3)
+    meds = [math.exp(rng.gauss(0.0, 0.008)) for _ in range(15)]
+    meds[6] = 1.07
+    meds += [1.05, 1.052]
+    names = [f"c{i}" for i in range(len(meds))]
+    rejected: list[tuple[int, str]] = []
+    assert find_steps(names, meds, rejected=rejected) == [] and rejected == [(15, "U test")]
+    (st,) = find_steps(names, meds, tail=2)
+    assert (st.last_good, st.first_bad) == ("c14", "c15")
+    assert math.isclose(st.ratio, 1.05, rel_tol=0.005)
+    confirmed = _confirmed(names, meds, None)
+    assert confirmed is not None and confirmed.first_bad == "c15"
+    # A third commit back at the old level: the tail is no longer the new level's.
+    assert _confirmed([*names, "c17"], [*meds, 1.0], None) is None
