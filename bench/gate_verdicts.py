@@ -99,8 +99,13 @@ def make_run(template: dict[str, Any], i: int, gpu: str, factors: dict[tuple, fl
 
 def series(template: dict[str, Any], pools: tuple[list[float], list[float]], *, length: int,
            chips: str, step: tuple[str, float] | None, source_changes: float,
-           rng: random.Random) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The records of one trial and what was planted (module doc)."""
+           rng: random.Random, confirm_runs: int = 0
+           ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The records of one trial and what was planted (module doc). With `confirm_runs`,
+    each run also carries (under "_confirm") what that many confirmation runs of each
+    candidate-pass would read at that commit: fresh draws of the case and candidate
+    residuals (a fresh timing child draws its level anew), the step included; drawn
+    from a generator of their own, so a seed gives the same series with or without."""
     case_pool, cand_pool = pools
     owned = sorted(k for k, v in template["kernels"].items() if v.get("owned"))
     keys = sorted({(e["kernel"], e.get("pass") or "fwd", e["case_id"]) for e in _timed(template)})
@@ -130,6 +135,25 @@ def series(template: dict[str, Any], pools: tuple[list[float], list[float]], *, 
             factors[key] = f
         gpu = one if chips == "one" else f"GPU-{uuidlib.UUID(int=rng.getrandbits(128))}"
         runs.append(make_run(template, i, gpu, factors, dict(sources), start))
+    if confirm_runs:
+        crng = random.Random(f"{one}-{k0}")
+        base = {(e["kernel"], e.get("pass") or "fwd", e["case_id"]): e["median_ms"]
+                for e in _timed(template)}
+        for i, rec in enumerate(runs):
+            more: dict[str, dict[str, list[float]]] = {}
+            for g in groups:
+                draws = []
+                for _ in range(confirm_runs):
+                    common = crng.choice(cand_pool)
+                    draws.append({key: math.exp(crng.choice(case_pool) + common)
+                                  for key in keys if key[:2] == g})
+                for key in (k for k in keys if k[:2] == g):
+                    stepped = step and i >= k0 and key[0] == planted["variant"] and (
+                        planted["kind"] == "whole" or key == planted["case"])
+                    more.setdefault(f"{g[0]}|{g[1]}", {})[key[2]] = [
+                        base[key] * d[key] * (1.0 + planted["size"] if stepped else 1.0)
+                        for d in draws]
+            rec["_confirm"] = more
     return runs, planted
 
 
@@ -138,6 +162,7 @@ def judge_series(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     from sqlalchemy import select
 
     from harness.records.baseline import judge_runs
+    from harness.records.confirm import preliminary, suspects, with_confirmations
     from harness.records.db.models import Comparison
     from harness.records.db.store import open_db, store_record
     from harness.records.record import RunRecord
@@ -145,7 +170,15 @@ def judge_series(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     out = []
     with tempfile.TemporaryDirectory() as tmp, open_db(f"sqlite:///{tmp}/g.sqlite") as db:
         for rec in runs:
-            rid = store_record(db, RunRecord.from_dict(rec))
+            more = rec.get("_confirm")
+            record = RunRecord.from_dict({k: v for k, v in rec.items() if k != "_confirm"})
+            found = []
+            if more:  # the gate's confirmation runs (harness.runs.gate_confirm)
+                found = suspects(preliminary(db, record))
+                with_confirmations(record, {
+                    (s.variant, s.pass_name, cid): ms for s in found
+                    for cid, ms in more.get(f"{s.variant}|{s.pass_name}", {}).items()})
+            rid = store_record(db, record)
             judge_runs(db, [rid])
             with db.session() as s:
                 rows = s.execute(
@@ -153,7 +186,9 @@ def judge_series(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
                            Comparison.verdict, Comparison.ratio, Comparison.detail)
                     .where(Comparison.run_id == rid)).all()
             out.append([{"kernel": n, "pass": p or "fwd", "case": c, "verdict": v, "ratio": r,
-                         "detail": d} for n, p, c, v, r, d in rows])
+                         "detail": d} for n, p, c, v, r, d in rows]
+                       + [{"kernel": None, "confirmed": f"{s.variant}|{s.pass_name}"}
+                          for s in found])
     return out
 
 
@@ -169,11 +204,15 @@ def score(template: dict[str, Any], verdicts: list[list[dict[str, Any]]],
         return v["verdict"] in FAILING and v["kernel"] in owned and not (
             _of_step(v, planted) and i > k0)
 
+    confirmed = sum(1 for i in range(1, len(verdicts)) if any(
+        v["kernel"] is None for v in verdicts[i]))
+    verdicts = [[v for v in vs if v["kernel"] is not None] for vs in verdicts]
     red = [i for i in noop if any(false(i, v) for v in verdicts[i])]
     late = [i for i in noop if i > k0 and not any(false(i, v) for v in verdicts[i]) and any(
         v["verdict"] in FAILING for v in verdicts[i])]
     per_cand = Counter(v["kernel"] for i in noop for v in verdicts[i] if false(i, v))
     out: dict[str, Any] = {"noop": len(noop), "red": len(red), "late": len(late),
+                           "confirmed": confirmed,
                            "red_candidates": dict(per_cand),
                            "candidate_commits": len(noop) * len(owned)}
     if planted["kind"]:
@@ -269,9 +308,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="first, Student t fits of the residual pools in robust spreads")
     ap.add_argument("--show-missed", action="store_true",
                     help="print the stepped candidate's verdicts where a step was missed")
+    ap.add_argument("--confirm-runs", type=int, default=None,
+                    help="confirmation runs of a suspect candidate (default: the gate's, "
+                         "harness.records.confirm.CONFIRM_RUNS; 0: none)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="series judged side by side (each in a process of its own)")
     args = ap.parse_args(argv)
+    if args.confirm_runs is None:
+        from harness.records.confirm import CONFIRM_RUNS
+
+        args.confirm_runs = CONFIRM_RUNS
     rng = random.Random(args.seed)
     results = ROOT / "results"
     template = slim(json.loads((results / args.template).read_text()))
@@ -283,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print("| chips | band | step | series | no-op commits | red (share) "
           "| owned candidate-commits red | red at its commit | flagged within 2 "
-          "| its step red later |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| its step red later | commits with confirmation runs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for chips in (("one", "many") if args.chips == "both" else (args.chips,)):
         per_chip = chips == "one"
         cases = residual_pools(results, per_chip=per_chip, judged=True, pattern="h*-*.json")
@@ -294,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if len(cases[band]) < 10 or len(cands[band]) < 10:
                 print(f"| {chips} | {band} | - | too few residuals "
-                      f"({len(cases[band])}, {len(cands[band])}) | | | | | | |")
+                      f"({len(cases[band])}, {len(cands[band])}) | | | | | | | |")
                 continue
             for step in steps:
                 t0 = time.monotonic()
@@ -303,11 +349,13 @@ def main(argv: list[str] | None = None) -> int:
                 # series whatever --jobs is.
                 drawn = [series(template, (cases[band], cands[band]), length=args.length,
                                 chips=chips, step=step, source_changes=args.source_changes,
-                                rng=rng) for _ in range(args.trials)]
+                                rng=rng, confirm_runs=args.confirm_runs)
+                         for _ in range(args.trials)]
                 with ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
                     judged = list(pool.map(judge_series, [runs for runs, _ in drawn]))
                 for (_runs, planted), verdicts in zip(drawn, judged, strict=True):
                     sc = score(template, verdicts, planted)
+                    verdicts = [[v for v in vs if v["kernel"] is not None] for vs in verdicts]
                     if args.show_red:
                         _show(template, verdicts, planted)
                     if args.show_missed and planted["kind"] and not sc["within_2"]:
@@ -315,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                     tot.update({"noop": sc["noop"], "red": sc["red"], "late": sc["late"],
                                 "cand": sc["candidate_commits"],
                                 "cand_red": sum(sc["red_candidates"].values()),
+                                "confirmed": sc["confirmed"], "commits": len(verdicts) - 1,
                                 "at": sc.get("at_commit", 0), "w2": sc.get("within_2", 0)})
                 name = "none" if step is None else f"{step[0]} {step[1]:.0%}"
                 at = "-" if step is None else f"{tot['at'] / args.trials:.0%}"
@@ -324,13 +373,15 @@ def main(argv: list[str] | None = None) -> int:
                        "candidate_commits": tot["cand"], "candidate_red": tot["cand_red"],
                        "at_commit": None if step is None else tot["at"] / args.trials,
                        "within_2": None if step is None else tot["w2"] / args.trials,
-                       "late": tot["late"],
+                       "late": tot["late"], "confirmed": tot["confirmed"],
+                       "confirm_runs": args.confirm_runs,
                        "seconds": round(time.monotonic() - t0, 1)}
                 rows.append(row)
                 print(f"| {chips} | {band} | {name} | {args.trials} | {tot['noop']} "
                       f"| {tot['red']} ({tot['red'] / max(tot['noop'], 1):.1%}) "
                       f"| {tot['cand_red']} of {tot['cand']} | {at} | {w2} "
-                      f"| {'-' if step is None else tot['late']} |", flush=True)
+                      f"| {'-' if step is None else tot['late']} "
+                      f"| {tot['confirmed']} of {tot['commits']} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1)
                                    + "\n")

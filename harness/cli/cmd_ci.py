@@ -26,7 +26,12 @@ summary says so.
 `--bisect [MINUTES]`: when the run opened an alert of a team candidate
 whose range spans several commits, `fa-harness bisect --alert ID` runs on it here, within
 MINUTES (default 30), and the alert then names the first bad commit. The exit code stays
-the gate's."""
+the gate's.
+
+`--confirm-runs N` (default 2, 0: never): an owned candidate whose cases read slower as a
+whole (p < 0.2, at least +0.5%) before the run is judged is timed N more times, each in
+a fresh timing child, and judged on the mean of its runs (docs/regressions.md,
+"Confirmation runs")."""
 
 from __future__ import annotations
 
@@ -102,6 +107,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    default=None, metavar="MINUTES",
                    help="bisect the ranged alerts this run opened, within MINUTES (default "
                         f"{DEFAULT_BISECT_MINUTES:g}); the alert then names one commit")
+    p.add_argument("--confirm-runs", type=int, default=None, metavar="N",
+                   help="time a suspect candidate N more times before judging (default 2; "
+                        "0: never)")
     add_db_option(p)
     add_discovery_options(p)
     p.set_defaults(func=cmd_ci)
@@ -131,6 +139,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
     if args.bisect is not None and not args.bisect > 0:
         raise UsageError(f"--bisect must be > 0 minutes, got {args.bisect:g}")
+    if args.confirm_runs is not None and not 0 <= args.confirm_runs <= 8:
+        raise UsageError(f"--confirm-runs must be 0 to 8, got {args.confirm_runs}")
     for name in ("timing_min", "timing_cases"):
         v = getattr(args, name)
         if v is not None and v < 0:
@@ -152,7 +162,7 @@ def cmd_ci(args: argparse.Namespace) -> int:
                        timeout_s=args.timeout, baseline_run=args.baseline,
                        require_gpu=args.require_gpu, sanitize=args.sanitize, jobs=args.jobs,
                        timing_min=args.timing_min, timing_cases=args.timing_cases,
-                       bisect_minutes=args.bisect)
+                       bisect_minutes=args.bisect, confirm_runs=args.confirm_runs)
     try:
         out = run_gate(opts, log=lambda line: print(line, flush=True))
     except GateUsageError as exc:

@@ -226,7 +226,7 @@ def from_rows(rows: Iterable[tuple]) -> NoiseModel:
     return model
 
 
-def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int, runs: int,
+def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int | None, runs: int,
                   include_upto: bool, kernels: Sequence[str] | None = None,
                   lookback: int = LOOKBACK_RUNS, trusted_only: bool = True) -> list[tuple]:
     """(candidate, source hash, pass, case id, commit, median, GPU uuid, run id) of the passed, timed
@@ -237,14 +237,17 @@ def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int, runs:
     cases, must not push those cases' history out of the window. Only the last
     `lookback` runs on the GPU model are read, which bounds the query. Only trusted runs
     (`trusted_only`, migration 0007) are history; run `upto_run_id` itself is read
-    whatever its origin when it is included."""
+    whatever its origin when it is included. `upto_run_id` None: every stored run (a run
+    not stored yet, harness.records.confirm, is newer than all of them)."""
     from sqlalchemy import func, or_, select
 
     from harness.records.db.models import CaseRow, Result, Run, Variant
 
-    when = select(Run.created_at).where(Run.id == upto_run_id).scalar_subquery()
-    cond = [Run.gpu_model_key == gpu_model_key, Run.created_at <= when]
-    if not include_upto:
+    cond = [Run.gpu_model_key == gpu_model_key]
+    if upto_run_id is not None:
+        when = select(Run.created_at).where(Run.id == upto_run_id).scalar_subquery()
+        cond.append(Run.created_at <= when)
+    if not include_upto and upto_run_id is not None:
         cond.append(Run.id != upto_run_id)
     if trusted_only:
         cond.append(or_(Run.trusted.is_(True), Run.id == upto_run_id) if include_upto
@@ -274,10 +277,11 @@ def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int, runs:
         return [tuple(row) for row in s.execute(stmt).all()]
 
 
-def from_db(db: Any, gpu_model_key: str | None, *, before_run_id: int,
+def from_db(db: Any, gpu_model_key: str | None, *, before_run_id: int | None,
             runs: int = HISTORY_RUNS) -> NoiseModel:
     """The model from the passed, timed results of the stored runs on `gpu_model_key`
-    before run `before_run_id`: the last `runs` of each (candidate, pass, case)."""
+    before run `before_run_id` (None: all of them): the last `runs` of each (candidate,
+    pass, case)."""
     rows = timed_history(db, gpu_model_key, upto_run_id=before_run_id, runs=runs,
                          include_upto=False)
     return from_rows([(n, src, p, c, m, dev, run) for n, src, p, c, _commit, m, dev, run in rows])

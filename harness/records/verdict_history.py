@@ -66,14 +66,34 @@ class Spread:
         var = (PRIOR_DF * prior ** 2 + nu * own ** 2) / (PRIOR_DF + nu)
         return Spread(math.sqrt(var), PRIOR_DF + nu, len(pairs), prior)
 
-    def t(self, d: float, n_base: int) -> float:
-        return d / (self.value * math.sqrt(1.0 + 1.0 / max(n_base, 1)))
+    def t(self, d: float, n_base: int, runs: int = 1) -> float:
+        """d in spreads of a difference of means: `runs` runs of the new commit (its
+        timing and the confirmations, harness.records.confirm) against `n_base`."""
+        return d / (self.value * diff_scale(runs, n_base))
 
-    def p_up(self, d: float, n_base: int, tail_df: float = math.inf) -> float:
-        return float(stats.t.sf(self.t(d, n_base), min(self.df, tail_df)))
+    def p_up(self, d: float, n_base: int, tail_df: float = math.inf, runs: int = 1) -> float:
+        return float(stats.t.sf(self.t(d, n_base, runs), min(self.df, tail_df)))
 
-    def p_down(self, d: float, n_base: int, tail_df: float = math.inf) -> float:
-        return float(stats.t.cdf(self.t(d, n_base), min(self.df, tail_df)))
+    def p_down(self, d: float, n_base: int, tail_df: float = math.inf, runs: int = 1) -> float:
+        return float(stats.t.cdf(self.t(d, n_base, runs), min(self.df, tail_df)))
+
+
+def diff_scale(runs: int, n_base: int) -> float:
+    """The spread of (mean of `runs` runs) - (mean of `n_base` runs) in one run's spreads:
+    sqrt(1/runs + 1/n_base), the runs independent (each a fresh timing child: the level
+    a run reads is drawn when its process and buffers are set up, docs/regressions.md)."""
+    return math.sqrt(1.0 / max(runs, 1) + 1.0 / max(n_base, 1))
+
+
+def run_logs(entry: dict[str, Any]) -> list[float]:
+    """The ln medians of one commit's runs of a case: the run's own median and the
+    confirmation runs' (`confirm_ms`, harness.records.confirm), valid ones only."""
+    first = log_median(entry.get("median_ms"))
+    if first is None:
+        return []
+    more = entry.get("confirm_ms") or []
+    return [first, *(x for m in (more if isinstance(more, list) else [])
+                     if (x := log_median(m)) is not None)]
 
 
 # ----------------------------------------------------------------- history reading

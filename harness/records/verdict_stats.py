@@ -66,6 +66,12 @@ spread the history knows (`harness.records.noise`):
    has the tails too: the chips of one model differ by several percent, so there both
    tests read `ACROSS_TAIL_DF`, and a small step is left to the step search.
 
+6. **Confirmation runs.** A new run's entry may hold the medians of the same commit's
+   confirmation runs (`confirm_ms`, harness.records.confirm: a suspect candidate timed
+   again in fresh processes before the run was judged). Its change is then the mean of
+   the ln medians of its `runs` runs against the window, with the spread
+   s * sqrt(1/runs + 1/n) (`verdict_history.diff_scale`), per case and per candidate.
+
 A flag also needs the change to be at least `MIN_CHANGE` (1%). The budget of a run that
 changed nothing: `CASE_Q` + `CANDIDATE_ALPHA` (0.5%), half the 1% a team can bear, the
 other half left for the step search across commits and for the heavy tail of real
@@ -98,8 +104,10 @@ from harness.records.verdict_history import (  # noqa: F401  (names the tests an
     candidate_pairs,
     case_spreads,
     centred,
+    diff_scale,
     log_median,
     robust_scale,
+    run_logs,
     walsh_median,
     window,
 )
@@ -136,6 +144,7 @@ class CaseChange:
     p_down: float
     yardstick: bool
     one_chip: bool = True  # its baseline ran on the same GPU (uuid known and equal)
+    runs: int = 1  # runs of the new commit averaged in d (1 + its confirmations)
 
 
 @dataclass
@@ -152,13 +161,14 @@ class CandidateChange:
     yardstick: bool
     verdict: str = "same"
     bar: float = 0.0  # the smallest whole-candidate slowdown this run could flag
-
+    runs: int = 1  # runs of the new commit averaged (1 + its confirmations)
+    changed: bool = True  # the commit changed its source (or it is unknown)
 
     def to_dict(self) -> dict[str, Any]:
         return {"variant": self.variant, "pass": self.pass_name, "cases": self.cases,
                 "ratio": self.ratio, "spread": self.spread.value, "df": self.spread.df,
                 "pairs": self.spread.pairs, "p_value": self.p_value, "alpha": self.alpha,
-                "bar": self.bar, "verdict": self.verdict}
+                "bar": self.bar, "runs": self.runs, "verdict": self.verdict}
 
 
 @dataclass
@@ -190,8 +200,8 @@ def decide(verdicts: Sequence[Any], new_entries: dict[Key, dict[str, Any]],
     for v in verdicts:
         key = (v.variant, v.pass_name, v.case_id)
         entry = new_entries.get(key)
-        x = log_median((entry or {}).get("median_ms"))
-        if entry is None or x is None or entry.get("status") != "passed":
+        xs = run_logs(entry or {})
+        if entry is None or not xs or entry.get("status") != "passed":
             continue
         if not base_entries.get(key) or v.verdict in ("new", "missing"):
             continue  # not in the baseline: "new" names no base run to be judged against
@@ -209,11 +219,11 @@ def decide(verdicts: Sequence[Any], new_entries: dict[Key, dict[str, Any]],
         spread = Spread.moderate(own, statistics.median(pool) if pool else None)
         if spread is None:
             continue
-        d = x - statistics.fmean(win)
-        n = len(win)
-        out.cases[key] = CaseChange(key, d, n, spread, spread.p_up(d, n, CASE_TAIL_DF),
-                                    spread.p_down(d, n, CASE_TAIL_DF), yardstick(v.variant),
-                                    one_chip=across is False)
+        d = statistics.fmean(xs) - statistics.fmean(win)
+        n, m = len(win), len(xs)
+        out.cases[key] = CaseChange(key, d, n, spread, spread.p_up(d, n, CASE_TAIL_DF, m),
+                                    spread.p_down(d, n, CASE_TAIL_DF, m), yardstick(v.variant),
+                                    one_chip=across is False, runs=m)
     _candidates(out, noise, across_of, changed)
     _flag(out, verdicts)
     return out
@@ -246,35 +256,37 @@ def _candidates(out: RunDecision, noise: NoiseModel,
         if spread is None:
             continue
         n_base = int(statistics.median(c.n_base for c in cs))
-        # The centre was seen between two runs; against the mean of n_base runs the
-        # differences, and so the smallest of them, spread sqrt((1 + 1/n) / 2) as much.
-        d = candidate_change([c.d for c in cs]) - centre * math.sqrt(
-            (1.0 + 1.0 / max(n_base, 1)) / 2.0)
+        runs = min(c.runs for c in cs)  # a confirmation re-times all the cases it timed
+        # The centre was seen between two runs; between the mean of `runs` runs and of
+        # n_base the differences, and so the smallest of them, spread
+        # sqrt((1/runs + 1/n) / 2) as much.
+        d = candidate_change([c.d for c in cs]) - centre * diff_scale(runs, n_base) / math.sqrt(2.0)
         alpha = (CANDIDATE_ALPHA / max(n_changed, 1) if changed(name)
                  else CANDIDATE_ALPHA * UNCHANGED_SHARE / max(n_same, 1))
         tail = ACROSS_TAIL_DF if not all(c.one_chip for c in cs) else CANDIDATE_TAIL_DF
         cand = CandidateChange(name, pass_name, len(cs), math.exp(d), spread,
-                               spread.p_up(d, n_base, tail), alpha, cs[0].yardstick,
-                               bar=_bar(spread, n_base, alpha, tail))
+                               spread.p_up(d, n_base, tail, runs), alpha, cs[0].yardstick,
+                               bar=_bar(spread, n_base, alpha, tail, runs), runs=runs,
+                               changed=changed(name))
         if cand.p_value < alpha and d >= math.log1p(MIN_CHANGE):
             cand.verdict = "regression"
         out.candidates.append(cand)
 
 
-def _bar(spread: Spread, n_base: int, alpha: float, tail_df: float) -> float:
+def _bar(spread: Spread, n_base: int, alpha: float, tail_df: float, runs: int = 1) -> float:
     """The smallest slowdown whose one-sided p is below `alpha` (and MIN_CHANGE)."""
     t = float(stats.t.isf(alpha, min(spread.df, tail_df)))
-    return max(MIN_CHANGE, math.expm1(t * spread.value * math.sqrt(1.0 + 1.0 / max(n_base, 1))))
+    return max(MIN_CHANGE, math.expm1(t * spread.value * diff_scale(runs, n_base)))
 
 
 def _case_bar(c: CaseChange, m: int) -> float:
     """The smallest slowdown of this case alone that flags it: the first step of the
     Benjamini-Hochberg procedure over `m` cases, or the large-change rule."""
-    bh = _bar(c.spread, c.n_base, CASE_Q / max(m, 1), CASE_TAIL_DF)
+    bh = _bar(c.spread, c.n_base, CASE_Q / max(m, 1), CASE_TAIL_DF, c.runs)
     if not c.one_chip:
         return bh
     return min(bh, max(LARGE_CHANGE, math.expm1(LARGE_K * c.spread.value
-                                                * math.sqrt(1.0 + 1.0 / max(c.n_base, 1)))))
+                                                * diff_scale(c.runs, c.n_base))))
 
 
 def _bh(ps: list[float], q: float) -> list[bool]:
@@ -289,7 +301,7 @@ def _large(c: CaseChange, sign: float) -> bool:
     direction `sign`. Across chips there is no such bound: a chip of the same model ran
     a committed case 27% slower."""
     return c.one_chip and sign * c.d >= math.log1p(LARGE_CHANGE) and \
-        sign * c.spread.t(c.d, c.n_base) >= LARGE_K
+        sign * c.spread.t(c.d, c.n_base, c.runs) >= LARGE_K
 
 
 def _flag(out: RunDecision, verdicts: Sequence[Any]) -> None:
@@ -317,6 +329,7 @@ def _flag(out: RunDecision, verdicts: Sequence[Any]) -> None:
         m = sum(1 for o in out.cases.values() if o.yardstick == c.yardstick)
         v.detail.update(run_to_run_spread=c.spread.value, spread_df=round(c.spread.df, 2),
                         spread_pairs=c.spread.pairs, base_window_runs=c.n_base,
+                        runs=c.runs,
                         window_ratio=ratio, p_slower=c.p_up, p_faster=c.p_down,
                         threshold=_case_bar(c, m))
         if c.spread.prior is not None:

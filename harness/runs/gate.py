@@ -38,6 +38,7 @@ from harness.records.alerts import AlertError, open_alerts, sync_alerts
 from harness.records.compare import CompareError, Report, compare_records
 from harness.records.noise import from_db as noise_from_db
 from harness.records.record import RunRecord, spool
+from harness.runs.gate_confirm import confirm
 from harness.runs.gate_options import (
     DEFAULT_GRIDS,
     TIMING_GRIDS,
@@ -289,6 +290,7 @@ def run_gate(opts: GateOptions, *, log: Callable[[str], None] = print) -> GateOu
     check_baseline_run(opts)
     ex = execute(opts, log=log)
     record = RunRecord.from_results(ex.results, ex.meta)
-    return finish(record, opts, notes=ex.notes, log=log, plan=ex.plan,
+    confirmed = confirm(record, ex, opts, log=log)  # suspects timed again, before judging
+    return finish(record, opts, notes=ex.notes + confirmed, log=log, plan=ex.plan,
                   load_errors=ex.load_errors, case_ids=ex.case_ids, not_here=sorted(ex.not_here),
                   not_measured=ex.not_measured, sanitizer=ex.sanitizer)

@@ -76,6 +76,10 @@ class GateOptions:
     # `--bisect`: minutes for bisecting the ranged alerts this run opened
     # (harness.runs.bisect_run.bisect_after_gate); None: not asked.
     bisect_minutes: float | None = None
+    # `--confirm-runs`: how many more times a suspect candidate is timed, each in a fresh
+    # child, before the run is judged (harness.records.confirm); None: CONFIRM_RUNS
+    # there; 0: never.
+    confirm_runs: int | None = None
 
 
 def default_timing(opts: GateOptions) -> tuple[int, int]:

@@ -96,6 +96,8 @@ class Execution:
     owned: list[str] = field(default_factory=list)
     not_measured: list[tuple[str, str]] = field(default_factory=list)  # (candidate, why)
     sanitizer: list[Any] = field(default_factory=list)  # SanitizeOutcome per variant
+    candidates: list[Any] = field(default_factory=list)  # those run here
+    calibration: Any | None = None  # the runner's, as timing used it
 
 
 def _jobs(opts: GateOptions, gpu: bool) -> int:
@@ -278,7 +280,7 @@ def execute(opts: GateOptions, *, log: Callable[[str], None] = print) -> Executi
     if check_for is not None:
         ids |= {k.id for c in candidates for k in check_for(c)}
     return Execution(results, meta, notes, plan, errors, ids, not_here, owned,
-                     not_measured, sanitized)
+                     not_measured, sanitized, list(candidates), calibration)
 
 
 def _broken_is_owned(err: Any) -> bool:

@@ -1,0 +1,132 @@
+"""Confirmation runs: a suspect candidate timed again before its commit is judged.
+
+The level a run reads is drawn when its timing process and buffers are set up, not while
+it times: the two halves of one run's samples agree to 0.1%, consecutive runs of one
+chip differ by 0.14-0.6% (docs/regressions.md, "Where the run-to-run noise comes from").
+So one run a commit cannot resolve a 2% slowdown of a kernel whose run-to-run spread is
+0.5%, and timing longer in the same process does not help; timing it again in fresh
+processes does: the mean of `runs` independent runs has 1/sqrt(runs) of the spread, and
+the difference with the baseline window of n runs sqrt(1/runs + 1/n)
+(harness.records.verdict_history.diff_scale).
+
+A two-stage design (screening, then confirmation):
+1. The run is judged as it would be (`preliminary`: the gate's own baseline and noise
+   model, nothing stored), and each owned candidate whose source the commit changed (or
+   whose source is unknown) and whose pooled change reads slower by at least
+   `SUSPECT_MIN` at a one-sided p below `SUSPECT_P` is a suspect (`suspects`). A
+   candidate the commit did not change gets a twentieth of the level at its commit
+   (verdict_stats, 3.): its slowdown is the step search's, across commits, and timing
+   it again would spend the runner's time where no step is expected.
+2. The gate times each suspect's timed cases `CONFIRM_RUNS` more times, each in a fresh
+   timing child, and the medians go into the record (`confirm_ms` of each entry,
+   `with_confirmations`). The stored run is then judged on the mean of its runs
+   (harness.records.verdict_stats).
+
+The final test is the same test at the same level on more data, so the false alarm rate
+is not raised by the screen: P(screened and rejected) <= P(rejected on the mean) =
+alpha. What the screen saves is time: a commit that changed nothing re-times a candidate
+with probability about SUSPECT_P, not always. The screen is loose because a missed
+suspect is a missed slowdown: a 2% step is screened in unless its run read under
+about +0.5%.
+
+The noise model and the step search read each run's own median only (`median_ms`): the
+spread they estimate is one run's, which is what `runs` divides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from harness.records.compare import DEFAULT_POLICY, Policy, Report, compare_records
+from harness.records.db.database import Database
+from harness.records.db.queries import baseline_runs, get_run, load_record
+from harness.records.noise import from_db as noise_from_db
+from harness.records.record import RunRecord, entry_pass, parse_time
+
+SUSPECT_P = 0.2  # one-sided p of the candidate's pooled slowdown that earns confirmation
+SUSPECT_MIN = 0.005  # ... and the smallest pooled slowdown that does
+CONFIRM_RUNS = 4  # the gate's default: runs added to a suspect's one
+MAX_CONFIRM_RUNS = 8
+MAX_SUSPECTS = 4  # candidate-passes confirmed per run, the most significant first
+
+Key = tuple[str, str, str]  # (candidate, pass, case id)
+
+
+@dataclass(frozen=True)
+class Suspect:
+    variant: str
+    pass_name: str
+    ratio: float  # the pooled change of its cases, new over baseline
+    p_value: float  # one-sided, slower
+
+
+def preliminary(db: Database, record: RunRecord, *, policy: Policy = DEFAULT_POLICY,
+                branch: str = "main", window: int = 5, baseline_run: str | int | None = None
+                ) -> Report | None:
+    """The verdicts `record` (not stored) would get now, as the gate gives them: its
+    baseline (`baseline_run`, else the parent commit's run or the recent runs of
+    `branch`, db.queries.baseline_runs) and the noise model of every stored run. None when
+    there is no baseline."""
+    if baseline_run is not None:
+        bases = [get_run(db, baseline_run)]
+        how = f"run {bases[0].id}"
+    else:
+        # baseline_runs reads these fields of a stored run; this one is not stored yet.
+        run = SimpleNamespace(id=None, commit=record.commit, parent_commit=record.parent,
+                              gpu_model_key=record.gpu_model_key, grids=record.grids,
+                              created_at=parse_time(record.created_at))
+        how, bases = baseline_runs(db, run, branch=branch, window=window)  # type: ignore[arg-type]
+    if not bases:
+        return None
+    noise = noise_from_db(db, record.gpu_model_key, before_run_id=None)
+    return compare_records([load_record(db, b.id) for b in bases], record, policy,
+                           base_label=how, noise=noise)
+
+
+def suspects(report: Report | None, owned: Sequence[str] | None = None) -> list[Suspect]:
+    """The owned candidate-passes of `report` worth timing again (module doc, 1.), the
+    most significant first, at most MAX_SUSPECTS. `owned`: the team's candidates (None:
+    every candidate that is not a yardstick in the report)."""
+    if report is None:
+        return []
+    out = [Suspect(c.variant, c.pass_name, c.ratio, c.p_value) for c in report.candidates
+           if not c.yardstick and c.changed and (owned is None or c.variant in owned)
+           and c.p_value < SUSPECT_P and c.ratio >= 1.0 + SUSPECT_MIN]
+    return sorted(out, key=lambda s: s.p_value)[:MAX_SUSPECTS]
+
+
+def timed_keys(record: RunRecord, variant: str, pass_name: str) -> list[Key]:
+    """The passed, timed entries of one candidate-pass: what a confirmation re-times."""
+    return [(e["kernel"], entry_pass(e), e["case_id"]) for e in record.results
+            if e["kernel"] == variant and entry_pass(e) == pass_name
+            and e.get("status") == "passed" and e.get("median_ms")]
+
+
+def with_confirmations(record: RunRecord, medians: Mapping[Key, Sequence[float]]) -> int:
+    """Add confirmation medians to the record's passed, timed entries (in place); returns
+    how many entries got any. A median that is not a positive finite number is left
+    out, as is an entry the record did not time."""
+    n = 0
+    for e in record.results:
+        key = (e["kernel"], entry_pass(e), e.get("case_id"))
+        more = [float(m) for m in medians.get(key, ())  # type: ignore[call-overload]
+                if isinstance(m, int | float) and 0 < float(m) < float("inf")]
+        if more and e.get("status") == "passed" and e.get("median_ms"):
+            e["confirm_ms"] = [*e.get("confirm_ms", []), *more][:MAX_CONFIRM_RUNS * 2]
+            n += 1
+    return n
+
+
+def confirmed_note(record: RunRecord) -> list[dict[str, Any]]:
+    """What was confirmed in a record, per candidate-pass: runs and cases."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for e in record.results:
+        if e.get("confirm_ms"):
+            k = (e["kernel"], entry_pass(e))
+            s = seen.setdefault(k, {"kernel": k[0], "pass": k[1], "cases": 0, "runs": 0})
+            s["cases"] += 1
+            s["runs"] = max(s["runs"], 1 + len(e["confirm_ms"]))
+    return list(seen.values())
