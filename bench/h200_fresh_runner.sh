@@ -31,6 +31,9 @@
 #   planted    fa2_mma slowed by PLANT_PERCENT (default 2) in a copy of the package, as
 #              the next commit (FA_HARNESS_PARENT = this one): its A/A runs are the
 #              baseline and the noise model's history; must exit 1 naming fa2_mma
+#              (PLANT_COMMIT: its commit, default feedc0de...; PLANT_NAME: its files'
+#              names, default planted; PLANT_PERCENT=0: a source change that changes
+#              nothing, which must exit 0)
 # $OUT gets at most 8 files: times.txt, <stage>-summary.md and <stage>-record.json of
 # the gate stages asked for, logs.tgz.
 set -uo pipefail
@@ -196,9 +199,10 @@ for stage in "$@"; do
       export FA_HARNESS_HOME=$WORK/home
       # shellcheck disable=SC2086
       FA_HARNESS_PARENT=${AA_PARENT:-$FA_HARNESS_COMMIT} FA_HARNESS_COMMIT=${PLANT_COMMIT:-feedc0de${FA_HARNESS_COMMIT:8}} \
-        PYTHONPATH="$slow:$PYTHONPATH" gate planted "${PLANTED_S:-300}" "$slow" ${AA_OPTS:-}
-      grep -E '^\| (regression|improvement|inconclusive) ' "$WORK/planted-summary.md" \
+        PYTHONPATH="$slow:$PYTHONPATH" gate "${PLANT_NAME:-planted}" "${PLANTED_S:-300}" "$slow" ${AA_OPTS:-}
+      grep -E '^\| (regression|improvement|inconclusive) ' "$WORK/${PLANT_NAME:-planted}-summary.md" \
         | head -n 40 | tee -a "$TIMES"
+      grep -E '^confirming ' "$WORK/${PLANT_NAME:-planted}.log" | tee -a "$TIMES"
       ;;
     *) echo "unknown stage $stage (install cold warm slowed compile farwriter gputests" \
          "history aa planted)"
