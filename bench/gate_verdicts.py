@@ -99,13 +99,15 @@ def make_run(template: dict[str, Any], i: int, gpu: str, factors: dict[tuple, fl
 
 def series(template: dict[str, Any], pools: tuple[list[float], list[float]], *, length: int,
            chips: str, step: tuple[str, float] | None, source_changes: float,
-           rng: random.Random, confirm_runs: int = 0
+           rng: random.Random, confirm_runs: int = 0, with_parent: bool = True
            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The records of one trial and what was planted (module doc). With `confirm_runs`,
     each run also carries (under "_confirm") what that many confirmation runs of each
     candidate-pass would read at that commit: fresh draws of the case and candidate
-    residuals (a fresh timing child draws its level anew), the step included; drawn
-    from a generator of their own, so a seed gives the same series with or without."""
+    residuals (a fresh timing child draws its level anew), the step included; on one
+    chip also (under "_parent") what as many timings of the parent commit's code on the
+    same runner would read (harness.runs.gate_confirm). Drawn from a generator of their
+    own, so a seed gives the same series with or without."""
     case_pool, cand_pool = pools
     owned = sorted(k for k, v in template["kernels"].items() if v.get("owned"))
     keys = sorted({(e["kernel"], e.get("pass") or "fwd", e["case_id"]) for e in _timed(template)})
@@ -139,21 +141,29 @@ def series(template: dict[str, Any], pools: tuple[list[float], list[float]], *, 
         crng = random.Random(f"{one}-{k0}")
         base = {(e["kernel"], e.get("pass") or "fwd", e["case_id"]): e["median_ms"]
                 for e in _timed(template)}
+        prng = random.Random(f"{one}-{k0}-parent")
+
+        def draw(g: tuple[str, str], at: int, r: random.Random) -> dict[str, list[float]]:
+            """What `confirm_runs` fresh runs of group g read at commit `at`'s code."""
+            draws = []
+            for _ in range(confirm_runs):
+                common = r.choice(cand_pool)
+                draws.append({key: math.exp(r.choice(case_pool) + common)
+                              for key in keys if key[:2] == g})
+            out = {}
+            for key in (k for k in keys if k[:2] == g):
+                stepped = step and at >= k0 and key[0] == planted["variant"] and (
+                    planted["kind"] == "whole" or key == planted["case"])
+                out[key[2]] = [base[key] * d[key] * (1.0 + planted["size"] if stepped else 1.0)
+                               for d in draws]
+            return out
+
         for i, rec in enumerate(runs):
-            more: dict[str, dict[str, list[float]]] = {}
-            for g in groups:
-                draws = []
-                for _ in range(confirm_runs):
-                    common = crng.choice(cand_pool)
-                    draws.append({key: math.exp(crng.choice(case_pool) + common)
-                                  for key in keys if key[:2] == g})
-                for key in (k for k in keys if k[:2] == g):
-                    stepped = step and i >= k0 and key[0] == planted["variant"] and (
-                        planted["kind"] == "whole" or key == planted["case"])
-                    more.setdefault(f"{g[0]}|{g[1]}", {})[key[2]] = [
-                        base[key] * d[key] * (1.0 + planted["size"] if stepped else 1.0)
-                        for d in draws]
-            rec["_confirm"] = more
+            # The commit's own code, and (one chip: the gate times it in a worktree on
+            # the same runner) its parent's.
+            rec["_confirm"] = {f"{g[0]}|{g[1]}": draw(g, i, crng) for g in groups}
+            if chips == "one" and i and with_parent:
+                rec["_parent"] = {f"{g[0]}|{g[1]}": draw(g, i - 1, prng) for g in groups}
     return runs, planted
 
 
@@ -170,14 +180,17 @@ def judge_series(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     out = []
     with tempfile.TemporaryDirectory() as tmp, open_db(f"sqlite:///{tmp}/g.sqlite") as db:
         for rec in runs:
-            more = rec.get("_confirm")
-            record = RunRecord.from_dict({k: v for k, v in rec.items() if k != "_confirm"})
+            more, parent = rec.get("_confirm"), rec.get("_parent")
+            record = RunRecord.from_dict({k: v for k, v in rec.items()
+                                          if k not in ("_confirm", "_parent")})
             found = []
             if more:  # the gate's confirmation runs (harness.runs.gate_confirm)
                 found = suspects(preliminary(db, record))
-                with_confirmations(record, {
-                    (s.variant, s.pass_name, cid): ms for s in found
-                    for cid, ms in more.get(f"{s.variant}|{s.pass_name}", {}).items()})
+                for what, field in ((more, "confirm_ms"), (parent or {}, "parent_ms")):
+                    with_confirmations(record, {
+                        (s.variant, s.pass_name, cid): ms for s in found
+                        for cid, ms in what.get(f"{s.variant}|{s.pass_name}", {}).items()},
+                        field)
             rid = store_record(db, record)
             judge_runs(db, [rid])
             with db.session() as s:
@@ -308,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="first, Student t fits of the residual pools in robust spreads")
     ap.add_argument("--show-missed", action="store_true",
                     help="print the stepped candidate's verdicts where a step was missed")
+    ap.add_argument("--no-parent", action="store_true",
+                    help="confirmation runs without the parent commit's timings")
     ap.add_argument("--confirm-runs", type=int, default=None,
                     help="confirmation runs of a suspect candidate (default: the gate's, "
                          "harness.records.confirm.CONFIRM_RUNS; 0: none)")
@@ -349,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                 # series whatever --jobs is.
                 drawn = [series(template, (cases[band], cands[band]), length=args.length,
                                 chips=chips, step=step, source_changes=args.source_changes,
-                                rng=rng, confirm_runs=args.confirm_runs)
+                                rng=rng, confirm_runs=args.confirm_runs,
+                                with_parent=not args.no_parent)
                          for _ in range(args.trials)]
                 with ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
                     judged = list(pool.map(judge_series, [runs for runs, _ in drawn]))
@@ -374,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                        "at_commit": None if step is None else tot["at"] / args.trials,
                        "within_2": None if step is None else tot["w2"] / args.trials,
                        "late": tot["late"], "confirmed": tot["confirmed"],
-                       "confirm_runs": args.confirm_runs,
+                       "confirm_runs": args.confirm_runs, "parent": not args.no_parent,
                        "seconds": round(time.monotonic() - t0, 1)}
                 rows.append(row)
                 print(f"| {chips} | {band} | {name} | {args.trials} | {tot['noop']} "

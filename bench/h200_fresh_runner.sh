@@ -34,6 +34,10 @@
 #              (PLANT_COMMIT: its commit, default feedc0de...; PLANT_NAME: its files'
 #              names, default planted; PLANT_PERCENT=0: a source change that changes
 #              nothing, which must exit 0)
+#   teamrepo   a team's git repository with one kernel folder (team_fa2, a copy of
+#              fa2_mma): TEAM_AA (4) empty commits gated, then a commit slowing it by
+#              PLANT_PERCENT: the gate confirms it, timing the parent's code in a git
+#              worktree
 # $OUT gets at most 8 files: times.txt, <stage>-summary.md and <stage>-record.json of
 # the gate stages asked for, logs.tgz.
 set -uo pipefail
@@ -204,8 +208,47 @@ for stage in "$@"; do
         | head -n 40 | tee -a "$TIMES"
       grep -E '^confirming ' "$WORK/${PLANT_NAME:-planted}.log" | tee -a "$TIMES"
       ;;
+    teamrepo)
+      # A team's git repository holding one kernel folder (a copy of fa2_mma named
+      # team_fa2): TEAM_AA empty commits, each gated (A/A), then a commit that slows
+      # team_fa2 by PLANT_PERCENT: its gate confirms the suspect and times the parent
+      # commit's code in a git worktree (harness.runs.gate_confirm).
+      export FA_HARNESS_HOME=$WORK/home
+      T=$WORK/teamrepo
+      rm -rf "$T" && mkdir -p "$T/kernels"
+      cp -r harness/kernels/fa2_mma "$T/kernels/team_fa2"
+      sed -i -E 's/^name = "fa2_mma(_det)?"/name = "team_fa2\1"/' "$T/kernels/team_fa2/manifest.toml"
+      printf '[tool.fa-harness]\nkernels-dirs = ["kernels"]\n' >"$T/pyproject.toml"
+      gitc() { git -C "$T" -c user.email=ci@example.com -c user.name=ci "$@"; }
+      gitc init -q -b main && gitc add -A && gitc commit -qm "team_fa2"
+      topts="--kernels team_fa2 --timing-cases 8 --sanitize none --budget 1 --db sqlite:///$WORK/team.sqlite"
+      for i in $(seq 1 "${TEAM_AA:-4}"); do
+        gitc commit -q --allow-empty -m "no-op $i"
+        # The commit and parent are the team repository's own (git), not the measured one.
+        # shellcheck disable=SC2086
+        (unset FA_HARNESS_COMMIT FA_HARNESS_PARENT; gate "team-aa-$i" "${TEAM_S:-90}" "$T" $topts)
+      done
+      python3 - "$T/kernels/team_fa2" "${PLANT_PERCENT:-2}" <<'PY'
+import sys
+from pathlib import Path
+sys.path.insert(0, "bench")
+from plant_slowdown import plant
+n = 0
+for cu in sorted(Path(sys.argv[1]).glob("*.cu")):
+    text, k = plant(cu.read_text(), int(sys.argv[2]))
+    cu.write_text(text)
+    n += k
+print(f"team_fa2 slowed by {sys.argv[2]}% in {n} kernel(s)")
+PY
+      gitc commit -qam "team_fa2 slower"
+      # shellcheck disable=SC2086
+      (unset FA_HARNESS_COMMIT FA_HARNESS_PARENT; gate team-slow "${TEAM_SLOW_S:-240}" "$T" $topts)
+      grep -E '^confirming |parent' "$WORK/team-slow.log" | head -n 20 | tee -a "$TIMES"
+      grep -E '^\| (regression|improvement|inconclusive) ' "$WORK/team-slow-summary.md" \
+        | head -n 20 | tee -a "$TIMES"
+      ;;
     *) echo "unknown stage $stage (install cold warm slowed compile farwriter gputests" \
-         "history aa planted)"
+         "history aa planted teamrepo)"
        exit 2 ;;
   esac
 done

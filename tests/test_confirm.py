@@ -183,16 +183,18 @@ def test_confirmation_medians_survive_the_database_and_bad_values_are_left_out(t
     assert cf.confirmed_note(back) == [{"kernel": KERNEL, "pass": "fwd", "cases": 1, "runs": 2}]
 
 
-def test_the_record_schema_refuses_a_bad_confirmation():
+@pytest.mark.parametrize("field", cf.FIELDS)
+def test_the_record_schema_refuses_a_bad_confirmation(field):
     from harness.records.validate import schema_errors
 
     rec = _planted(1.0).to_dict()
-    rec["results"][0]["confirm_ms"] = [0.0]
-    assert schema_errors(rec)
-    rec["results"][0]["confirm_ms"] = [1.0] * 17
-    assert schema_errors(rec)
-    rec["results"][0]["confirm_ms"] = [1.0, 2.0]
+    for bad in ([0.0], [1.0] * 17, ["1.0"], 1.0):
+        rec["results"][0][field] = bad
+        assert schema_errors(rec), bad
+    rec["results"][0][field] = [1.0, 2.0]
     assert not schema_errors(rec)
+    with pytest.raises(ValueError):
+        cf.with_confirmations(_planted(1.0), {}, "samples_ms")
 
 
 def _execution(rec: RunRecord) -> SimpleNamespace:
@@ -222,14 +224,77 @@ def test_the_gate_times_a_suspect_again_in_fresh_children_and_says_so(history):
 
     lines: list[str] = []
     notes = gate_confirm.confirm(rec, _execution(rec), GateOptions(db_url=history),
-                                 log=lines.append, time_again=time_again)
+                                 log=lines.append, time_again=time_again,
+                                 time_parent=lambda *_a: ({}, "not wanted here"))
     n_fwd = sum(1 for e in _timed(rec) if entry_pass(e) == "fwd")
     assert sorted(calls) == sorted([(KERNEL, n_fwd, False), (KERNEL, len(_timed(rec)) - n_fwd,
                                                              True)] * cf.CONFIRM_RUNS)
     assert all(len(e["confirm_ms"]) == cf.CONFIRM_RUNS for e in _timed(rec))
     assert {d["pass"] for d in rec.env["ci_confirm"]} == {"fwd", "bwd"}
     assert len(notes) == 2 and all("judged on the mean" in n for n in notes)
+    assert all("its parent's code not timed (not wanted here)" in n for n in notes)
     assert any(line.startswith(f"confirming {KERNEL} (fwd): read +") for line in lines)
+
+
+def _parent_from(records, source):
+    """A parent timer reading the given A/A runs in turn: the parent's code timed on the
+    same chip, its source hash `source`."""
+    it = itertools.cycle(records)
+
+    def time_parent(kernel, case_ids, pass_name):
+        got = {e["case_id"]: e["median_ms"] for e in _timed(next(it))
+               if entry_pass(e) == pass_name and e["case_id"] in case_ids}
+        return got, source
+    return time_parent
+
+
+def _same_chip_runs(rec: RunRecord, factor: float):
+    others = itertools.cycle([_aa(i) for i in (10, 1, 2, 3)])
+
+    def time_again(cand, cases, *, backward):
+        other = {e["case_id"]: e["median_ms"] * factor for e in _timed(next(others))
+                 if entry_pass(e) == ("bwd" if backward else "fwd")}
+        return [CaseResult(KERNEL, c, Status.PASSED, timing=Timing(
+            samples_ms=[other[c.id]], median_ms=other[c.id])) for c in cases]
+    return time_again
+
+
+def test_the_parents_code_timed_by_the_run_joins_the_baseline_window(history):
+    rec = _planted(1.02)
+    source = _aa(8).kernels[KERNEL]["source_hash"]  # what the baseline (run 8) ran
+    notes = gate_confirm.confirm(rec, _execution(rec), GateOptions(db_url=history),
+                                 log=lambda _l: None, time_again=_same_chip_runs(rec, 1.02),
+                                 time_parent=_parent_from([_aa(i) for i in (4, 5, 6, 7)],
+                                                          source))
+    assert all(len(e["parent_ms"]) == cf.CONFIRM_RUNS for e in _timed(rec))
+    assert all("its parent's code as often" in n for n in notes)
+    assert all(d["parent_cases"] and d["parent_not_timed"] is None
+               for d in rec.env["ci_confirm"])
+    with open_db(history) as db:
+        report = cf.preliminary(db, rec)
+    v = next(v for v in report.verdicts if v.variant == KERNEL and v.pass_name == "fwd"
+             and v.detail.get("base_window_runs"))
+    assert v.detail["base_window_runs"] == 5 + cf.CONFIRM_RUNS
+    assert _cand(report).verdict == "regression"
+
+
+def test_a_parent_timing_of_other_code_is_dropped_and_said(history):
+    rec = _planted(1.02)
+    notes = gate_confirm.confirm(rec, _execution(rec), GateOptions(db_url=history),
+                                 log=lambda _l: None, time_again=_same_chip_runs(rec, 1.02),
+                                 time_parent=_parent_from([_aa(4)], "installed-version"))
+    assert not any("parent_ms" in e for e in rec.results)
+    assert all("its parent's code not timed (the parent's worktree timed source "
+               "installed-versio" in n for n in notes), notes
+    assert all(d["parent_cases"] == 0 for d in rec.env["ci_confirm"])
+
+
+def test_a_parent_that_is_no_commit_here_is_not_timed(history):
+    rec = _planted(1.02)  # its parent aa000008... is no commit of this repository
+    notes = gate_confirm.confirm(rec, _execution(rec), GateOptions(db_url=history),
+                                 log=lambda _l: None, time_again=_same_chip_runs(rec, 1.02))
+    assert notes and all("its parent's code not timed (" in n for n in notes)
+    assert not any("parent_ms" in e for e in rec.results)
 
 
 def test_the_gate_confirms_nothing_when_told_not_to_or_nothing_is_suspect(history):
@@ -273,3 +338,51 @@ def test_ci_confirm_runs_out_of_range_is_a_usage_error(capsys, n):
 
     assert cli_main(["ci", "--confirm-runs", n]) == 2
     assert f"--confirm-runs must be 0 to 8, got {n}" in capsys.readouterr().err
+
+
+def _git(repo: Path, *args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=ci@example.com",
+                           "-c", "user.name=ci", *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def test_the_parent_is_checked_out_in_a_worktree_and_timed_by_a_child(tmp_path, monkeypatch):
+    """On this CPU machine the child finds no GPU: nothing is timed, the worktree is
+    gone afterwards, and the reason is no source hash (so the timings would be dropped)."""
+    import shutil
+
+    from harness.candidates.discovery import KERNELS_ROOT
+
+    repo = tmp_path / "team"
+    (repo / "kernels").mkdir(parents=True)
+    shutil.copytree(KERNELS_ROOT / "fa2_mma", repo / "kernels" / "team_fa2")
+    manifest = repo / "kernels" / "team_fa2" / "manifest.toml"
+    manifest.write_text(manifest.read_text().replace('name = "fa2_mma"', 'name = "team_fa2"')
+                        .replace('name = "fa2_mma_det"', 'name = "team_fa2_det"'))
+    (repo / "pyproject.toml").write_text('[tool.fa-harness]\nkernels-dirs = ["kernels"]\n')
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "team_fa2")
+    parent = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "next")
+    monkeypatch.chdir(repo)
+    timer = gate_confirm.WorktreeParent(parent[:10], GateOptions(timeout_s=30.0),
+                                        log=lambda _l: None)
+    assert timer.why is None and timer.commit == parent
+    case = _timed(_aa(1))[0]["case_id"]
+    try:
+        meds, source = timer("team_fa2", [case], "fwd")
+    finally:
+        timer.close()
+    assert meds == {} and source is None
+    assert _git(repo, "worktree", "list").count("\n") == 0  # only the main checkout
+
+
+def test_a_parent_outside_the_repository_is_said(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert gate_confirm.WorktreeParent("abc123", GateOptions(), log=print).why == \
+        "not run inside a git repository"
+    assert gate_confirm.WorktreeParent(None, GateOptions(), log=print).why == \
+        "the run names no parent commit"

@@ -29,6 +29,14 @@ with probability about SUSPECT_P, not always. The screen is loose because a miss
 suspect is a missed slowdown: a 2% step is screened in unless its run read under
 about +0.5%.
 
+3. Where the gate can time the parent commit's code of the candidate on the same runner
+   (a git worktree of the parent; harness.runs.gate_confirm), it does so as many times,
+   interleaved with the confirmations, and those medians (`parent_ms`) join the baseline
+   window as runs of the baseline's code on this chip: a commit that changed the
+   candidate often follows other changes of it, so the window at the baseline's code
+   can be a single run, and sqrt(1/runs + 1/n) is then held up by n. A parent timing
+   counts only if it timed the baseline's source hash (the gate checks it).
+
 The noise model and the step search read each run's own median only (`median_ms`): the
 spread they estimate is one run's, which is what `runs` divides.
 """
@@ -53,6 +61,7 @@ MAX_CONFIRM_RUNS = 8
 MAX_SUSPECTS = 4  # candidate-passes confirmed per run, the most significant first
 
 Key = tuple[str, str, str]  # (candidate, pass, case id)
+FIELDS = ("confirm_ms", "parent_ms")
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,29 @@ class Suspect:
     p_value: float  # one-sided, slower
 
 
+def baseline_sources(db: Database, record: RunRecord, *, branch: str = "main",
+                     window: int = 5, baseline_run: str | int | None = None) -> dict[str, str]:
+    """The source hash of each candidate in the newest run of `record`'s baseline (the
+    code a parent timing must have timed to count as the baseline's)."""
+    bases = _bases(db, record, branch=branch, window=window, baseline_run=baseline_run)[1]
+    if not bases:
+        return {}
+    kernels = load_record(db, bases[0].id).kernels
+    return {k: str(v.get("source_hash") or "") for k, v in kernels.items()}
+
+
+def _bases(db: Database, record: RunRecord, *, branch: str, window: int,
+           baseline_run: str | int | None) -> tuple[str, list[Any]]:
+    if baseline_run is not None:
+        run = get_run(db, baseline_run)
+        return f"run {run.id}", [run]
+    # baseline_runs reads these fields of a stored run; this one is not stored yet.
+    ghost = SimpleNamespace(id=None, commit=record.commit, parent_commit=record.parent,
+                            gpu_model_key=record.gpu_model_key, grids=record.grids,
+                            created_at=parse_time(record.created_at))
+    return baseline_runs(db, ghost, branch=branch, window=window)  # type: ignore[arg-type]
+
+
 def preliminary(db: Database, record: RunRecord, *, policy: Policy = DEFAULT_POLICY,
                 branch: str = "main", window: int = 5, baseline_run: str | int | None = None
                 ) -> Report | None:
@@ -70,15 +102,7 @@ def preliminary(db: Database, record: RunRecord, *, policy: Policy = DEFAULT_POL
     baseline (`baseline_run`, else the parent commit's run or the recent runs of
     `branch`, db.queries.baseline_runs) and the noise model of every stored run. None when
     there is no baseline."""
-    if baseline_run is not None:
-        bases = [get_run(db, baseline_run)]
-        how = f"run {bases[0].id}"
-    else:
-        # baseline_runs reads these fields of a stored run; this one is not stored yet.
-        run = SimpleNamespace(id=None, commit=record.commit, parent_commit=record.parent,
-                              gpu_model_key=record.gpu_model_key, grids=record.grids,
-                              created_at=parse_time(record.created_at))
-        how, bases = baseline_runs(db, run, branch=branch, window=window)  # type: ignore[arg-type]
+    how, bases = _bases(db, record, branch=branch, window=window, baseline_run=baseline_run)
     if not bases:
         return None
     noise = noise_from_db(db, record.gpu_model_key, before_run_id=None)
@@ -105,17 +129,21 @@ def timed_keys(record: RunRecord, variant: str, pass_name: str) -> list[Key]:
             and e.get("status") == "passed" and e.get("median_ms")]
 
 
-def with_confirmations(record: RunRecord, medians: Mapping[Key, Sequence[float]]) -> int:
-    """Add confirmation medians to the record's passed, timed entries (in place); returns
-    how many entries got any. A median that is not a positive finite number is left
-    out, as is an entry the record did not time."""
+def with_confirmations(record: RunRecord, medians: Mapping[Key, Sequence[float]],
+                       field: str = "confirm_ms") -> int:
+    """Add confirmation medians (`field` "confirm_ms": the commit's own; "parent_ms": its
+    parent's code, timed by this run) to the record's passed, timed entries (in place);
+    returns how many entries got any. A median that is not a positive finite number is
+    left out, as is an entry the record did not time."""
+    if field not in FIELDS:
+        raise ValueError(f"not a confirmation field: {field!r}")
     n = 0
     for e in record.results:
         key = (e["kernel"], entry_pass(e), e.get("case_id"))
         more = [float(m) for m in medians.get(key, ())  # type: ignore[call-overload]
                 if isinstance(m, int | float) and 0 < float(m) < float("inf")]
         if more and e.get("status") == "passed" and e.get("median_ms"):
-            e["confirm_ms"] = [*e.get("confirm_ms", []), *more][:MAX_CONFIRM_RUNS * 2]
+            e[field] = [*e.get(field, []), *more][:MAX_CONFIRM_RUNS * 2]
             n += 1
     return n
 

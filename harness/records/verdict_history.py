@@ -85,6 +85,14 @@ def diff_scale(runs: int, n_base: int) -> float:
     return math.sqrt(1.0 / max(runs, 1) + 1.0 / max(n_base, 1))
 
 
+def parent_logs(entry: dict[str, Any]) -> list[float]:
+    """The ln medians of the parent commit's code timed by the same run (`parent_ms`,
+    harness.records.confirm), valid ones only."""
+    more = entry.get("parent_ms") or []
+    return [x for m in (more if isinstance(more, list) else [])
+            if (x := log_median(m)) is not None]
+
+
 def run_logs(entry: dict[str, Any]) -> list[float]:
     """The ln medians of one commit's runs of a case: the run's own median and the
     confirmation runs' (`confirm_ms`, harness.records.confirm), valid ones only."""

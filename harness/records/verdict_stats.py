@@ -71,6 +71,8 @@ spread the history knows (`harness.records.noise`):
    again in fresh processes before the run was judged). Its change is then the mean of
    the ln medians of its `runs` runs against the window, with the spread
    s * sqrt(1/runs + 1/n) (`verdict_history.diff_scale`), per case and per candidate.
+   The parent commit's code timed by the same run on the same chip (`parent_ms`) joins
+   the baseline window as n more runs of the baseline's code (on one chip only).
 
 A flag also needs the change to be at least `MIN_CHANGE` (1%). The budget of a run that
 changed nothing: `CASE_Q` + `CANDIDATE_ALPHA` (0.5%), half the 1% a team can bear, the
@@ -106,6 +108,7 @@ from harness.records.verdict_history import (  # noqa: F401  (names the tests an
     centred,
     diff_scale,
     log_median,
+    parent_logs,
     robust_scale,
     run_logs,
     walsh_median,
@@ -209,6 +212,8 @@ def decide(verdicts: Sequence[Any], new_entries: dict[Key, dict[str, Any]],
         base = [e for e in base_entries.get(key, []) if e.get("status") == "passed"]
         win = window(noise, key, base_sources.get(v.variant, ""),
                      device if not across else "", base)
+        if across is False:  # the parent's code timed by this run, on this chip
+            win = win + parent_logs(entry)
         if not win:
             continue
         pairs = pools.setdefault(across, case_spreads(noise, across))

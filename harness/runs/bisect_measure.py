@@ -81,6 +81,9 @@ class WorktreeMeasure:
         self._tree: Path | None = None
         self.worktrees_made = 0
         self._said_unplaced = False
+        # The source hash of the kernel the last call timed (None: not timed): what a
+        # caller checks it timed the code it meant (harness.runs.gate_confirm).
+        self.last_source: str | None = None
 
     def _checkout(self, commit: str) -> Path:
         from harness.records.bisect_git import worktree
@@ -117,8 +120,10 @@ class WorktreeMeasure:
 
     def __call__(self, commit: str) -> dict[str, float]:
         record = self._run_child(self._checkout(commit), commit)
+        self.last_source = None
         if record is None:
             return {}
+        self.last_source = (record.kernels.get(self.kernel) or {}).get("source_hash")
         got = medians(record, self.kernel, self.pass_name)
         self._keep(record, commit)
         return got

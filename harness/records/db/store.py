@@ -47,7 +47,7 @@ from harness.records.db.queries import (
 )
 from harness.records.record import RunRecord, entry_pass, parse_time
 
-_RESULT_RECORD_ONLY = ("timing_mode", "timing_method", "case_id", "pass", "confirm_ms")
+_RESULT_RECORD_ONLY = ("timing_mode", "timing_method", "case_id", "pass", "confirm_ms", "parent_ms")
 
 
 class RecordRefused(DatabaseError):
