@@ -9,7 +9,7 @@ PYTHON ?= $(shell for p in python3.14 python3.13 python3.12 python3.11 python3; 
 	2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
 BIN := $(VENV)/bin
-PYTEST_FLAGS ?= -n 2 --dist loadgroup -p no:cacheprovider --timeout 900
+PYTEST_FLAGS ?= -n 2 --dist loadgroup -p no:cacheprovider --timeout 900 --durations=20
 
 .PHONY: run test test-gpu lint clean
 
