@@ -386,3 +386,22 @@ def test_a_parent_outside_the_repository_is_said(tmp_path, monkeypatch):
         "not run inside a git repository"
     assert gate_confirm.WorktreeParent(None, GateOptions(), log=print).why == \
         "the run names no parent commit"
+
+
+def test_a_confirmation_that_crashes_is_said_and_not_counted(history):
+    rec = _planted(1.02)
+    good = _same_chip_runs(rec, 1.02)
+    calls = itertools.count()
+
+    def flaky(cand, cases, *, backward):
+        rows = good(cand, cases, backward=backward)
+        if next(calls) == 0:  # the first confirmation of the first suspect crashes
+            rows[0] = CaseResult(KERNEL, rows[0].case, Status.CRASHED, "illegal address")
+        return rows
+
+    notes = gate_confirm.confirm(rec, _execution(rec), GateOptions(db_url=history),
+                                 log=lambda _l: None, time_again=flaky,
+                                 time_parent=lambda *_a: ({}, "not wanted here"))
+    assert any("1 confirmation timing(s) did not pass" in n and ": crashed" in n
+               for n in notes), notes
+    assert sorted(len(e["confirm_ms"]) for e in _timed(rec))[0] == cf.CONFIRM_RUNS - 1

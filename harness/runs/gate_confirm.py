@@ -98,12 +98,15 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
             got: dict[tuple[str, str, str], list[float]] = {}
             base: dict[tuple[str, str, str], list[float]] = {}
             why_not: str | None = None
+            bad: list[str] = []  # a confirmation that did not pass: said, not judged
             for _ in range(runs):
                 for r in timer(cand, cases, backward=s.pass_name == "bwd"):
                     med = r.timing.median_ms if r.timing is not None else None
                     if Status(r.status) is Status.PASSED and med:
                         got.setdefault((s.variant, s.pass_name, r.case.id), []).append(
                             float(med))
+                    elif Status(r.status) is not Status.SKIPPED:
+                        bad.append(f"{r.case.id}: {Status(r.status).value}")
                 if why_not is None:
                     meds, source = parent(s.variant, [c.id for c in cases], s.pass_name)
                     why_not = _parent_ok(meds, source, expected.get(s.variant))
@@ -121,6 +124,9 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
                          + (f", its parent's code as often on {n_parent}" if n_parent else
                             f"; its parent's code not timed ({why_not})")
                          + f" ({took:.0f} s), judged on the mean")
+            if bad:
+                notes.append(f"{s.variant} ({s.pass_name}): {len(bad)} confirmation "
+                             f"timing(s) did not pass ({'; '.join(sorted(set(bad))[:3])})")
     finally:
         close = getattr(parent, "close", None)
         if close is not None:
