@@ -172,7 +172,12 @@ def judge_series(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     from sqlalchemy import select
 
     from harness.records.baseline import judge_runs
-    from harness.records.confirm import preliminary, suspects, with_confirmations
+    from harness.records.confirm import (
+        preliminary,
+        step_suspects,
+        suspects,
+        with_confirmations,
+    )
     from harness.records.db.models import Comparison
     from harness.records.db.store import open_db, store_record
     from harness.records.record import RunRecord
@@ -185,10 +190,12 @@ def judge_series(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
                                           if k not in ("_confirm", "_parent")})
             found = []
             if more:  # the gate's confirmation runs (harness.runs.gate_confirm)
-                found = suspects(preliminary(db, record))
+                report = preliminary(db, record)
+                found = suspects(report, steps=step_suspects(db, record) if report else ())
                 for what, field in ((more, "confirm_ms"), (parent or {}, "parent_ms")):
                     with_confirmations(record, {
                         (s.variant, s.pass_name, cid): ms for s in found
+                        if field == "confirm_ms" or not s.step  # no parent for a step
                         for cid, ms in what.get(f"{s.variant}|{s.pass_name}", {}).items()},
                         field)
             rid = store_record(db, record)

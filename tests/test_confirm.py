@@ -405,3 +405,82 @@ def test_a_confirmation_that_crashes_is_said_and_not_counted(history):
     assert any("1 confirmation timing(s) did not pass" in n and ": crashed" in n
                for n in notes), notes
     assert sorted(len(e["confirm_ms"]) for e in _timed(rec))[0] == cf.CONFIRM_RUNS - 1
+
+
+NOISY = Path(__file__).resolve().parents[1] / "results" / "h100-20261207c-confirm"
+
+
+def _noisy(i: int, factor: float = 1.0) -> RunRecord:
+    """A/A run i of a noisier H100 (fa2_mma's cases 0.05-1.2% run to run), fa2_mma's
+    medians scaled by `factor`, its code unchanged."""
+    rec = RunRecord.read(NOISY / f"aa-{i}-record.json")
+    for e in _timed(rec):
+        e["median_ms"] *= factor
+        e["samples_ms"] = [x * factor for x in e["samples_ms"]]
+    return rec
+
+
+@pytest.fixture(scope="module")
+def stepped(tmp_path_factory):
+    """A/A runs 1-4, then run 5 with fa2_mma 1.5% slower: one commit at a new level that
+    its own per-commit verdict did not flag, which the next commit can confirm as a
+    step."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('stepped')}/s.sqlite"
+    with open_db(url) as db:
+        for i in range(1, 5):
+            judge_runs(db, [store_record(db, _noisy(i))])
+        judged = judge_runs(db, [store_record(db, _noisy(5, 1.015))])
+    assert "regression" not in judged[0].counts
+    return url
+
+
+def test_a_step_the_search_would_confirm_is_a_suspect_whatever_the_source(stepped):
+    rec = _noisy(6, 1.015)  # the second commit at the new level
+    with open_db(stepped) as db:
+        report = cf.preliminary(db, rec)
+        found = cf.step_suspects(db, rec)
+        both = cf.suspects(report, steps=found)
+    assert found and all(s.step and s.ratio > 1.005 for s in found)
+    assert {s.variant for s in found} == {KERNEL}
+    # Its source did not change: the pooled test does not suspect it, the step does.
+    assert not [c for c in report.candidates if c.changed]
+    assert {(s.variant, s.pass_name) for s in both} == {(s.variant, s.pass_name) for s in found}
+
+
+def test_a_commit_timed_again_at_the_old_level_confirms_no_step(stepped):
+    """The step search reads a commit as the mean of its runs: the second 'slow' commit,
+    timed four more times at the old level (runs 1-4 of the same chip), no longer holds
+    the new one."""
+    rec = _noisy(6, 1.015)
+    more: dict = {}
+    for i in (1, 2, 3, 4):
+        for e in _timed(_noisy(i)):
+            more.setdefault((KERNEL, entry_pass(e), e["case_id"]), []).append(e["median_ms"])
+    cf.with_confirmations(rec, more)
+    with open_db(stepped) as db:
+        assert cf.step_suspects(db, rec) == []
+
+
+def test_the_gate_times_a_step_suspect_again_without_its_parent(stepped):
+    rec = _noisy(6, 1.015)
+    others = itertools.cycle([_noisy(i) for i in (1, 2, 3, 4)])
+
+    def time_again(cand, cases, *, backward):  # the true level: the step was noise
+        other = {e["case_id"]: e["median_ms"] for e in _timed(next(others))
+                 if entry_pass(e) == ("bwd" if backward else "fwd")}
+        return [CaseResult(KERNEL, c, Status.PASSED, timing=Timing(
+            samples_ms=[other[c.id]], median_ms=other[c.id])) for c in cases]
+
+    def no_parent(*_a):
+        raise AssertionError("a step is not judged against the parent")
+
+    lines: list[str] = []
+    notes = gate_confirm.confirm(rec, _execution(rec), GateOptions(db_url=stepped),
+                                 log=lines.append, time_again=time_again,
+                                 time_parent=no_parent)
+    assert any(" a step of +" in line and " across aa0000" in line for line in lines), lines
+    assert notes and all("its parent's code not timed (a step across commits)" in n
+                         for n in notes)
+    assert rec.env["ci_confirm"][0]["step"]
+    with open_db(stepped) as db:
+        assert cf.step_suspects(db, rec) == []  # timed again: no step left to confirm

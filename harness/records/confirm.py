@@ -37,12 +37,21 @@ about +0.5%.
    can be a single run, and sqrt(1/runs + 1/n) is then held up by n. A parent timing
    counts only if it timed the baseline's source hash (the gate checks it).
 
-The noise model and the step search read each run's own median only (`median_ms`): the
-spread they estimate is one run's, which is what `runs` divides.
+4. A step the step search would confirm at this commit (harness.records.step_gate: two
+   commits at a new level, a candidate's mean or one case) is a suspect too, whether the
+   commit changed the candidate or not: it is the search's false alarms that a long
+   history meets (a short run of noisy commits read as a step of a whole candidate), and
+   the search reads a commit as the geometric mean of its runs, so a newest point
+   timed five times stands where the code really is. Its parent's code is not timed
+   (the step is across commits, not against the parent).
+
+The noise model reads each run's own median only (`median_ms`): the spread it estimates
+is one run's, which is what `runs` divides.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -68,8 +77,9 @@ FIELDS = ("confirm_ms", "parent_ms")
 class Suspect:
     variant: str
     pass_name: str
-    ratio: float  # the pooled change of its cases, new over baseline
-    p_value: float  # one-sided, slower
+    ratio: float  # the pooled change of its cases, new over baseline (a step's ratio)
+    p_value: float  # one-sided, slower (nan for a step)
+    step: str | None = None  # the step search's range "last_good..first_bad", if that
 
 
 def baseline_sources(db: Database, record: RunRecord, *, branch: str = "main",
@@ -110,16 +120,59 @@ def preliminary(db: Database, record: RunRecord, *, policy: Policy = DEFAULT_POL
                            base_label=how, noise=noise)
 
 
-def suspects(report: Report | None, owned: Sequence[str] | None = None) -> list[Suspect]:
+def suspects(report: Report | None, owned: Sequence[str] | None = None,
+             steps: Sequence[Suspect] = ()) -> list[Suspect]:
     """The owned candidate-passes of `report` worth timing again (module doc, 1.), the
-    most significant first, at most MAX_SUSPECTS. `owned`: the team's candidates (None:
-    every candidate that is not a yardstick in the report)."""
+    most significant first, then those of `steps` (`step_suspects`) not already among
+    them; at most MAX_SUSPECTS. `owned`: the team's candidates (None: every candidate
+    that is not a yardstick in the report)."""
     if report is None:
         return []
     out = [Suspect(c.variant, c.pass_name, c.ratio, c.p_value) for c in report.candidates
            if not c.yardstick and c.changed and (owned is None or c.variant in owned)
            and c.p_value < SUSPECT_P and c.ratio >= 1.0 + SUSPECT_MIN]
-    return sorted(out, key=lambda s: s.p_value)[:MAX_SUSPECTS]
+    out.sort(key=lambda s: s.p_value)
+    have = {(s.variant, s.pass_name) for s in out}
+    yard = {c.variant for c in report.candidates if c.yardstick}
+    out += [s for s in steps if (s.variant, s.pass_name) not in have and s.variant not in yard
+            and (owned is None or s.variant in owned)]
+    return out[:MAX_SUSPECTS]
+
+
+def step_suspects(db: Database, record: RunRecord) -> list[Suspect]:
+    """The candidate-passes whose step the step search would confirm at `record`'s
+    commit, not yet reported (harness.records.step_gate), with `record` (not stored) as
+    the newest point of each series (module doc, 4.)."""
+    from harness.records.step_gate import confirmed_steps, history_with_chips, unreported
+    from harness.records.verdict_history import run_logs
+
+    owned = sorted(k for k, v in record.kernels.items() if v.get("owned"))
+    commit = record.commit
+    if not commit or not owned:
+        return []
+    series, sources, chips = history_with_chips(db, record.gpu_model_key, upto_run_id=None,
+                                                kernels=owned)
+    device = (record.gpu or {}).get("uuid") or ""
+    for e in record.results:
+        key = (e["kernel"], entry_pass(e), e.get("case_id"))
+        logs = run_logs(e) if e["kernel"] in owned and e.get("status") == "passed" else []
+        if not logs:
+            continue
+        pts = [(c, m) for c, m in series.get(key, []) if c != commit]
+        series[key] = [*pts, (commit, math.exp(sum(logs) / len(logs)))]
+        src = str((record.kernels.get(e["kernel"]) or {}).get("source_hash") or "")
+        sources.setdefault(key[:2], {}).pop(commit, None)
+        sources[key[:2]][commit] = src
+        chips.setdefault(key[:2], {}).pop(commit, None)
+        chips[key[:2]][commit] = device
+    steps = unreported(db, record.gpu_model_key, -1, series,
+                       confirmed_steps(series, commit, sources, chips))
+    found: dict[tuple[str, str], Suspect] = {}
+    for (name, pass_name, _case), st in sorted(steps.items()):
+        if st.direction == "regression" and (name, pass_name) not in found:
+            found[(name, pass_name)] = Suspect(name, pass_name, st.ratio, math.nan,
+                                               step=f"{st.last_good[:12]}..{st.first_bad[:12]}")
+    return list(found.values())
 
 
 def timed_keys(record: RunRecord, variant: str, pass_name: str) -> list[Key]:

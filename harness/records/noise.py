@@ -228,7 +228,8 @@ def from_rows(rows: Iterable[tuple]) -> NoiseModel:
 
 def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int | None, runs: int,
                   include_upto: bool, kernels: Sequence[str] | None = None,
-                  lookback: int = LOOKBACK_RUNS, trusted_only: bool = True) -> list[tuple]:
+                  lookback: int = LOOKBACK_RUNS, trusted_only: bool = True,
+                  mean_of_runs: bool = False) -> list[tuple]:
     """(candidate, source hash, pass, case id, commit, median, GPU uuid, run id) of the passed, timed
     results on `gpu_model_key` up to run `upto_run_id` (itself included or not), oldest
     first, the last `runs` of each (candidate, pass, case): what the noise model and the
@@ -238,7 +239,10 @@ def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int | None
     `lookback` runs on the GPU model are read, which bounds the query. Only trusted runs
     (`trusted_only`, migration 0007) are history; run `upto_run_id` itself is read
     whatever its origin when it is included. `upto_run_id` None: every stored run (a run
-    not stored yet, harness.records.confirm, is newer than all of them)."""
+    not stored yet, harness.records.confirm, is newer than all of them). `mean_of_runs`:
+    a result's median is the geometric mean of its own and its confirmation runs'
+    (`confirm_ms`), as the step search reads a commit; the noise model reads one run's
+    median (the spread it estimates is one run's)."""
     from sqlalchemy import func, or_, select
 
     from harness.records.db.models import CaseRow, Result, Run, Variant
@@ -260,7 +264,8 @@ def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int | None
     rows = (select(Variant.name, Variant.source_hash, Result.pass_name, CaseRow.case_id,
                    Run.commit, Result.median_ms, Run.gpu_uuid,
                    Run.created_at.label("at"), Run.id.label("run"),
-                   newest_first.label("nth"))
+                   newest_first.label("nth"),
+                   *([Result.extra.label("extra")] if mean_of_runs else []))
             .select_from(Result)
             .join(Variant, Variant.id == Result.variant_id)
             .join(CaseRow, CaseRow.id == Result.case_pk)
@@ -271,10 +276,30 @@ def timed_history(db: Any, gpu_model_key: str | None, *, upto_run_id: int | None
         rows = rows.where(Variant.name.in_(list(kernels)))
     r = rows.subquery()
     stmt = (select(r.c.name, r.c.source_hash, r.c.pass_name, r.c.case_id, r.c.commit,
-                   r.c.median_ms, r.c.gpu_uuid, r.c.run)
+                   r.c.median_ms, r.c.gpu_uuid, r.c.run,
+                   *([r.c.extra] if mean_of_runs else []))
             .where(r.c.nth <= runs).order_by(r.c.at, r.c.run))
     with db.session() as s:
-        return [tuple(row) for row in s.execute(stmt).all()]
+        got = [tuple(row) for row in s.execute(stmt).all()]
+    if not mean_of_runs:
+        return got
+    return [(*row[:5], mean_of_runs_ms(row[5], row[8]), *row[6:8]) for row in got]
+
+
+def mean_of_runs_ms(median: float, extra: Any) -> float:
+    """The geometric mean of a result's median and its confirmation runs' medians
+    (`confirm_ms`, kept in the stored result's extra["_record"])."""
+    more = ((extra or {}).get("_record") or {}).get("confirm_ms") if isinstance(extra, dict) \
+        else None
+    logs = [math.log(float(median))]
+    for m in more if isinstance(more, list) else []:
+        try:
+            x = float(m)
+        except (TypeError, ValueError):
+            continue
+        if x > 0 and math.isfinite(x):
+            logs.append(math.log(x))
+    return math.exp(sum(logs) / len(logs))
 
 
 def from_db(db: Any, gpu_model_key: str | None, *, before_run_id: int | None,

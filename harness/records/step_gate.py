@@ -45,13 +45,15 @@ def history_from_db(db: Any, gpu_model_key: str | None, *, upto_run_id: int,
     return series, sources
 
 
-def history_with_chips(db: Any, gpu_model_key: str | None, *, upto_run_id: int,
+def history_with_chips(db: Any, gpu_model_key: str | None, *, upto_run_id: int | None,
                        kernels: Sequence[str], runs: int = SERIES_RUNS
                        ) -> tuple[Series, Sources, Sources]:
     """`history_from_db`, and (candidate, pass) -> {commit: GPU uuid} of the same runs
-    ("" where unknown): which chip each point ran on (`confirmed_steps`)."""
+    ("" where unknown): which chip each point ran on (`confirmed_steps`). A commit's
+    point is the geometric mean of its run's median and its confirmation runs'
+    (harness.records.confirm). `upto_run_id` None: every stored run."""
     rows = timed_history(db, gpu_model_key, upto_run_id=upto_run_id, runs=runs,
-                         include_upto=True, kernels=kernels)
+                         include_upto=True, kernels=kernels, mean_of_runs=True)
     out: dict[tuple[str, str, str], dict[str, float]] = {}
     sources: Sources = {}
     chips: Sources = {}

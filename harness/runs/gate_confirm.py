@@ -57,6 +57,7 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
     from harness.records.confirm import (
         baseline_sources,
         preliminary,
+        step_suspects,
         suspects,
         timed_keys,
         with_confirmations,
@@ -72,7 +73,8 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
     try:
         with open_db(opts.db_url) as db:
             report = preliminary(db, record, policy=opts.policy, **kw)  # type: ignore[arg-type]
-            found = suspects(report, owned=ex.owned)
+            found = suspects(report, owned=ex.owned,
+                             steps=step_suspects(db, record) if report is not None else ())
             expected = baseline_sources(db, record, **kw) if found else {}  # type: ignore[arg-type]
     except DatabaseError as exc:
         return [f"confirmation runs not considered: database unavailable ({exc})"]
@@ -91,13 +93,16 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
             cases = [c for c in timed if (s.variant, s.pass_name, c.id) in keys]
             if cand is None or not cases:
                 continue
-            log(f"confirming {s.variant} ({s.pass_name}): read {s.ratio - 1:+.2%} "
-                f"(p = {s.p_value:.2g}); timing its {len(cases)} case(s) {runs} more "
-                "time(s), each in a fresh child, and its parent's code as often")
+            why = (f"a step of {s.ratio - 1:+.2%} across {s.step}" if s.step else
+                   f"read {s.ratio - 1:+.2%} (p = {s.p_value:.2g})")
+            log(f"confirming {s.variant} ({s.pass_name}): {why}; timing its {len(cases)} "
+                f"case(s) {runs} more time(s), each in a fresh child"
+                + ("" if s.step else ", and its parent's code as often"))
             t0 = time.monotonic()
             got: dict[tuple[str, str, str], list[float]] = {}
             base: dict[tuple[str, str, str], list[float]] = {}
-            why_not: str | None = None
+            # A step is across commits: its parent's code is not what it is judged by.
+            why_not: str | None = "a step across commits" if s.step else None
             bad: list[str] = []  # a confirmation that did not pass: said, not judged
             for _ in range(runs):
                 for r in timer(cand, cases, backward=s.pass_name == "bwd"):
@@ -116,10 +121,10 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
             n_parent = 0 if why_not else with_confirmations(record, base, "parent_ms")
             took = time.monotonic() - t0
             done.append({"kernel": s.variant, "pass": s.pass_name, "ratio": s.ratio,
-                         "p_value": s.p_value, "runs": runs, "cases": n,
+                         "p_value": None if s.step else s.p_value, "step": s.step, "runs": runs, "cases": n,
                          "parent_cases": n_parent, "parent_not_timed": why_not,
                          "wall_s": round(took, 1)})
-            notes.append(f"{s.variant} ({s.pass_name}) read {s.ratio - 1:+.2%} at first: "
+            notes.append(f"{s.variant} ({s.pass_name}) {why} at first: "
                          f"timed {runs} more time(s) on {n} case(s)"
                          + (f", its parent's code as often on {n_parent}" if n_parent else
                             f"; its parent's code not timed ({why_not})")
