@@ -484,3 +484,28 @@ def test_the_gate_times_a_step_suspect_again_without_its_parent(stepped):
     assert rec.env["ci_confirm"][0]["step"]
     with open_db(stepped) as db:
         assert cf.step_suspects(db, rec) == []  # timed again: no step left to confirm
+
+
+TEAM = Path(__file__).resolve().parents[1] / "results" / "h100-20261207d-teamrepo"
+
+
+def test_the_run_page_says_what_was_timed_again(tmp_path, monkeypatch):
+    """The committed team-repository runs of one H100: the slower commit's page lists its
+    confirmation (4 more runs, the parent's code on 4 cases); a run without one does not."""
+    pytest.importorskip("streamlit.testing.v1")
+    import realdata
+
+    url = f"sqlite:///{tmp_path}/team.sqlite"
+    with open_db(url) as db:
+        ids = [store_record(db, RunRecord.read(TEAM / f"{n}-record.json"))
+               for n in ("team-aa-1", "team-aa-2", "team-aa-3", "team-slow")]
+        judge_runs(db, ids)
+    at = realdata.dashboard_app(url, monkeypatch, page="run", run=str(ids[-1]))
+    assert any("Timed again before judging" in m.value for m in at.markdown)
+    table = next(d.value for d in at.dataframe if "more runs" in d.value.columns)
+    row = table.iloc[0]
+    assert (row["candidate"], row["pass"], row["more runs"], row["cases"]) == \
+        ("team_fa2", "bwd", 4, 4)
+    assert row["parent's code"] == "4 case(s)" and row["why"].startswith("read +1.1")
+    at = realdata.dashboard_app(url, monkeypatch, page="run", run=str(ids[0]))
+    assert not any("Timed again" in m.value for m in at.markdown)

@@ -94,6 +94,8 @@ def render(ctx: Ctx) -> None:
             st.markdown("#### Flagged verdicts")
             flag_list.show(ctx, flt.apply(ctx.q("flagged_in_runs", (run_id,))), key="run_flags")
 
+    _confirmations(detail)
+
     st.markdown("#### Environment")
     env = pd.DataFrame({"field": list(ENV_FIELDS),
                         "value": [clip(str(detail.get(f)), 500) if detail.get(f) is not None
@@ -123,3 +125,27 @@ def render(ctx: Ctx) -> None:
             fails = fails.assign(message=fails["message"].map(
                 lambda m: clip(m, MAX_MESSAGE_SHOWN) if isinstance(m, str) else m))
         st.dataframe(fails, hide_index=True)
+
+
+def _confirmations(detail: dict) -> None:
+    """What the gate timed again before judging (env.ci_confirm,
+    harness.runs.gate_confirm): a verdict on the mean of several runs reads differently
+    from one on a single run."""
+    rows = (detail.get("env") or {}).get("ci_confirm") if isinstance(detail.get("env"), dict) \
+        else None
+    if not isinstance(rows, list) or not rows:
+        return
+    st.markdown("#### Timed again before judging")
+    table = pd.DataFrame([{
+        "candidate": clip(str(r.get("kernel")), 200), "pass": r.get("pass"),
+        "why": (f"a step across {clip(str(r['step']), 60)}" if r.get("step") else
+                f"read {float(r.get('ratio') or 1) - 1:+.2%} at first"),
+        "more runs": r.get("runs"), "cases": r.get("cases"),
+        "parent's code": (f"{r.get('parent_cases')} case(s)" if r.get("parent_cases")
+                          else clip(str(r.get("parent_not_timed") or "-"), 200)),
+        "seconds": r.get("wall_s")} for r in rows if isinstance(r, dict)])
+    st.dataframe(table, hide_index=True)
+    st.caption("Each suspect's cases timed again in fresh processes (and its parent "
+               "commit's code, where the gate could check it out); its verdicts read the "
+               "mean of its runs (docs/regressions.md, \"Confirmation runs\").")
+
