@@ -509,3 +509,39 @@ def test_the_run_page_says_what_was_timed_again(tmp_path, monkeypatch):
     assert row["parent's code"] == "4 case(s)" and row["why"].startswith("read +1.1")
     at = realdata.dashboard_app(url, monkeypatch, page="run", run=str(ids[0]))
     assert not any("Timed again" in m.value for m in at.markdown)
+
+
+def _two_cases(seed: int, new_d: tuple[float, float], more: int):
+    from test_verdict_stats import _model, _Rng
+
+    from harness.records.compare import Verdict
+
+    keys = [("k", "fwd", "c0"), ("k", "fwd", "c1")]
+    model = _model(keys, _Rng(seed), runs=8, spread=0.005)
+    verdicts = [Verdict(k[0], k[2], "same", pass_name=k[1]) for k in keys]
+    entries = {}
+    for k, d in zip(keys, new_d, strict=True):
+        level = math.exp(statistics.fmean(math.log(p[1]) for p in model.points[k][-5:]) + d)
+        entries[k] = {"status": "passed", "median_ms": level, "confirm_ms": [level] * more}
+    base = {k: [{"status": "passed", "median_ms": model.points[k][-1][1]}] for k in keys}
+    return vs.decide(verdicts, entries, base, {"k": "src"}, model, device="GPU-a",
+                     across_of=lambda k: False, yardstick=lambda n: False).candidates[0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_confirmed_candidate_of_two_cases_is_judged_by_their_mean(seed):
+    """A 2% slowdown that one case shows as +0.8% and the other as +3.2%: from one run the
+    least-moved case speaks (the intersection-union reading, not red); confirmed by five
+    runs, the mean of the two does (red)."""
+    one = _two_cases(seed, (0.008, 0.032), 0)
+    five = _two_cases(seed, (0.008, 0.032), 4)
+    assert five.runs == 5 and five.ratio == pytest.approx(math.exp(0.02))
+    assert one.ratio < 1.015 and one.verdict == "same"
+    assert five.verdict == "regression"
+
+
+def test_a_two_case_candidate_whose_mean_moved_is_a_suspect():
+    c = _two_cases(0, (0.002, 0.022), 0)
+    assert c.ratio < 1.005 and c.mean_ratio > 1.01
+    report = SimpleNamespace(candidates=[c])
+    assert [(s.variant, s.pass_name) for s in cf.suspects(report)] == [("k", "fwd")]

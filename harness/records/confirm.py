@@ -62,9 +62,14 @@ from harness.records.db.database import Database
 from harness.records.db.queries import baseline_runs, get_run, load_record
 from harness.records.noise import from_db as noise_from_db
 from harness.records.record import RunRecord, entry_pass, parse_time
+from harness.records.verdict_history import ROBUST_CASES
 
 SUSPECT_P = 0.2  # one-sided p of the candidate's pooled slowdown that earns confirmation
 SUSPECT_MIN = 0.005  # ... and the smallest pooled slowdown that does
+# A candidate of fewer cases than verdict_history.ROBUST_CASES reads by its least-moved
+# case at first; its cases' mean this much slower makes it a suspect too (confirmed, it is
+# judged by that mean: verdict_stats, 6.).
+FEW_CASES_MEAN = 0.01
 CONFIRM_RUNS = 4  # the gate's default: runs added to a suspect's one
 MAX_CONFIRM_RUNS = 8
 MAX_SUSPECTS = 4  # candidate-passes confirmed per run, the most significant first
@@ -130,7 +135,8 @@ def suspects(report: Report | None, owned: Sequence[str] | None = None,
         return []
     out = [Suspect(c.variant, c.pass_name, c.ratio, c.p_value) for c in report.candidates
            if not c.yardstick and c.changed and (owned is None or c.variant in owned)
-           and c.p_value < SUSPECT_P and c.ratio >= 1.0 + SUSPECT_MIN]
+           and ((c.p_value < SUSPECT_P and c.ratio >= 1.0 + SUSPECT_MIN)
+                or (c.cases < ROBUST_CASES and c.mean_ratio >= 1.0 + FEW_CASES_MEAN))]
     out.sort(key=lambda s: s.p_value)
     have = {(s.variant, s.pass_name) for s in out}
     yard = {c.variant for c in report.candidates if c.yardstick}

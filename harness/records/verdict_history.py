@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,10 +136,11 @@ def candidate_change(ds: Sequence[float]) -> float:
 
 
 def candidate_pairs(noise: NoiseModel, variant: str, pass_name: str,
-                     across: bool | None) -> list[float]:
-    """The candidate's change (`candidate_change`) between consecutive runs at one source
-    over the cases both timed (A/A pairs of the candidate as a whole), of the kind
-    `across` is."""
+                     across: bool | None,
+                     stat: Callable[[Sequence[float]], float] | None = None) -> list[float]:
+    """The candidate's change (`stat`, default `candidate_change`) between consecutive
+    runs at one source over the cases both timed (A/A pairs of the candidate as a whole),
+    of the kind `across` is."""
     runs: dict[Any, dict[str, tuple[float, str, str]]] = {}
     for key in noise.points:
         if key[0] != variant or key[1] != pass_name:
@@ -162,7 +163,7 @@ def candidate_pairs(noise: NoiseModel, variant: str, pass_name: str,
         if across is not None and (len(da) != 1 or len(db) != 1 or "" in da or "" in db
                                    or (da != db) != across):
             continue
-        out.append(candidate_change([b[c][0] - a[c][0] for c in common]))
+        out.append((stat or candidate_change)([b[c][0] - a[c][0] for c in common]))
     return out
 
 

@@ -72,7 +72,13 @@ spread the history knows (`harness.records.noise`):
    the ln medians of its `runs` runs against the window, with the spread
    s * sqrt(1/runs + 1/n) (`verdict_history.diff_scale`), per case and per candidate.
    The parent commit's code timed by the same run on the same chip (`parent_ms`) joins
-   the baseline window as n more runs of the baseline's code (on one chip only).
+   the baseline window as n more runs of the baseline's code (on one chip only). A
+   candidate of fewer than `ROBUST_CASES` cases confirmed by `CONFIRMED_MEAN_RUNS` runs
+   or more is judged by the mean of its cases' changes, against the same mean over its
+   A/A runs, instead of the least-moved case (3.): the intersection-union reading was
+   there for one case's heavy-tailed excursion in one run, which a mean of several runs
+   no longer has, and the least-moved of two cases gives up about half a spread of a
+   real slowdown.
 
 A flag also needs the change to be at least `MIN_CHANGE` (1%). The budget of a run that
 changed nothing: `CASE_Q` + `CANDIDATE_ALPHA` (0.5%), half the 1% a team can bear, the
@@ -134,6 +140,9 @@ PROTECTED_ALPHA = 0.05  # a case of a candidate found slower as a whole
 OPEN_ALPHA = 0.01  # unadjusted p below this and beyond MIN_CHANGE: "inconclusive"
 LARGE_CHANGE = 0.05  # a case's change this large ...
 LARGE_K = 15.0  # ... and this many spreads of the difference is flagged on its own
+# A candidate of fewer than ROBUST_CASES cases confirmed by at least this many runs is
+# judged by the mean of its cases (module doc, 6.), not the least-moved one.
+CONFIRMED_MEAN_RUNS = 3
 
 
 
@@ -166,6 +175,7 @@ class CandidateChange:
     bar: float = 0.0  # the smallest whole-candidate slowdown this run could flag
     runs: int = 1  # runs of the new commit averaged (1 + its confirmations)
     changed: bool = True  # the commit changed its source (or it is unknown)
+    mean_ratio: float = 1.0  # exp of the mean of its cases' changes
 
     def to_dict(self) -> dict[str, Any]:
         return {"variant": self.variant, "pass": self.pass_name, "cases": self.cases,
@@ -252,8 +262,15 @@ def _candidates(out: RunDecision, noise: NoiseModel,
     for (name, pass_name), cs in sorted(groups.items()):
         if len(cs) < MIN_COMMON:
             continue
-        pairs, centre = centred(candidate_pairs(noise, name, pass_name,
-                                                  kinds[(name, pass_name)]), len(cs))
+        runs = min(c.runs for c in cs)  # a confirmation re-times all the cases it timed
+        # A few cases confirmed by several runs: their mean (module doc, 6.).
+        few_confirmed = len(cs) < ROBUST_CASES and runs >= CONFIRMED_MEAN_RUNS
+        if few_confirmed:
+            pairs, centre = candidate_pairs(noise, name, pass_name, kinds[(name, pass_name)],
+                                            stat=statistics.fmean), 0.0
+        else:
+            pairs, centre = centred(candidate_pairs(noise, name, pass_name,
+                                                      kinds[(name, pass_name)]), len(cs))
         others = [s for g, s in theirs.items() if g != (name, pass_name)]
         prior = statistics.median(others) if others else statistics.median(
             c.spread.value for c in cs)
@@ -261,18 +278,19 @@ def _candidates(out: RunDecision, noise: NoiseModel,
         if spread is None:
             continue
         n_base = int(statistics.median(c.n_base for c in cs))
-        runs = min(c.runs for c in cs)  # a confirmation re-times all the cases it timed
         # The centre was seen between two runs; between the mean of `runs` runs and of
         # n_base the differences, and so the smallest of them, spread
         # sqrt((1/runs + 1/n) / 2) as much.
-        d = candidate_change([c.d for c in cs]) - centre * diff_scale(runs, n_base) / math.sqrt(2.0)
+        ds = [c.d for c in cs]
+        d = (statistics.fmean(ds) if few_confirmed else
+             candidate_change(ds) - centre * diff_scale(runs, n_base) / math.sqrt(2.0))
         alpha = (CANDIDATE_ALPHA / max(n_changed, 1) if changed(name)
                  else CANDIDATE_ALPHA * UNCHANGED_SHARE / max(n_same, 1))
         tail = ACROSS_TAIL_DF if not all(c.one_chip for c in cs) else CANDIDATE_TAIL_DF
         cand = CandidateChange(name, pass_name, len(cs), math.exp(d), spread,
                                spread.p_up(d, n_base, tail, runs), alpha, cs[0].yardstick,
                                bar=_bar(spread, n_base, alpha, tail, runs), runs=runs,
-                               changed=changed(name))
+                               changed=changed(name), mean_ratio=math.exp(statistics.fmean(ds)))
         if cand.p_value < alpha and d >= math.log1p(MIN_CHANGE):
             cand.verdict = "regression"
         out.candidates.append(cand)
