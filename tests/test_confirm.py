@@ -545,3 +545,10 @@ def test_a_two_case_candidate_whose_mean_moved_is_a_suspect():
     assert c.ratio < 1.005 and c.mean_ratio > 1.01
     report = SimpleNamespace(candidates=[c])
     assert [(s.variant, s.pass_name) for s in cf.suspects(report)] == [("k", "fwd")]
+
+
+def test_the_help_names_the_gates_default():
+    from harness.cli import cmd_ci
+
+    assert cmd_ci.DEFAULT_CONFIRM_RUNS == cf.CONFIRM_RUNS
+    assert f"(default {cf.CONFIRM_RUNS}, 0: never)" in cmd_ci.__doc__

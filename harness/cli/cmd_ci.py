@@ -28,10 +28,12 @@ whose range spans several commits, `fa-harness bisect --alert ID` runs on it her
 MINUTES (default 30), and the alert then names the first bad commit. The exit code stays
 the gate's.
 
-`--confirm-runs N` (default 2, 0: never): an owned candidate whose cases read slower as a
-whole (p < 0.2, at least +0.5%) before the run is judged is timed N more times, each in
-a fresh timing child, and judged on the mean of its runs (docs/regressions.md,
-"Confirmation runs")."""
+`--confirm-runs N` (default 4, 0: never): before the run is judged, an owned candidate
+whose source changed and whose cases read slower as a whole (p < 0.2, at least +0.5%),
+or whose series the step search would call a new level here, is timed N more times,
+each in a fresh timing child, and judged on the mean of its runs; in a git repository
+the parent commit's code of a changed candidate is timed as often from a worktree
+(docs/regressions.md, "Confirmation runs")."""
 
 from __future__ import annotations
 
@@ -49,6 +51,9 @@ if TYPE_CHECKING:
     from harness.runs.gate import GateOptions, GateOutcome
 
 DEFAULT_BISECT_MINUTES = 30.0
+# harness.records.confirm.CONFIRM_RUNS, kept here so that --help imports no statistics
+# (tests/test_confirm.py holds them equal).
+DEFAULT_CONFIRM_RUNS = 4
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -108,8 +113,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="bisect the ranged alerts this run opened, within MINUTES (default "
                         f"{DEFAULT_BISECT_MINUTES:g}); the alert then names one commit")
     p.add_argument("--confirm-runs", type=int, default=None, metavar="N",
-                   help="time a suspect candidate N more times before judging (default 2; "
-                        "0: never)")
+                   help="time a suspect candidate N more times before judging (default "
+                        f"{DEFAULT_CONFIRM_RUNS}; 0: never)")
     add_db_option(p)
     add_discovery_options(p)
     p.set_defaults(func=cmd_ci)
