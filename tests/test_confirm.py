@@ -552,3 +552,37 @@ def test_the_help_names_the_gates_default():
 
     assert cmd_ci.DEFAULT_CONFIRM_RUNS == cf.CONFIRM_RUNS
     assert f"(default {cf.CONFIRM_RUNS}, 0: never)" in cmd_ci.__doc__
+
+
+def test_across_chips_a_few_case_candidate_keeps_its_least_moved_case():
+    """One case 57% slower on another chip (as a committed cross-chip residual was): a
+    mean of five runs on that chip still carries it; the least-moved case does not."""
+    from test_verdict_stats import _model, _Rng
+
+    from harness.records.compare import Verdict
+
+    from harness.records.noise import NoiseModel
+
+    keys = [("k", "fwd", "c0"), ("k", "fwd", "c1")]
+    model = _model(keys, _Rng(0), runs=8, spread=0.005)
+    # The same history run on a new chip each time: pairs of both kinds.
+    rng = _Rng(1)
+    cross = NoiseModel()
+    for r in range(8):
+        common = rng.gauss(0.0, 0.0025)
+        for k in keys:
+            cross.add(k, "src", math.exp(common + rng.gauss(0.0, 0.005)), f"GPU-{r}", r)
+    entries = {}
+    for k, d in zip(keys, (0.45, 0.0), strict=True):
+        level = math.exp(statistics.fmean(math.log(p[1]) for p in model.points[k][-5:]) + d)
+        entries[k] = {"status": "passed", "median_ms": level, "confirm_ms": [level] * 4}
+    base = {k: [{"status": "passed", "median_ms": model.points[k][-1][1]}] for k in keys}
+
+    def judged(across: bool):
+        verdicts = [Verdict(k[0], k[2], "same", pass_name=k[1]) for k in keys]
+        return vs.decide(verdicts, entries, base, {"k": "src"}, cross if across else model,
+                         device="GPU-a", across_of=lambda k: across,
+                         yardstick=lambda n: False).candidates[0]
+
+    assert judged(False).ratio == pytest.approx(math.exp(0.225))  # one chip: the mean
+    assert judged(True).ratio < 1.05 and judged(True).verdict == "same"
