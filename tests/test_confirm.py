@@ -560,7 +560,6 @@ def test_across_chips_a_few_case_candidate_keeps_its_least_moved_case():
     from test_verdict_stats import _model, _Rng
 
     from harness.records.compare import Verdict
-
     from harness.records.noise import NoiseModel
 
     keys = [("k", "fwd", "c0"), ("k", "fwd", "c1")]
@@ -586,3 +585,30 @@ def test_across_chips_a_few_case_candidate_keeps_its_least_moved_case():
 
     assert judged(False).ratio == pytest.approx(math.exp(0.225))  # one chip: the mean
     assert judged(True).ratio < 1.05 and judged(True).verdict == "same"
+
+
+def test_a_confirmation_that_raises_leaves_the_run_to_be_judged(history, monkeypatch):
+    """Whatever goes wrong while timing again (a child that cannot start, a worktree git
+    refuses), the gate goes on to store and judge the run; the note says what stopped."""
+    rec = _planted(1.02)
+
+    def broken(cand, cases, *, backward):
+        raise RuntimeError("no CUDA context")
+
+    notes = gate_confirm.confirm(rec, _execution(rec), GateOptions(db_url=history),
+                                 log=lambda _l: None, time_again=broken,
+                                 time_parent=lambda *_a: ({}, "not wanted here"))
+    assert any("confirmation stopped: RuntimeError: no CUDA context" in n for n in notes)
+    assert any("no confirmation timed, judged on its one run" in n for n in notes), notes
+    assert not any("confirm_ms" in e for e in rec.results)
+
+    from harness.records.compare import CompareError
+
+    def refuse(*_a, **_k):
+        raise CompareError("runs are of different GPU models")
+
+    monkeypatch.setattr(cf, "preliminary", refuse)
+    notes = gate_confirm.confirm(_planted(1.02), _execution(rec), GateOptions(db_url=history),
+                                 log=lambda _l: None, time_again=broken)
+    assert notes == ["confirmation runs not considered: CompareError: runs are of different "
+                     "GPU models"]

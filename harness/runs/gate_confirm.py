@@ -78,6 +78,8 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
             expected = baseline_sources(db, record, **kw) if found else {}  # type: ignore[arg-type]
     except DatabaseError as exc:
         return [f"confirmation runs not considered: database unavailable ({exc})"]
+    except Exception as exc:  # noqa: BLE001  the run must still be stored and judged
+        return [f"confirmation runs not considered: {type(exc).__name__}: {str(exc)[:200]}"]
     if not found:
         return []
     by_name = {c.name: c for c in ex.candidates}
@@ -104,19 +106,25 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
             # A step is across commits: its parent's code is not what it is judged by.
             why_not: str | None = "a step across commits" if s.step else None
             bad: list[str] = []  # a confirmation that did not pass: said, not judged
-            for _ in range(runs):
-                for r in timer(cand, cases, backward=s.pass_name == "bwd"):
-                    med = r.timing.median_ms if r.timing is not None else None
-                    if Status(r.status) is Status.PASSED and med:
-                        got.setdefault((s.variant, s.pass_name, r.case.id), []).append(
-                            float(med))
-                    elif Status(r.status) is not Status.SKIPPED:
-                        bad.append(f"{r.case.id}: {Status(r.status).value}")
+            try:
+                for _ in range(runs):
+                    for r in timer(cand, cases, backward=s.pass_name == "bwd"):
+                        med = r.timing.median_ms if r.timing is not None else None
+                        if Status(r.status) is Status.PASSED and med:
+                            got.setdefault((s.variant, s.pass_name, r.case.id), []).append(
+                                float(med))
+                        elif Status(r.status) is not Status.SKIPPED:
+                            bad.append(f"{r.case.id}: {Status(r.status).value}")
+                    if why_not is None:
+                        meds, source = parent(s.variant, [c.id for c in cases], s.pass_name)
+                        why_not = _parent_ok(meds, source, expected.get(s.variant))
+                        for cid, med in meds.items():
+                            base.setdefault((s.variant, s.pass_name, cid), []).append(med)
+            except Exception as exc:  # noqa: BLE001  what was timed counts; the run goes on
+                notes.append(f"{s.variant} ({s.pass_name}): confirmation stopped: "
+                             f"{type(exc).__name__}: {str(exc)[:200]}")
                 if why_not is None:
-                    meds, source = parent(s.variant, [c.id for c in cases], s.pass_name)
-                    why_not = _parent_ok(meds, source, expected.get(s.variant))
-                    for cid, med in meds.items():
-                        base.setdefault((s.variant, s.pass_name, cid), []).append(med)
+                    why_not = "stopped"
             n = with_confirmations(record, got)
             n_parent = 0 if why_not else with_confirmations(record, base, "parent_ms")
             took = time.monotonic() - t0
@@ -124,18 +132,25 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
                          "p_value": None if s.step else s.p_value, "step": s.step, "runs": runs, "cases": n,
                          "parent_cases": n_parent, "parent_not_timed": why_not,
                          "wall_s": round(took, 1)})
-            notes.append(f"{s.variant} ({s.pass_name}) {why} at first: "
-                         f"timed {runs} more time(s) on {n} case(s)"
-                         + (f", its parent's code as often on {n_parent}" if n_parent else
-                            f"; its parent's code not timed ({why_not})")
-                         + f" ({took:.0f} s), judged on the mean")
+            if n == 0:
+                notes.append(f"{s.variant} ({s.pass_name}) {why} at first: no confirmation "
+                             "timed, judged on its one run")
+            else:
+                notes.append(f"{s.variant} ({s.pass_name}) {why} at first: "
+                             f"timed {runs} more time(s) on {n} case(s)"
+                             + (f", its parent's code as often on {n_parent}" if n_parent else
+                                f"; its parent's code not timed ({why_not})")
+                             + f" ({took:.0f} s), judged on the mean")
             if bad:
                 notes.append(f"{s.variant} ({s.pass_name}): {len(bad)} confirmation "
                              f"timing(s) did not pass ({'; '.join(sorted(set(bad))[:3])})")
     finally:
         close = getattr(parent, "close", None)
-        if close is not None:
-            close()
+        try:
+            if close is not None:
+                close()
+        except Exception as exc:  # noqa: BLE001  a worktree left behind is said, not fatal
+            notes.append(f"the parent's worktree was not removed: {type(exc).__name__}")
     if done:
         record.env["ci_confirm"] = done
     return notes
