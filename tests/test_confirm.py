@@ -612,3 +612,19 @@ def test_a_confirmation_that_raises_leaves_the_run_to_be_judged(history, monkeyp
                                  log=lambda _l: None, time_again=broken)
     assert notes == ["confirmation runs not considered: CompareError: runs are of different "
                      "GPU models"]
+
+
+def test_compare_says_a_confirmed_runs_verdicts_read_more_runs(tmp_path, monkeypatch):
+    pytest.importorskip("streamlit.testing.v1")
+    import realdata
+
+    url = f"sqlite:///{tmp_path}/team.sqlite"
+    with open_db(url) as db:
+        ids = [store_record(db, RunRecord.read(TEAM / f"{n}-record.json"))
+               for n in ("team-aa-1", "team-aa-2", "team-aa-3", "team-slow")]
+        judge_runs(db, ids)
+    at = realdata.dashboard_app(url, monkeypatch, page="compare", new=str(ids[-1]))
+    assert any(f"Run #{ids[-1]} was timed again before it was judged (team\\_fa2 (bwd): 5 runs)"
+               in i.value for i in at.info), [i.value for i in at.info]
+    at = realdata.dashboard_app(url, monkeypatch, page="compare", new=str(ids[-2]))
+    assert not any("timed again" in i.value for i in at.info)

@@ -118,6 +118,7 @@ def render(ctx: Ctx) -> None:
                 f"{names.get(new_gpu, new_gpu)}): time ratios per case only; regression "
                 "verdicts are only given within one GPU model.")
     else:
+        _confirmed_note(ctx, new_id)
         comps = ctx.q("run_comparisons", new_id)
         stored = comps[comps["base_run_id"] == base_id] if len(comps) else comps
         if len(stored):
@@ -230,3 +231,18 @@ def _links(ctx: Ctx, base_id: int, new_id: int) -> None:
     c1, c2, _ = st.columns([1, 1, 4])
     ui.page_link(ctx, "run", f"base run #{base_id}", where=c1, run=base_id)
     ui.page_link(ctx, "run", f"new run #{new_id}", where=c2, run=new_id)
+
+
+def _confirmed_note(ctx: Ctx, run_id: int) -> None:
+    """A run the gate timed again before judging (env.ci_confirm): its verdicts read the
+    mean of its runs, while the medians and ratios here are its first run's."""
+    env = (ctx.q("run_detail", run_id) or {}).get("env")
+    rows = env.get("ci_confirm") if isinstance(env, dict) else None
+    if not isinstance(rows, list) or not rows:
+        return
+    what = ", ".join(f"{ui.md_escape(str(r.get('kernel'))[:80])} ({r.get('pass')}): "
+                     f"{1 + int(r.get('runs') or 0)} runs" for r in rows if isinstance(r, dict))
+    st.info(f"Run #{run_id} was timed again before it was judged ({what}): its verdicts "
+            "read the mean of those runs against its baseline window; the medians and "
+            "ratios below are its first run's (the Run page lists them).")
+
