@@ -489,17 +489,24 @@ def test_the_gate_times_a_step_suspect_again_without_its_parent(stepped):
 TEAM = Path(__file__).resolve().parents[1] / "results" / "h100-20261207d-teamrepo"
 
 
-def test_the_run_page_says_what_was_timed_again(tmp_path, monkeypatch):
-    """The committed team-repository runs of one H100: the slower commit's page lists its
-    confirmation (4 more runs, the parent's code on 4 cases); a run without one does not."""
+@pytest.fixture(scope="module")
+def team(tmp_path_factory):
+    """The committed team-repository runs of one H100, stored and judged: (url, run ids)."""
     pytest.importorskip("streamlit.testing.v1")
-    import realdata
-
-    url = f"sqlite:///{tmp_path}/team.sqlite"
+    url = f"sqlite:///{tmp_path_factory.mktemp('team')}/team.sqlite"
     with open_db(url) as db:
         ids = [store_record(db, RunRecord.read(TEAM / f"{n}-record.json"))
                for n in ("team-aa-1", "team-aa-2", "team-aa-3", "team-slow")]
         judge_runs(db, ids)
+    return url, ids
+
+
+def test_the_run_page_says_what_was_timed_again(team, monkeypatch):
+    """The slower commit's page lists its confirmation (4 more runs, the parent's code on
+    4 cases); a run without one does not."""
+    import realdata
+
+    url, ids = team
     at = realdata.dashboard_app(url, monkeypatch, page="run", run=str(ids[-1]))
     assert any("Timed again before judging" in m.value for m in at.markdown)
     table = next(d.value for d in at.dataframe if "more runs" in d.value.columns)
@@ -614,15 +621,10 @@ def test_a_confirmation_that_raises_leaves_the_run_to_be_judged(history, monkeyp
                      "GPU models"]
 
 
-def test_compare_says_a_confirmed_runs_verdicts_read_more_runs(tmp_path, monkeypatch):
-    pytest.importorskip("streamlit.testing.v1")
+def test_compare_says_a_confirmed_runs_verdicts_read_more_runs(team, monkeypatch):
     import realdata
 
-    url = f"sqlite:///{tmp_path}/team.sqlite"
-    with open_db(url) as db:
-        ids = [store_record(db, RunRecord.read(TEAM / f"{n}-record.json"))
-               for n in ("team-aa-1", "team-aa-2", "team-aa-3", "team-slow")]
-        judge_runs(db, ids)
+    url, ids = team
     at = realdata.dashboard_app(url, monkeypatch, page="compare", new=str(ids[-1]))
     assert any(f"Run #{ids[-1]} was timed again before it was judged (team\\_fa2 (bwd): 5 runs)"
                in i.value for i in at.info), [i.value for i in at.info]
