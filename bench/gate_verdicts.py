@@ -99,15 +99,18 @@ def make_run(template: dict[str, Any], i: int, gpu: str, factors: dict[tuple, fl
 
 def series(template: dict[str, Any], pools: tuple[list[float], list[float]], *, length: int,
            chips: str, step: tuple[str, float] | None, source_changes: float,
-           rng: random.Random, confirm_runs: int = 0, with_parent: bool = True
+           rng: random.Random, confirm_runs: int = 0, with_parent: bool = True,
+           same_chip: tuple[list[float], list[float]] | None = None
            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The records of one trial and what was planted (module doc). With `confirm_runs`,
     each run also carries (under "_confirm") what that many confirmation runs of each
-    candidate-pass would read at that commit: fresh draws of the case and candidate
-    residuals (a fresh timing child draws its level anew), the step included; on one
-    chip also (under "_parent") what as many timings of the parent commit's code on the
-    same runner would read (harness.runs.gate_confirm). Drawn from a generator of their
-    own, so a seed gives the same series with or without."""
+    candidate-pass would read at that commit, for two rounds: fresh draws of the case and
+    candidate residuals (a fresh timing child draws its level anew), the step included,
+    and (under "_parent") what as many timings of the parent commit's code on the same
+    runner would read (harness.runs.gate_confirm). Across chips those stay on the run's
+    chip: its first run's factor moved by the difference of two runs of one chip, drawn
+    from `same_chip` (the band's one-chip pools). Drawn from generators of their own, so
+    a seed gives the same series with or without."""
     case_pool, cand_pool = pools
     owned = sorted(k for k, v in template["kernels"].items() if v.get("owned"))
     keys = sorted({(e["kernel"], e.get("pass") or "fwd", e["case_id"]) for e in _timed(template)})
@@ -123,6 +126,7 @@ def series(template: dict[str, Any], pools: tuple[list[float], list[float]], *, 
     start = datetime(2026, 1, 1, tzinfo=UTC)
     one = f"GPU-{uuidlib.UUID(int=rng.getrandbits(128))}"
     runs = []
+    factors_of: list[dict[tuple[str, str, str], float]] = []
     for i in range(length):
         for name in sources:
             if rng.random() < source_changes or (step and i == k0 and name == planted["variant"]):
@@ -136,34 +140,52 @@ def series(template: dict[str, Any], pools: tuple[list[float], list[float]], *, 
                 f *= 1.0 + planted["size"]
             factors[key] = f
         gpu = one if chips == "one" else f"GPU-{uuidlib.UUID(int=rng.getrandbits(128))}"
+        factors_of.append(factors)
         runs.append(make_run(template, i, gpu, factors, dict(sources), start))
     if confirm_runs:
         crng = random.Random(f"{one}-{k0}")
         base = {(e["kernel"], e.get("pass") or "fwd", e["case_id"]): e["median_ms"]
                 for e in _timed(template)}
         prng = random.Random(f"{one}-{k0}-parent")
+        chip_case, chip_cand = same_chip or pools
 
-        def draw(g: tuple[str, str], at: int, r: random.Random) -> dict[str, list[float]]:
-            """What `confirm_runs` fresh runs of group g read at commit `at`'s code."""
-            draws = []
-            for _ in range(confirm_runs):
-                common = r.choice(cand_pool)
-                draws.append({key: math.exp(r.choice(case_pool) + common)
-                              for key in keys if key[:2] == g})
+        def stepped(key: tuple[str, str, str], at: int) -> float:
+            hit = step and at >= k0 and key[0] == planted["variant"] and (
+                planted["kind"] == "whole" or key == planted["case"])
+            return 1.0 + planted["size"] if hit else 1.0
+
+        def level(g: tuple[str, str], r: random.Random, cp: list[float], cc: list[float]
+                  ) -> dict[tuple[str, str, str], float]:
+            common = r.choice(cc)
+            return {key: r.choice(cp) + common for key in keys if key[:2] == g}
+
+        def draw(g: tuple[str, str], i: int, at: int, r: random.Random,
+                 first: dict[tuple[str, str, str], float] | None) -> dict[str, list[float]]:
+            """What 2 x `confirm_runs` fresh runs (two rounds) of group g on run i's
+            runner read at commit `at`'s code. One chip: fresh draws. Across chips the
+            runner's chip stays: run i's factor moved by the difference of two runs of
+            one chip (`first`: the one-chip level of run i's own timing)."""
+            draws = [level(g, r, chip_case, chip_cand) for _ in range(2 * confirm_runs)]
             out = {}
             for key in (k for k in keys if k[:2] == g):
-                stepped = step and at >= k0 and key[0] == planted["variant"] and (
-                    planted["kind"] == "whole" or key == planted["case"])
-                out[key[2]] = [base[key] * d[key] * (1.0 + planted["size"] if stepped else 1.0)
-                               for d in draws]
+                if first is None:
+                    out[key[2]] = [base[key] * math.exp(x[key]) * stepped(key, at)
+                                   for x in draws]
+                else:
+                    chip = factors_of[i][key] / stepped(key, i)
+                    out[key[2]] = [base[key] * chip * math.exp(x[key] - first[key])
+                                   * stepped(key, at) for x in draws]
             return out
 
         for i, rec in enumerate(runs):
-            # The commit's own code, and (one chip: the gate times it in a worktree on
-            # the same runner) its parent's.
-            rec["_confirm"] = {f"{g[0]}|{g[1]}": draw(g, i, crng) for g in groups}
-            if chips == "one" and i and with_parent:
-                rec["_parent"] = {f"{g[0]}|{g[1]}": draw(g, i - 1, prng) for g in groups}
+            # The commit's own code, and (the gate times it in a worktree on the same
+            # runner) its parent's.
+            for g in groups:
+                first = None if chips == "one" else level(g, crng, chip_case, chip_cand)
+                rec.setdefault("_confirm", {})[f"{g[0]}|{g[1]}"] = draw(g, i, i, crng, first)
+                if i and with_parent:
+                    rec.setdefault("_parent", {})[f"{g[0]}|{g[1]}"] = draw(g, i, i - 1, prng,
+                                                                           first)
     return runs, planted
 
 
@@ -173,6 +195,7 @@ def judge_series(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
     from harness.records.baseline import judge_runs
     from harness.records.confirm import (
+        extend,
         preliminary,
         step_suspects,
         suspects,
@@ -188,16 +211,14 @@ def judge_series(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
             more, parent = rec.get("_confirm"), rec.get("_parent")
             record = RunRecord.from_dict({k: v for k, v in rec.items()
                                           if k not in ("_confirm", "_parent")})
-            found = []
+            found, again = [], []
             if more:  # the gate's confirmation runs (harness.runs.gate_confirm)
                 report = preliminary(db, record)
-                found = suspects(report, steps=step_suspects(db, record) if report else ())
-                for what, field in ((more, "confirm_ms"), (parent or {}, "parent_ms")):
-                    with_confirmations(record, {
-                        (s.variant, s.pass_name, cid): ms for s in found
-                        if field == "confirm_ms" or not s.step  # no parent for a step
-                        for cid, ms in what.get(f"{s.variant}|{s.pass_name}", {}).items()},
-                        field)
+                found = suspects(report, steps=step_suspects(db, record) if report else (),
+                                 parent=parent is not None)
+                _add(record, found, more, parent, 0, with_confirmations)
+                again = extend(preliminary(db, record), found)
+                _add(record, again, more, parent, 1, with_confirmations)
             rid = store_record(db, record)
             judge_runs(db, [rid])
             with db.session() as s:
@@ -208,8 +229,25 @@ def judge_series(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
             out.append([{"kernel": n, "pass": p or "fwd", "case": c, "verdict": v, "ratio": r,
                          "detail": d} for n, p, c, v, r, d in rows]
                        + [{"kernel": None, "confirmed": f"{s.variant}|{s.pass_name}"}
-                          for s in found])
+                          for s in found]
+                + [{"kernel": None, "extended": f"{s.variant}|{s.pass_name}"}
+                   for s in again])
     return out
+
+
+def _add(record: Any, found: list[Any], more: dict[str, Any], parent: dict[str, Any] | None,
+         rnd: int, with_confirmations: Any) -> None:
+    """Round `rnd` (0 or 1) of the confirmation runs of the suspects `found`: the half of
+    each drawn list that round times."""
+    for what, field in ((more, "confirm_ms"), (parent or {}, "parent_ms")):
+        got = {}
+        for s in found:
+            if field == "parent_ms" and s.step:
+                continue  # no parent for a step
+            for cid, ms in what.get(f"{s.variant}|{s.pass_name}", {}).items():
+                half = len(ms) // 2
+                got[(s.variant, s.pass_name, cid)] = ms[rnd * half:(rnd + 1) * half]
+        with_confirmations(record, got, field)
 
 
 def score(template: dict[str, Any], verdicts: list[list[dict[str, Any]]],
@@ -226,13 +264,15 @@ def score(template: dict[str, Any], verdicts: list[list[dict[str, Any]]],
 
     confirmed = sum(1 for i in range(1, len(verdicts)) if any(
         v["kernel"] is None for v in verdicts[i]))
+    extended = sum(1 for i in range(1, len(verdicts)) if any(
+        v["kernel"] is None and "extended" in v for v in verdicts[i]))
     verdicts = [[v for v in vs if v["kernel"] is not None] for vs in verdicts]
     red = [i for i in noop if any(false(i, v) for v in verdicts[i])]
     late = [i for i in noop if i > k0 and not any(false(i, v) for v in verdicts[i]) and any(
         v["verdict"] in FAILING for v in verdicts[i])]
     per_cand = Counter(v["kernel"] for i in noop for v in verdicts[i] if false(i, v))
     out: dict[str, Any] = {"noop": len(noop), "red": len(red), "late": len(late),
-                           "confirmed": confirmed,
+                           "confirmed": confirmed, "extended": extended,
                            "red_candidates": dict(per_cand),
                            "candidate_commits": len(noop) * len(owned)}
     if planted["kind"]:
@@ -357,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         per_chip = chips == "one"
         cases = residual_pools(results, per_chip=per_chip, judged=True, pattern="h*-*.json")
         cands = candidate_pools(results, per_chip=per_chip, judged=True, pattern="h*-*.json")
+        one_cases = residual_pools(results, per_chip=True, judged=True, pattern="h*-*.json")
+        one_cands = candidate_pools(results, per_chip=True, judged=True, pattern="h*-*.json")
         for *_, band in BANDS:
             if args.bands != "all" and band not in args.bands.split(","):
                 continue
@@ -372,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
                 drawn = [series(template, (cases[band], cands[band]), length=args.length,
                                 chips=chips, step=step, source_changes=args.source_changes,
                                 rng=rng, confirm_runs=args.confirm_runs,
-                                with_parent=not args.no_parent)
+                                with_parent=not args.no_parent,
+                                same_chip=(one_cases[band], one_cands[band]))
                          for _ in range(args.trials)]
                 with ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
                     judged = list(pool.map(judge_series, [runs for runs, _ in drawn]))
@@ -387,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "cand": sc["candidate_commits"],
                                 "cand_red": sum(sc["red_candidates"].values()),
                                 "confirmed": sc["confirmed"], "commits": len(verdicts) - 1,
+                                "extended": sc["extended"],
                                 "at": sc.get("at_commit", 0), "w2": sc.get("within_2", 0)})
                 name = "none" if step is None else f"{step[0]} {step[1]:.0%}"
                 at = "-" if step is None else f"{tot['at'] / args.trials:.0%}"
@@ -397,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                        "at_commit": None if step is None else tot["at"] / args.trials,
                        "within_2": None if step is None else tot["w2"] / args.trials,
                        "late": tot["late"], "confirmed": tot["confirmed"],
+                       "extended": tot["extended"],
                        "confirm_runs": args.confirm_runs, "parent": not args.no_parent,
                        "seconds": round(time.monotonic() - t0, 1)}
                 rows.append(row)
@@ -404,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"| {tot['red']} ({tot['red'] / max(tot['noop'], 1):.1%}) "
                       f"| {tot['cand_red']} of {tot['cand']} | {at} | {w2} "
                       f"| {'-' if step is None else tot['late']} "
-                      f"| {tot['confirmed']} of {tot['commits']} |", flush=True)
+                      f"| {tot['confirmed']} of {tot['commits']} "
+                      f"({tot['extended']} two rounds) |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1)
                                    + "\n")

@@ -45,6 +45,17 @@ about +0.5%.
    timed five times stands where the code really is. Its parent's code is not timed
    (the step is across commits, not against the parent).
 
+5. Across chips (the baseline's runs on other GPUs of the model) one run cannot tell a 2%
+   slowdown from the chip's offset, so where the parent's code can be timed, every
+   owned candidate the commit changed is a suspect, and it is judged against its
+   parent's code on this runner (harness.records.same_runner).
+
+6. Two looks. After the first round the run is judged again (`preliminary` with the
+   confirmations in the record); a suspect not red whose p is still below `EXTEND_P`
+   is timed a second round as long (and its parent's code as often), and judged on
+   all of them. A confirmed candidate is tested at half its level at either look
+   (harness.records.verdict_stats, 7.), so the two looks together keep the level.
+
 The noise model reads each run's own median only (`median_ms`): the spread it estimates
 is one run's, which is what `runs` divides.
 """
@@ -72,6 +83,9 @@ SUSPECT_MIN = 0.005  # ... and the smallest pooled slowdown that does
 FEW_CASES_MEAN = 0.01
 CONFIRM_RUNS = 4  # the gate's default: runs added to a suspect's one
 MAX_CONFIRM_RUNS = 8
+# A suspect the first round left undecided at a p below this is timed a second round
+# (module doc, 6.); under no change about this share of the suspects is.
+EXTEND_P = 0.05
 MAX_SUSPECTS = 4  # candidate-passes confirmed per run, the most significant first
 
 Key = tuple[str, str, str]  # (candidate, pass, case id)
@@ -126,23 +140,42 @@ def preliminary(db: Database, record: RunRecord, *, policy: Policy = DEFAULT_POL
 
 
 def suspects(report: Report | None, owned: Sequence[str] | None = None,
-             steps: Sequence[Suspect] = ()) -> list[Suspect]:
+             steps: Sequence[Suspect] = (), *, parent: bool = False) -> list[Suspect]:
     """The owned candidate-passes of `report` worth timing again (module doc, 1.), the
     most significant first, then those of `steps` (`step_suspects`) not already among
     them; at most MAX_SUSPECTS. `owned`: the team's candidates (None: every candidate
-    that is not a yardstick in the report)."""
+    that is not a yardstick in the report). `parent`: the gate can time the parent's
+    code on this runner, so a changed candidate judged across chips is a suspect whatever
+    it read (module doc, 5.)."""
     if report is None:
         return []
     out = [Suspect(c.variant, c.pass_name, c.ratio, c.p_value) for c in report.candidates
            if not c.yardstick and c.changed and (owned is None or c.variant in owned)
            and ((c.p_value < SUSPECT_P and c.ratio >= 1.0 + SUSPECT_MIN)
-                or (c.cases < ROBUST_CASES and c.mean_ratio >= 1.0 + FEW_CASES_MEAN))]
+                or (c.cases < ROBUST_CASES and c.mean_ratio >= 1.0 + FEW_CASES_MEAN)
+                or (parent and not c.one_chip))]
     out.sort(key=lambda s: s.p_value)
     have = {(s.variant, s.pass_name) for s in out}
     yard = {c.variant for c in report.candidates if c.yardstick}
     out += [s for s in steps if (s.variant, s.pass_name) not in have and s.variant not in yard
             and (owned is None or s.variant in owned)]
     return out[:MAX_SUSPECTS]
+
+
+def extend(report: Report | None, found: Sequence[Suspect]) -> list[Suspect]:
+    """The suspects of `found` (not steps) that `report`, the run judged again with its
+    first round of confirmation runs, leaves undecided: not red, read slower, at a p
+    below `EXTEND_P` (module doc, 6.). Each is timed a second round."""
+    if report is None:
+        return []
+    by = {(c.variant, c.pass_name): c for c in report.candidates}
+    out = []
+    for s in found:
+        c = by.get((s.variant, s.pass_name))
+        if (not s.step and c is not None and c.verdict != "regression" and c.ratio > 1.0
+                and c.p_value < EXTEND_P and c.runs > 1):
+            out.append(Suspect(s.variant, s.pass_name, c.ratio, c.p_value))
+    return out
 
 
 def step_suspects(db: Database, record: RunRecord) -> list[Suspect]:

@@ -81,6 +81,15 @@ spread the history knows (`harness.records.noise`):
    cases gives up about half a spread of a real slowdown. Across chips the excursion is
    the chip's (a case 27-57% slower on one chip of a model), which more runs on that chip
    do not average: there the least-moved case stays.
+7. **Two looks, and the parent on this runner.** A confirmed candidate is tested at
+   `LOOK_SHARE` of its level: the gate looks once after the first round of confirmation
+   runs and, where that left it undecided, once more after a second round
+   (harness.records.confirm.extend); under no change the two looks reject with
+   probability at most the sum of their levels (Bonferroni over the looks, the simplest
+   of the group-sequential spending rules). Across chips, a candidate whose parent's code
+   the run timed on its own GPU (every case at least `MIN_RUNS` times a side) is judged
+   by that comparison instead of the window (harness.records.same_runner): the chip's
+   offset is on both sides of it.
 
 A flag also needs the change to be at least `MIN_CHANGE` (1%). The budget of a run that
 changed nothing: `CASE_Q` + `CANDIDATE_ALPHA` (0.5%), half the 1% a team can bear, the
@@ -97,12 +106,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from scipy import stats
-
+from harness.records import same_runner
 from harness.records.noise import Key, NoiseModel
+from harness.records.same_runner import MIN_RUNS
+from harness.records.verdict_flags import bar, flag
 from harness.records.verdict_history import (  # noqa: F401  (names the tests and docs use)
     MAD_EFFICIENCY,
     MIN_COMMON,
@@ -122,77 +131,24 @@ from harness.records.verdict_history import (  # noqa: F401  (names the tests an
     walsh_median,
     window,
 )
-
-MIN_CHANGE = 0.01  # the smallest change that is flagged, per case and per candidate
-CASE_Q = 0.0025  # Benjamini-Hochberg level over the owned cases of one run
-CANDIDATE_ALPHA = 0.0025  # one-sided, split over the owned candidates whose source changed
-# A candidate whose source the commit left as it was: its share of the level is this
-# fraction of CANDIDATE_ALPHA (the prior odds of a step where the code did not change, as
-# harness.records.steps.UNCHANGED_PRIOR), split over those candidates.
-UNCHANGED_SHARE = 0.05
-# The tails of real run-to-run noise (module doc, 5.): Student t fits of the committed
-# records' residuals in robust spreads, per case and per candidate (the mean of a run's
-# cases), on one chip: bench/gate_verdicts.py --tails.
-CASE_TAIL_DF = 1.5
-CANDIDATE_TAIL_DF = math.inf  # one chip: the moderated spread's own degrees of freedom
-# Across chips (a run on another GPU than its baseline's, or unknown): the chips of one
-# model differ by several percent for a whole candidate (1.3 degrees of freedom fitted).
-ACROSS_TAIL_DF = 1.5
-PROTECTED_ALPHA = 0.05  # a case of a candidate found slower as a whole
-OPEN_ALPHA = 0.01  # unadjusted p below this and beyond MIN_CHANGE: "inconclusive"
-LARGE_CHANGE = 0.05  # a case's change this large ...
-LARGE_K = 15.0  # ... and this many spreads of the difference is flagged on its own
-# A candidate of fewer than ROBUST_CASES cases confirmed by at least this many runs is
-# judged by the mean of its cases (module doc, 6.), not the least-moved one.
-CONFIRMED_MEAN_RUNS = 3
-
-
-
-@dataclass
-class CaseChange:
-    key: Key
-    d: float  # ln(new) - mean ln(window)
-    n_base: int
-    spread: Spread
-    p_up: float
-    p_down: float
-    yardstick: bool
-    one_chip: bool = True  # its baseline ran on the same GPU (uuid known and equal)
-    runs: int = 1  # runs of the new commit averaged in d (1 + its confirmations)
-
-
-@dataclass
-class CandidateChange:
-    """The candidate-level verdict (module doc, 3.)."""
-
-    variant: str
-    pass_name: str
-    cases: int
-    ratio: float
-    spread: Spread
-    p_value: float  # one-sided, slower
-    alpha: float
-    yardstick: bool
-    verdict: str = "same"
-    bar: float = 0.0  # the smallest whole-candidate slowdown this run could flag
-    runs: int = 1  # runs of the new commit averaged (1 + its confirmations)
-    changed: bool = True  # the commit changed its source (or it is unknown)
-    mean_ratio: float = 1.0  # exp of the mean of its cases' changes
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"variant": self.variant, "pass": self.pass_name, "cases": self.cases,
-                "ratio": self.ratio, "spread": self.spread.value, "df": self.spread.df,
-                "pairs": self.spread.pairs, "p_value": self.p_value, "alpha": self.alpha,
-                "bar": self.bar, "runs": self.runs, "verdict": self.verdict}
-
-
-@dataclass
-class RunDecision:
-    """What the history-aware rules decided for one run: per case and per candidate."""
-
-    cases: dict[Key, CaseChange] = field(default_factory=dict)
-    candidates: list[CandidateChange] = field(default_factory=list)
-
+from harness.records.verdict_types import (  # noqa: F401  (names the tests and docs use)
+    ACROSS_TAIL_DF,
+    CANDIDATE_ALPHA,
+    CANDIDATE_TAIL_DF,
+    CASE_Q,
+    CASE_TAIL_DF,
+    CONFIRMED_MEAN_RUNS,
+    LARGE_CHANGE,
+    LARGE_K,
+    LOOK_SHARE,
+    MIN_CHANGE,
+    OPEN_ALPHA,
+    PROTECTED_ALPHA,
+    UNCHANGED_SHARE,
+    CandidateChange,
+    CaseChange,
+    RunDecision,
+)
 
 # ----------------------------------------------------------------- the decision
 
@@ -224,8 +180,9 @@ def decide(verdicts: Sequence[Any], new_entries: dict[Key, dict[str, Any]],
         base = [e for e in base_entries.get(key, []) if e.get("status") == "passed"]
         win = window(noise, key, base_sources.get(v.variant, ""),
                      device if not across else "", base)
-        if across is False:  # the parent's code timed by this run, on this chip
-            win = win + parent_logs(entry)
+        par = parent_logs(entry)  # the parent's code timed by this run, on this chip
+        if across is False:
+            win = win + par
         if not win:
             continue
         pairs = pools.setdefault(across, case_spreads(noise, across))
@@ -240,9 +197,10 @@ def decide(verdicts: Sequence[Any], new_entries: dict[Key, dict[str, Any]],
         n, m = len(win), len(xs)
         out.cases[key] = CaseChange(key, d, n, spread, spread.p_up(d, n, CASE_TAIL_DF, m),
                                     spread.p_down(d, n, CASE_TAIL_DF, m), yardstick(v.variant),
-                                    one_chip=across is False, runs=m)
+                                    one_chip=across is False, runs=m, logs=xs,
+                                    parent=[] if across is False else par)
     _candidates(out, noise, across_of, changed)
-    _flag(out, verdicts)
+    flag(out, verdicts)
     return out
 
 
@@ -264,118 +222,72 @@ def _candidates(out: RunDecision, noise: NoiseModel,
     for (name, pass_name), cs in sorted(groups.items()):
         if len(cs) < MIN_COMMON:
             continue
-        runs = min(c.runs for c in cs)  # a confirmation re-times all the cases it timed
-        # A few cases confirmed by several runs on one chip: their mean (module doc, 6.).
-        # Across chips a case's excursion is the chip's, which runs on it do not average.
-        few_confirmed = (len(cs) < ROBUST_CASES and runs >= CONFIRMED_MEAN_RUNS
-                         and all(c.one_chip for c in cs))
-        if few_confirmed:
-            pairs, centre = candidate_pairs(noise, name, pass_name, kinds[(name, pass_name)],
-                                            stat=statistics.fmean), 0.0
-        else:
-            pairs, centre = centred(candidate_pairs(noise, name, pass_name,
-                                                      kinds[(name, pass_name)]), len(cs))
         others = [s for g, s in theirs.items() if g != (name, pass_name)]
-        prior = statistics.median(others) if others else statistics.median(
-            c.spread.value for c in cs)
-        spread = Spread.moderate(pairs, prior)
-        if spread is None:
+        got = (_parent_change(noise, name, pass_name, cs)
+               or _history_change(noise, name, pass_name, kinds[(name, pass_name)], cs,
+                                  others))
+        if got is None:
             continue
-        n_base = int(statistics.median(c.n_base for c in cs))
-        # The centre was seen between two runs; between the mean of `runs` runs and of
-        # n_base the differences, and so the smallest of them, spread
-        # sqrt((1/runs + 1/n) / 2) as much.
-        ds = [c.d for c in cs]
-        d = (statistics.fmean(ds) if few_confirmed else
-             candidate_change(ds) - centre * diff_scale(runs, n_base) / math.sqrt(2.0))
+        d, spread, runs, n_base, tail, against = got
         alpha = (CANDIDATE_ALPHA / max(n_changed, 1) if changed(name)
                  else CANDIDATE_ALPHA * UNCHANGED_SHARE / max(n_same, 1))
-        tail = ACROSS_TAIL_DF if not all(c.one_chip for c in cs) else CANDIDATE_TAIL_DF
+        if runs > 1:  # confirmed: one of up to two looks (module doc, 7.)
+            alpha *= LOOK_SHARE
+        ds = [c.d for c in cs]
         cand = CandidateChange(name, pass_name, len(cs), math.exp(d), spread,
                                spread.p_up(d, n_base, tail, runs), alpha, cs[0].yardstick,
-                               bar=_bar(spread, n_base, alpha, tail, runs), runs=runs,
-                               changed=changed(name), mean_ratio=math.exp(statistics.fmean(ds)))
+                               bar=bar(spread, n_base, alpha, tail, runs), runs=runs,
+                               changed=changed(name), mean_ratio=math.exp(statistics.fmean(ds)),
+                               one_chip=all(c.one_chip for c in cs), against=against)
         if cand.p_value < alpha and d >= math.log1p(MIN_CHANGE):
             cand.verdict = "regression"
         out.candidates.append(cand)
 
 
-def _bar(spread: Spread, n_base: int, alpha: float, tail_df: float, runs: int = 1) -> float:
-    """The smallest slowdown whose one-sided p is below `alpha` (and MIN_CHANGE)."""
-    t = float(stats.t.isf(alpha, min(spread.df, tail_df)))
-    return max(MIN_CHANGE, math.expm1(t * spread.value * diff_scale(runs, n_base)))
+Change = tuple[float, Spread, int, int, float, str]  # d, spread, runs, n_base, tail, against
 
 
-def _case_bar(c: CaseChange, m: int) -> float:
-    """The smallest slowdown of this case alone that flags it: the first step of the
-    Benjamini-Hochberg procedure over `m` cases, or the large-change rule."""
-    bh = _bar(c.spread, c.n_base, CASE_Q / max(m, 1), CASE_TAIL_DF, c.runs)
-    if not c.one_chip:
-        return bh
-    return min(bh, max(LARGE_CHANGE, math.expm1(LARGE_K * c.spread.value
-                                                * diff_scale(c.runs, c.n_base))))
+def _parent_change(noise: NoiseModel, name: str, pass_name: str,
+                   cs: Sequence[CaseChange]) -> Change | None:
+    """Across chips, a candidate whose parent's code this run timed on its own GPU: the
+    two-sample test of harness.records.same_runner (module doc, 7.)."""
+    if all(c.one_chip for c in cs) or not all(len(c.parent) >= MIN_RUNS for c in cs):
+        return None
+    pairs = candidate_pairs(noise, name, pass_name, False, stat=statistics.fmean)
+    got = same_runner.change([c.logs for c in cs], [c.parent for c in cs],
+                             robust_scale(pairs) if len(pairs) >= 2 else None)
+    if got is None:
+        return None
+    d, spread, runs, n_base = got
+    return d, spread, runs, n_base, CANDIDATE_TAIL_DF, "parent"
 
 
-def _bh(ps: list[float], q: float) -> list[bool]:
-    if not ps:
-        return []
-    adj = stats.false_discovery_control(ps, method="bh")
-    return [bool(a <= q) for a in adj]
+def _history_change(noise: NoiseModel, name: str, pass_name: str, kind: bool | None,
+                    cs: Sequence[CaseChange], others: Sequence[float]) -> Change | None:
+    """The candidate's change against its baseline window (module doc, 3. and 6.)."""
+    runs = min(c.runs for c in cs)  # a confirmation re-times all the cases it timed
+    # A few cases confirmed by several runs on one chip: their mean (module doc, 6.).
+    # Across chips a case's excursion is the chip's, which runs on it do not average.
+    few_confirmed = (len(cs) < ROBUST_CASES and runs >= CONFIRMED_MEAN_RUNS
+                     and all(c.one_chip for c in cs))
+    if few_confirmed:
+        pairs, centre = candidate_pairs(noise, name, pass_name, kind,
+                                        stat=statistics.fmean), 0.0
+    else:
+        pairs, centre = centred(candidate_pairs(noise, name, pass_name, kind), len(cs))
+    prior = statistics.median(others) if others else statistics.median(
+        c.spread.value for c in cs)
+    spread = Spread.moderate(pairs, prior)
+    if spread is None:
+        return None
+    n_base = int(statistics.median(c.n_base for c in cs))
+    # The centre was seen between two runs; between the mean of `runs` runs and of
+    # n_base the differences, and so the smallest of them, spread
+    # sqrt((1/runs + 1/n) / 2) as much.
+    ds = [c.d for c in cs]
+    d = (statistics.fmean(ds) if few_confirmed else
+         candidate_change(ds) - centre * diff_scale(runs, n_base) / math.sqrt(2.0))
+    tail = ACROSS_TAIL_DF if not all(c.one_chip for c in cs) else CANDIDATE_TAIL_DF
+    return d, spread, runs, n_base, tail, "history"
 
 
-def _large(c: CaseChange, sign: float) -> bool:
-    """A change beyond any real excursion of one chip's runs (module doc, 5.), in the
-    direction `sign`. Across chips there is no such bound: a chip of the same model ran
-    a committed case 27% slower."""
-    return c.one_chip and sign * c.d >= math.log1p(LARGE_CHANGE) and \
-        sign * c.spread.t(c.d, c.n_base, c.runs) >= LARGE_K
-
-
-def _flag(out: RunDecision, verdicts: Sequence[Any]) -> None:
-    by_key = {(v.variant, v.pass_name, v.case_id): v for v in verdicts}
-    up_flag: set[Key] = set()
-    down_flag: set[Key] = set()
-    for yard in (False, True):
-        fam = [c for c in out.cases.values() if c.yardstick == yard]
-        up_flag |= {c.key for c, ok in zip(fam, _bh([c.p_up for c in fam], CASE_Q),
-                                           strict=True)
-                    if (ok and c.d >= math.log1p(MIN_CHANGE)) or _large(c, 1.0)}
-        down_flag |= {c.key for c, ok in zip(fam, _bh([c.p_down for c in fam], CASE_Q),
-                                             strict=True)
-                      if (ok and c.d <= -math.log1p(MIN_CHANGE)) or _large(c, -1.0)}
-    whole = {(c.variant, c.pass_name): c for c in out.candidates if c.verdict == "regression"}
-    for g in whole:
-        cs = [c for c in out.cases.values() if c.key[:2] == g]
-        hit = [c.key for c in cs if c.p_up < PROTECTED_ALPHA and c.d >= math.log1p(MIN_CHANGE)]
-        up_flag |= set(hit or [min(cs, key=lambda c: c.p_up).key])
-    for key, c in out.cases.items():
-        v = by_key[key]
-        ratio = math.exp(c.d)
-        for k in ("reason", "history", "rules"):
-            v.detail.pop(k, None)
-        m = sum(1 for o in out.cases.values() if o.yardstick == c.yardstick)
-        v.detail.update(run_to_run_spread=c.spread.value, spread_df=round(c.spread.df, 2),
-                        spread_pairs=c.spread.pairs, base_window_runs=c.n_base,
-                        runs=c.runs,
-                        window_ratio=ratio, p_slower=c.p_up, p_faster=c.p_down,
-                        threshold=_case_bar(c, m))
-        if c.spread.prior is not None:
-            v.detail["spread_prior"] = c.spread.prior
-        v.ratio = ratio
-        v.p_value = min(c.p_up, c.p_down)
-        if key in up_flag:
-            v.verdict = "regression"
-            cand = whole.get(key[:2])
-            if cand is not None:
-                v.detail["candidate"] = cand.to_dict()
-        elif key in down_flag:
-            v.verdict = "improvement"
-        elif abs(c.d) >= math.log1p(MIN_CHANGE) and min(c.p_up, c.p_down) < OPEN_ALPHA:
-            v.verdict = "inconclusive"
-            v.detail["reason"] = (f"{ratio - 1:+.2%} against runs spread {c.spread.value:.2%}"
-                                  f" (p = {v.p_value:.2g}), not significant once the run's "
-                                  f"{len(out.cases)} comparisons are counted")
-        else:
-            v.verdict = "same"
-            v.detail["reason"] = (f"within the run-to-run noise: {ratio - 1:+.2%} against "
-                                  f"runs spread {c.spread.value:.2%} (p = {v.p_value:.2g})")

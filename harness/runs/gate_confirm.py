@@ -56,11 +56,10 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
     commit's code (default: a git worktree of `record.parent`, `WorktreeParent`)."""
     from harness.records.confirm import (
         baseline_sources,
+        extend,
         preliminary,
         step_suspects,
         suspects,
-        timed_keys,
-        with_confirmations,
     )
     from harness.records.db.store import DatabaseError, open_db
 
@@ -70,11 +69,14 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
         return []
     kw = {"branch": opts.baseline_branch, "window": opts.window,
           "baseline_run": opts.baseline_run}
+    parent = time_parent or WorktreeParent(record.parent, opts, log)
+    can_parent = getattr(parent, "why", None) is None
     try:
         with open_db(opts.db_url) as db:
             report = preliminary(db, record, policy=opts.policy, **kw)  # type: ignore[arg-type]
             found = suspects(report, owned=ex.owned,
-                             steps=step_suspects(db, record) if report is not None else ())
+                             steps=step_suspects(db, record) if report is not None else (),
+                             parent=can_parent)
             expected = baseline_sources(db, record, **kw) if found else {}  # type: ignore[arg-type]
     except DatabaseError as exc:
         return [f"confirmation runs not considered: database unavailable ({exc})"]
@@ -82,68 +84,24 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
         return [f"confirmation runs not considered: {type(exc).__name__}: {str(exc)[:200]}"]
     if not found:
         return []
-    by_name = {c.name: c for c in ex.candidates}
-    timer = time_again or _default_timer(opts, ex)
-    parent = time_parent or WorktreeParent(record.parent, opts, log)
-    done: list[dict[str, Any]] = []
+    rounds = _Rounds(record, ex, plan, time_again or _default_timer(opts, ex), parent,
+                     expected, log)
     notes: list[str] = []
     try:
         for s in found:
-            cand = by_name.get(s.variant)
-            timed = (plan.timed_bwd if s.pass_name == "bwd" else plan.timed).get(s.variant) or []
-            keys = set(timed_keys(record, s.variant, s.pass_name))
-            cases = [c for c in timed if (s.variant, s.pass_name, c.id) in keys]
-            if cand is None or not cases:
-                continue
-            why = (f"a step of {s.ratio - 1:+.2%} across {s.step}" if s.step else
-                   f"read {s.ratio - 1:+.2%} (p = {s.p_value:.2g})")
-            log(f"confirming {s.variant} ({s.pass_name}): {why}; timing its {len(cases)} "
-                f"case(s) {runs} more time(s), each in a fresh child"
-                + ("" if s.step else ", and its parent's code as often"))
-            t0 = time.monotonic()
-            got: dict[tuple[str, str, str], list[float]] = {}
-            base: dict[tuple[str, str, str], list[float]] = {}
-            # A step is across commits: its parent's code is not what it is judged by.
-            why_not: str | None = "a step across commits" if s.step else None
-            bad: list[str] = []  # a confirmation that did not pass: said, not judged
-            try:
-                for _ in range(runs):
-                    for r in timer(cand, cases, backward=s.pass_name == "bwd"):
-                        med = r.timing.median_ms if r.timing is not None else None
-                        if Status(r.status) is Status.PASSED and med:
-                            got.setdefault((s.variant, s.pass_name, r.case.id), []).append(
-                                float(med))
-                        elif Status(r.status) is not Status.SKIPPED:
-                            bad.append(f"{r.case.id}: {Status(r.status).value}")
-                    if why_not is None:
-                        meds, source = parent(s.variant, [c.id for c in cases], s.pass_name)
-                        why_not = _parent_ok(meds, source, expected.get(s.variant))
-                        for cid, med in meds.items():
-                            base.setdefault((s.variant, s.pass_name, cid), []).append(med)
-            except Exception as exc:  # noqa: BLE001  what was timed counts; the run goes on
-                notes.append(f"{s.variant} ({s.pass_name}): confirmation stopped: "
-                             f"{type(exc).__name__}: {str(exc)[:200]}")
-                if why_not is None:
-                    why_not = "stopped"
-            n = with_confirmations(record, got)
-            n_parent = 0 if why_not else with_confirmations(record, base, "parent_ms")
-            took = time.monotonic() - t0
-            done.append({"kernel": s.variant, "pass": s.pass_name, "ratio": s.ratio,
-                         "p_value": None if s.step else s.p_value, "step": s.step, "runs": runs, "cases": n,
-                         "parent_cases": n_parent, "parent_not_timed": why_not,
-                         "wall_s": round(took, 1)})
-            if n == 0:
-                notes.append(f"{s.variant} ({s.pass_name}) {why} at first: no confirmation "
-                             "timed, judged on its one run")
-            else:
-                notes.append(f"{s.variant} ({s.pass_name}) {why} at first: "
-                             f"timed {runs} more time(s) on {n} case(s)"
-                             + (f", its parent's code as often on {n_parent}" if n_parent else
-                                f"; its parent's code not timed ({why_not})")
-                             + f" ({took:.0f} s), judged on the mean")
-            if bad:
-                notes.append(f"{s.variant} ({s.pass_name}): {len(bad)} confirmation "
-                             f"timing(s) did not pass ({'; '.join(sorted(set(bad))[:3])})")
+            rounds.time(s, runs)
+        try:  # the second look (harness.records.confirm, 6.)
+            with open_db(opts.db_url) as db:
+                again = extend(preliminary(db, record, policy=opts.policy, **kw),  # type: ignore[arg-type]
+                               found)
+        except Exception as exc:  # noqa: BLE001  judged on the first round
+            again = []
+            notes.append(f"no second round of confirmation: {type(exc).__name__}: "
+                         f"{str(exc)[:200]}")
+        for s in again:
+            log(f"{s.variant} ({s.pass_name}) still undecided after its first round "
+                f"({s.ratio - 1:+.2%}, p = {s.p_value:.2g}): a second round")
+            rounds.time(s, runs)
     finally:
         close = getattr(parent, "close", None)
         try:
@@ -151,9 +109,98 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
                 close()
         except Exception as exc:  # noqa: BLE001  a worktree left behind is said, not fatal
             notes.append(f"the parent's worktree was not removed: {type(exc).__name__}")
-    if done:
-        record.env["ci_confirm"] = done
+    notes = rounds.notes() + notes
+    if rounds.done:
+        record.env["ci_confirm"] = list(rounds.done.values())
     return notes
+
+
+class _Rounds:
+    """The confirmation rounds of one gate run: each call times a suspect's cases `runs`
+    more times (and its parent's code as often, interleaved, where that counts), adds
+    the medians to the record, and keeps what was done for the notes."""
+
+    def __init__(self, record: RunRecord, ex: Any, plan: Any,
+                 timer: Callable[..., list[Any]], parent: Any,
+                 expected: dict[str, str], log: Callable[[str], None]) -> None:
+        self.record, self.plan, self.timer, self.parent = record, plan, timer, parent
+        self.expected, self.log = expected, log
+        self.by_name = {c.name: c for c in ex.candidates}
+        self.done: dict[tuple[str, str], dict[str, Any]] = {}
+        self.extra: list[str] = []
+
+    def time(self, s: Any, runs: int) -> None:
+        from harness.records.confirm import timed_keys, with_confirmations
+
+        cand = self.by_name.get(s.variant)
+        timed = (self.plan.timed_bwd if s.pass_name == "bwd" else self.plan.timed
+                 ).get(s.variant) or []
+        keys = set(timed_keys(self.record, s.variant, s.pass_name))
+        cases = [c for c in timed if (s.variant, s.pass_name, c.id) in keys]
+        if cand is None or not cases:
+            return
+        k = (s.variant, s.pass_name)
+        why = (f"a step of {s.ratio - 1:+.2%} across {s.step}" if s.step else
+               f"read {s.ratio - 1:+.2%} (p = {s.p_value:.2g})")
+        d = self.done.setdefault(k, {
+            "kernel": s.variant, "pass": s.pass_name, "ratio": s.ratio,
+            "p_value": None if s.step else s.p_value, "step": s.step, "runs": 0,
+            "cases": 0, "parent_cases": 0, "rounds": 0, "wall_s": 0.0,
+            "parent_not_timed": "a step across commits" if s.step else None, "why": why})
+        self.log(f"confirming {s.variant} ({s.pass_name}): {why}; timing its {len(cases)} "
+                 f"case(s) {runs} more time(s), each in a fresh child"
+                 + ("" if d["parent_not_timed"] else ", and its parent's code as often"))
+        t0 = time.monotonic()
+        got: dict[tuple[str, str, str], list[float]] = {}
+        base: dict[tuple[str, str, str], list[float]] = {}
+        bad: list[str] = []  # a confirmation that did not pass: said, not judged
+        try:
+            for _ in range(runs):
+                for r in self.timer(cand, cases, backward=s.pass_name == "bwd"):
+                    med = r.timing.median_ms if r.timing is not None else None
+                    if Status(r.status) is Status.PASSED and med:
+                        got.setdefault((s.variant, s.pass_name, r.case.id), []).append(
+                            float(med))
+                    elif Status(r.status) is not Status.SKIPPED:
+                        bad.append(f"{r.case.id}: {Status(r.status).value}")
+                if d["parent_not_timed"] is None:
+                    meds, source = self.parent(s.variant, [c.id for c in cases], s.pass_name)
+                    d["parent_not_timed"] = _parent_ok(meds, source,
+                                                       self.expected.get(s.variant))
+                    for cid, med in meds.items():
+                        base.setdefault((s.variant, s.pass_name, cid), []).append(med)
+        except Exception as exc:  # noqa: BLE001  what was timed counts; the run goes on
+            self.extra.append(f"{s.variant} ({s.pass_name}): confirmation stopped: "
+                              f"{type(exc).__name__}: {str(exc)[:200]}")
+            if d["parent_not_timed"] is None:
+                d["parent_not_timed"] = "stopped"
+        n = with_confirmations(self.record, got)
+        if d["parent_not_timed"] is None:
+            d["parent_cases"] = max(d["parent_cases"],
+                                    with_confirmations(self.record, base, "parent_ms"))
+        d["cases"] = max(d["cases"], n)
+        d["runs"] += runs if n else 0
+        d["rounds"] += 1
+        d["wall_s"] = round(d["wall_s"] + time.monotonic() - t0, 1)
+        if bad:
+            self.extra.append(f"{s.variant} ({s.pass_name}): {len(bad)} confirmation "
+                              f"timing(s) did not pass ({'; '.join(sorted(set(bad))[:3])})")
+
+    def notes(self) -> list[str]:
+        out = []
+        for d in self.done.values():
+            why, n, n_parent = d.pop("why"), d["cases"], d["parent_cases"]
+            if n == 0:
+                out.append(f"{d['kernel']} ({d['pass']}) {why} at first: no confirmation "
+                           "timed, judged on its one run")
+                continue
+            rounds = "" if d["rounds"] < 2 else f" in {d['rounds']} rounds"
+            out.append(f"{d['kernel']} ({d['pass']}) {why} at first: timed {d['runs']} more "
+                       f"time(s){rounds} on {n} case(s)"
+                       + (f", its parent's code on {n_parent}" if n_parent else
+                          f"; its parent's code not timed ({d['parent_not_timed']})")
+                       + f" ({d['wall_s']:.0f} s), judged on the mean")
+        return out + self.extra
 
 
 def _parent_ok(meds: dict[str, float], source: str | None, expected: str | None

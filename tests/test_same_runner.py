@@ -1,0 +1,185 @@
+"""A confirmed candidate against its parent's code timed by the same run, on its own GPU
+(harness.records.same_runner), the two looks (verdict_stats, 7.; confirm.extend) and the
+gate's second round (harness.runs.gate_confirm)."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+from scipy import stats
+
+from harness.records import confirm as cf
+from harness.records import same_runner as sr
+from harness.records import verdict_stats as vs
+from harness.records.compare import Verdict
+from harness.records.noise import NoiseModel
+
+KEYS = [("k", "fwd", f"c{i}") for i in range(4)]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_pooled_test_is_students_two_sample_t(seed):
+    rng = random.Random(seed)
+    a = [rng.gauss(0.01, 0.005) for _ in range(5)]
+    b = [rng.gauss(0.0, 0.005) for _ in range(4)]
+    got = sr.change([a], [b])
+    assert got is not None
+    d, spread, ka, kb = got
+    ref = stats.ttest_ind(a, b, equal_var=True, alternative="greater")
+    assert (ka, kb) == (5, 4) and spread.df == 7
+    assert d == pytest.approx(statistics.fmean(a) - statistics.fmean(b))
+    assert spread.p_up(d, kb, runs=ka) == pytest.approx(ref.pvalue, rel=1e-9)
+
+
+def test_a_runs_level_is_its_cases_mean_over_the_runs_all_of_them_have():
+    assert sr.run_levels([[1.0, 2.0, 3.0], [3.0, 4.0]]) == [2.0, 3.0]
+    assert sr.run_levels([]) == []
+    assert sr.change([[0.0, 0.1]], [[0.0, 0.1, 0.2]]) is None  # 2 runs: too few
+    assert sr.change([[0.0] * 4], [[0.0] * 4]) is None  # no spread at all to read against
+
+
+def test_a_prior_spread_is_worth_its_degrees_of_freedom():
+    a, b = [0.0, 0.001, -0.001], [0.0, 0.001, -0.001]
+    plain = sr.pooled(a, b)
+    moderated = sr.pooled(a, b, prior=0.01)
+    assert plain is not None and moderated is not None
+    assert plain.df == 4 and moderated.df == 4 + vs.PRIOR_DF
+    assert plain.value < moderated.value < 0.01
+
+
+def _cross_chip_history(rng: random.Random) -> NoiseModel:
+    """Eight A/A runs of a 4-case candidate, each on another chip (offsets of 3%)."""
+    model = NoiseModel()
+    for r in range(8):
+        chip = rng.gauss(0.0, 0.03)
+        common = rng.gauss(0.0, 0.003)
+        for k in KEYS:
+            model.add(k, "src", math.exp(chip + common + rng.gauss(0.0, 0.003)), f"GPU-{r}", r)
+    return model
+
+
+def _judge(model: NoiseModel, chip: float, step: float, rng: random.Random,
+           parent: bool = True, runs: int = 5):
+    """A new run on a chip `chip` away from the history's, its code `step` slower than
+    its parent's; both timed by the run (runs of the commit, 4 of the parent)."""
+    entries = {}
+    for k in KEYS:
+        level = statistics.fmean(math.log(p[1]) for p in model.points[k][-5:])
+        logs = [level + chip + step + rng.gauss(0.0, 0.003) for _ in range(runs)]
+        par = [level + chip + rng.gauss(0.0, 0.003) for _ in range(4)]
+        entries[k] = {"status": "passed", "median_ms": math.exp(logs[0]),
+                      "confirm_ms": [math.exp(x) for x in logs[1:]]}
+        if parent:
+            entries[k]["parent_ms"] = [math.exp(x) for x in par]
+    base = {k: [{"status": "passed", "median_ms": model.points[k][-1][1]}] for k in KEYS}
+    verdicts = [Verdict(k[0], k[2], "same", pass_name=k[1]) for k in KEYS]
+    out = vs.decide(verdicts, entries, base, {"k": "src"}, model, device="GPU-new",
+                    across_of=lambda _k: True, yardstick=lambda _n: False)
+    return out.candidates[0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_across_chips_a_2pct_slowdown_is_read_against_its_parent_on_this_chip(seed):
+    rng = random.Random(seed)
+    model = _cross_chip_history(rng)
+    # A chip 4% faster than the history's: against the window the slowdown is hidden.
+    cand = _judge(model, -0.04, math.log(1.02), rng)
+    assert cand.against == "parent" and not cand.one_chip
+    assert cand.ratio == pytest.approx(1.02, abs=0.005)
+    assert cand.verdict == "regression" and cand.runs == 5
+    # Without the parent's timings it is the window's verdict, which cannot see it.
+    hidden = _judge(model, -0.04, math.log(1.02), rng, parent=False)
+    assert hidden.against == "history" and hidden.verdict == "same"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_across_chips_a_slow_chip_with_code_unchanged_stays_green(seed):
+    rng = random.Random(100 + seed)
+    model = _cross_chip_history(rng)
+    cand = _judge(model, 0.05, 0.0, rng)  # 5% slower chip, the same code
+    assert cand.against == "parent" and cand.verdict == "same"
+    assert cand.ratio == pytest.approx(1.0, abs=0.006)
+
+
+def test_a_confirmed_candidate_is_tested_at_half_its_level():
+    rng = random.Random(7)
+    model = _cross_chip_history(rng)
+    confirmed = _judge(model, 0.0, 0.0, rng)
+    one = _judge(model, 0.0, 0.0, rng, parent=False, runs=1)
+    assert one.runs == 1 and one.alpha == pytest.approx(vs.CANDIDATE_ALPHA)
+    assert confirmed.alpha == pytest.approx(vs.CANDIDATE_ALPHA * vs.LOOK_SHARE)
+
+
+def _report(*cands):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(candidates=list(cands), verdicts=[])
+
+
+def _cc(p: float, ratio: float = 1.015, runs: int = 5, verdict: str = "same",
+        one_chip: bool = True, changed: bool = True):
+    c = vs.CandidateChange("k", "fwd", 4, ratio, vs.Spread(0.005, 10, 8, None), p, 0.001,
+                           False, verdict=verdict, runs=runs, changed=changed,
+                           mean_ratio=ratio, one_chip=one_chip)
+    return c
+
+
+def test_a_suspect_left_undecided_gets_a_second_round():
+    s = cf.Suspect("k", "fwd", 1.015, 0.1)
+    assert cf.extend(_report(_cc(0.01)), [s]) == [cf.Suspect("k", "fwd", 1.015, 0.01)]
+    assert cf.extend(_report(_cc(0.2)), [s]) == []  # clearly nothing
+    assert cf.extend(_report(_cc(1e-6, verdict="regression")), [s]) == []  # decided
+    assert cf.extend(_report(_cc(0.01, ratio=0.99)), [s]) == []  # read faster
+    assert cf.extend(_report(_cc(0.01, runs=1)), [s]) == []  # nothing was timed again
+    step = cf.Suspect("k", "fwd", 1.02, math.nan, step="a..b")
+    assert cf.extend(_report(_cc(0.01)), [step]) == []  # a step is the search's
+    assert cf.extend(None, [s]) == []
+
+
+def test_across_chips_a_changed_candidate_is_a_suspect_where_its_parent_can_be_timed():
+    faster = _cc(0.9, ratio=0.97, runs=1, one_chip=False)
+    assert cf.suspects(_report(faster)) == []
+    assert [s.variant for s in cf.suspects(_report(faster), parent=True)] == ["k"]
+    # On one chip, or where the commit left it as it was, the screen stays.
+    assert cf.suspects(_report(_cc(0.9, ratio=0.97, runs=1)), parent=True) == []
+    assert cf.suspects(_report(_cc(0.9, ratio=0.97, runs=1, one_chip=False,
+                                   changed=False)), parent=True) == []
+
+
+def test_the_gate_times_an_undecided_suspect_a_second_round(monkeypatch):
+    """After the first round the run is judged again; a suspect `extend` names is timed as
+    many times more, and the note and the record say two rounds."""
+    import tempfile
+
+    from test_confirm import KERNEL, _aa, _execution, _planted, _same_chip_runs, _timed
+
+    from harness.records.baseline import judge_runs
+    from harness.records.db.store import open_db, store_record
+    from harness.runs import gate_confirm
+    from harness.runs.gate_options import GateOptions
+
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{tmp}/h.sqlite"
+        with open_db(url) as db:
+            for i in range(1, 9):
+                judge_runs(db, [store_record(db, _aa(i))])
+        rec = _planted(1.02)
+        looked: list[int] = []
+
+        def undecided(report, found):
+            looked.append(min(c.runs for c in report.candidates if c.variant == KERNEL))
+            return [s for s in found if s.pass_name == "fwd"]
+
+        monkeypatch.setattr(cf, "extend", undecided)
+        notes = gate_confirm.confirm(rec, _execution(rec), GateOptions(db_url=url),
+                                     log=lambda _l: None, time_again=_same_chip_runs(rec, 1.02),
+                                     time_parent=lambda *_a: ({}, "not wanted here"))
+    assert looked == [1 + cf.CONFIRM_RUNS]  # judged again with the first round in it
+    runs = {e.get("pass") or "fwd": len(e["confirm_ms"]) for e in _timed(rec)}
+    assert runs == {"fwd": 2 * cf.CONFIRM_RUNS, "bwd": cf.CONFIRM_RUNS}
+    done = {d["pass"]: d for d in rec.env["ci_confirm"]}
+    assert done["fwd"]["rounds"] == 2 and done["bwd"]["rounds"] == 1
+    assert any(f"timed {2 * cf.CONFIRM_RUNS} more time(s) in 2 rounds" in n for n in notes)
