@@ -87,7 +87,7 @@ def test_across_chips_a_2pct_slowdown_is_read_against_its_parent_on_this_chip(se
     model = _cross_chip_history(rng)
     # A chip 4% faster than the history's: against the window the slowdown is hidden.
     cand = _judge(model, -0.04, math.log(1.02), rng)
-    assert cand.against == "parent" and not cand.one_chip
+    assert cand.against == "parent" and cand.one_chip  # the parent ran on its chip
     assert cand.ratio == pytest.approx(1.02, abs=0.005)
     assert cand.verdict == "regression" and cand.runs == 5
     # Without the parent's timings it is the window's verdict, which cannot see it.
@@ -183,3 +183,29 @@ def test_the_gate_times_an_undecided_suspect_a_second_round(monkeypatch):
     done = {d["pass"]: d for d in rec.env["ci_confirm"]}
     assert done["fwd"]["rounds"] == 2 and done["bwd"]["rounds"] == 1
     assert any(f"timed {2 * cf.CONFIRM_RUNS} more time(s) in 2 rounds" in n for n in notes)
+
+
+def test_a_history_of_one_other_chip_judges_the_new_chip_against_its_parent():
+    """A team's history all on one runner, the commit gated on another: the history has
+    no pair across chips to read a window against, but the parent's code timed here does
+    (one chip's spreads from the history moderating the runs' own)."""
+    from test_verdict_stats import _model, _Rng
+
+    model = _model(KEYS, _Rng(3), runs=8, spread=0.004)  # every run on GPU-a
+    rng = random.Random(5)
+    slow = _judge(model, 0.03, math.log(1.02), rng)
+    same = _judge(model, 0.03, 0.0, rng)
+    assert slow.against == same.against == "parent"
+    assert slow.verdict == "regression" and same.verdict == "same"
+    assert slow.spread.prior is not None  # the history's one-chip spread of its mean
+    # Without the parent's timings across chips nothing is judged by the history here.
+    assert _judge_none(model, rng) == []
+
+
+def _judge_none(model: NoiseModel, rng: random.Random):
+    entries = {k: {"status": "passed", "median_ms": model.points[k][-1][1] * 1.03}
+               for k in KEYS}
+    base = {k: [{"status": "passed", "median_ms": model.points[k][-1][1]}] for k in KEYS}
+    verdicts = [Verdict(k[0], k[2], "same", pass_name=k[1]) for k in KEYS]
+    return vs.decide(verdicts, entries, base, {"k": "src"}, model, device="GPU-new",
+                     across_of=lambda _k: True, yardstick=lambda _n: False).candidates

@@ -86,10 +86,12 @@ spread the history knows (`harness.records.noise`):
    runs and, where that left it undecided, once more after a second round
    (harness.records.confirm.extend); under no change the two looks reject with
    probability at most the sum of their levels (Bonferroni over the looks, the simplest
-   of the group-sequential spending rules). Across chips, a candidate whose parent's code
-   the run timed on its own GPU (every case at least `MIN_RUNS` times a side) is judged
-   by that comparison instead of the window (harness.records.same_runner): the chip's
-   offset is on both sides of it.
+   of the group-sequential spending rules). Across chips (or chips unknown), a case
+   whose parent's code the run timed on its own GPU (`MIN_RUNS` times a side) is judged
+   against those timings instead of the window: a comparison on one chip, the chip's
+   offset on both sides, its spread the runs' own pooled (moderated toward the
+   history's one-chip spread of the case where there is one), and its candidate by the
+   two-sample test of harness.records.same_runner on the runs' levels.
 
 A flag also needs the change to be at least `MIN_CHANGE` (1%). The budget of a run that
 changed nothing: `CASE_Q` + `CANDIDATE_ALPHA` (0.5%), half the 1% a team can bear, the
@@ -177,28 +179,35 @@ def decide(verdicts: Sequence[Any], new_entries: dict[Key, dict[str, Any]],
         if not base_entries.get(key) or v.verdict in ("new", "missing"):
             continue  # not in the baseline: "new" names no base run to be judged against
         across = across_of(key)
-        base = [e for e in base_entries.get(key, []) if e.get("status") == "passed"]
-        win = window(noise, key, base_sources.get(v.variant, ""),
-                     device if not across else "", base)
         par = parent_logs(entry)  # the parent's code timed by this run, on this chip
-        if across is False:
-            win = win + par
+        # Across chips (or chips unknown), the parent's code timed here is a baseline on
+        # the run's own chip: the comparison is one chip's (module doc, 7.).
+        paired = across is not False and min(len(par), len(xs)) >= MIN_RUNS
+        if paired:
+            win, kind = par, False
+        else:
+            base = [e for e in base_entries.get(key, []) if e.get("status") == "passed"]
+            win = window(noise, key, base_sources.get(v.variant, ""),
+                         device if not across else "", base)
+            win, kind = (win + par if across is False else win), across
         if not win:
             continue
-        pairs = pools.setdefault(across, case_spreads(noise, across))
+        pairs = pools.setdefault(kind, case_spreads(noise, kind))
         own = pairs.get(key, [])
         others = [robust_scale(p) for k, p in pairs.items()
                   if k[:2] == key[:2] and k != key and len(p) >= 2]
         pool = others or [robust_scale(p) for k, p in pairs.items() if len(p) >= 2]
         spread = Spread.moderate(own, statistics.median(pool) if pool else None)
+        if paired:  # the runs' own spread, toward the history's where it has one
+            spread = same_runner.pooled(xs, par, spread.value if spread else None)
         if spread is None:
             continue
         d = statistics.fmean(xs) - statistics.fmean(win)
         n, m = len(win), len(xs)
         out.cases[key] = CaseChange(key, d, n, spread, spread.p_up(d, n, CASE_TAIL_DF, m),
                                     spread.p_down(d, n, CASE_TAIL_DF, m), yardstick(v.variant),
-                                    one_chip=across is False, runs=m, logs=xs,
-                                    parent=[] if across is False else par)
+                                    one_chip=kind is False, runs=m, logs=xs,
+                                    parent=par if paired else [])
     _candidates(out, noise, across_of, changed)
     flag(out, verdicts)
     return out
@@ -223,9 +232,10 @@ def _candidates(out: RunDecision, noise: NoiseModel,
         if len(cs) < MIN_COMMON:
             continue
         others = [s for g, s in theirs.items() if g != (name, pass_name)]
+        unpaired = [c for c in cs if not c.parent]
         got = (_parent_change(noise, name, pass_name, cs)
-               or _history_change(noise, name, pass_name, kinds[(name, pass_name)], cs,
-                                  others))
+               or (_history_change(noise, name, pass_name, kinds[(name, pass_name)],
+                                   unpaired, others) if len(unpaired) >= MIN_COMMON else None))
         if got is None:
             continue
         d, spread, runs, n_base, tail, against = got
@@ -249,12 +259,14 @@ Change = tuple[float, Spread, int, int, float, str]  # d, spread, runs, n_base, 
 
 def _parent_change(noise: NoiseModel, name: str, pass_name: str,
                    cs: Sequence[CaseChange]) -> Change | None:
-    """Across chips, a candidate whose parent's code this run timed on its own GPU: the
-    two-sample test of harness.records.same_runner (module doc, 7.)."""
-    if all(c.one_chip for c in cs) or not all(len(c.parent) >= MIN_RUNS for c in cs):
+    """A candidate whose cases were judged against the parent's code timed on this run's
+    GPU (their history on other chips): the two-sample test of
+    harness.records.same_runner over those cases (module doc, 7.)."""
+    paired = [c for c in cs if c.parent]
+    if len(paired) < MIN_COMMON:
         return None
     pairs = candidate_pairs(noise, name, pass_name, False, stat=statistics.fmean)
-    got = same_runner.change([c.logs for c in cs], [c.parent for c in cs],
+    got = same_runner.change([c.logs for c in paired], [c.parent for c in paired],
                              robust_scale(pairs) if len(pairs) >= 2 else None)
     if got is None:
         return None
