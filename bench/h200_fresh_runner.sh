@@ -35,9 +35,13 @@
 #              names, default planted; PLANT_PERCENT=0: a source change that changes
 #              nothing, which must exit 0)
 #   teamrepo   a team's git repository with one kernel folder (team_fa2, a copy of
-#              fa2_mma): TEAM_AA (4) empty commits gated, then a commit slowing it by
-#              PLANT_PERCENT: the gate confirms it, timing the parent's code in a git
-#              worktree
+#              fa2_mma): TEAM_AA (4) empty commits gated, then (unless TEAM_PLANT=0) a
+#              commit slowing it by PLANT_PERCENT: the gate confirms it, timing the
+#              parent's code in a git worktree
+#   teamsave   that repository and its database into $OUT/team.tgz
+#   teamnext   the repository and database of TEAM_TGZ gated on this runner (another
+#              chip, when the machine is another): TEAM_NEXT ("comment slow"): a
+#              comment-only commit (must stay green) and a slowed one (must be red)
 # $OUT gets at most 8 files: times.txt, <stage>-summary.md and <stage>-record.json of
 # the gate stages asked for, logs.tgz.
 set -uo pipefail
@@ -105,6 +109,34 @@ gate() {  # gate NAME LIMIT DIR [ci options...]: `fa-harness ci` from DIR, summa
   [ -n "${ONLY_RECORDS:-}" ] || cp "$WORK/$name-summary.md" "$OUT/" 2>/dev/null
   cp "$WORK/$name-record.json" "$OUT/" 2>/dev/null
   return "$rc"
+}
+
+T=$WORK/teamrepo
+gitc() { git -C "$T" -c user.email=ci@example.com -c user.name=ci "$@"; }
+team_gate() {  # team_gate NAME LIMIT: the team repository's own commit and parent (git)
+  # shellcheck disable=SC2086
+  (unset FA_HARNESS_COMMIT FA_HARNESS_PARENT
+   gate "$1" "$2" "$T" --kernels team_fa2 --timing-cases 8 --sanitize none --budget 1 \
+     --db "sqlite:///$WORK/team.sqlite")
+}
+team_slow() {  # a commit slowing team_fa2 by PLANT_PERCENT, gated
+  python3 - "$T/kernels/team_fa2" "${PLANT_PERCENT:-2}" <<'PY'
+import sys
+from pathlib import Path
+sys.path.insert(0, "bench")
+from plant_slowdown import plant
+n = 0
+for cu in sorted(Path(sys.argv[1]).glob("*.cu")):
+    text, k = plant(cu.read_text(), int(sys.argv[2]))
+    cu.write_text(text)
+    n += k
+print(f"team_fa2 slowed by {sys.argv[2]}% in {n} kernel(s)")
+PY
+  gitc commit -qam "team_fa2 slower"
+  team_gate team-slow "${TEAM_SLOW_S:-240}"
+  grep -E '^confirming |parent|still undecided' "$WORK/team-slow.log" | head -n 20 | tee -a "$TIMES"
+  grep -E '^\| (regression|improvement|inconclusive) ' "$WORK/team-slow-summary.md" \
+    | head -n 20 | tee -a "$TIMES"
 }
 
 for stage in "$@"; do
@@ -210,45 +242,48 @@ for stage in "$@"; do
       ;;
     teamrepo)
       # A team's git repository holding one kernel folder (a copy of fa2_mma named
-      # team_fa2): TEAM_AA empty commits, each gated (A/A), then a commit that slows
-      # team_fa2 by PLANT_PERCENT: its gate confirms the suspect and times the parent
-      # commit's code in a git worktree (harness.runs.gate_confirm).
+      # team_fa2): TEAM_AA empty commits, each gated (A/A), then (unless TEAM_PLANT=0) a
+      # commit that slows team_fa2 by PLANT_PERCENT: its gate confirms the suspect and
+      # times the parent commit's code in a git worktree (harness.runs.gate_confirm).
       export FA_HARNESS_HOME=$WORK/home
-      T=$WORK/teamrepo
       rm -rf "$T" && mkdir -p "$T/kernels"
       cp -r harness/kernels/fa2_mma "$T/kernels/team_fa2"
       sed -i -E 's/^name = "fa2_mma(_det)?"/name = "team_fa2\1"/' "$T/kernels/team_fa2/manifest.toml"
       printf '[tool.fa-harness]\nkernels-dirs = ["kernels"]\n' >"$T/pyproject.toml"
-      gitc() { git -C "$T" -c user.email=ci@example.com -c user.name=ci "$@"; }
       gitc init -q -b main && gitc add -A && gitc commit -qm "team_fa2"
-      topts="--kernels team_fa2 --timing-cases 8 --sanitize none --budget 1 --db sqlite:///$WORK/team.sqlite"
       for i in $(seq 1 "${TEAM_AA:-4}"); do
         gitc commit -q --allow-empty -m "no-op $i"
-        # The commit and parent are the team repository's own (git), not the measured one.
-        # shellcheck disable=SC2086
-        (unset FA_HARNESS_COMMIT FA_HARNESS_PARENT; gate "team-aa-$i" "${TEAM_S:-90}" "$T" $topts)
+        team_gate "team-aa-$i" "${TEAM_S:-90}"
       done
-      python3 - "$T/kernels/team_fa2" "${PLANT_PERCENT:-2}" <<'PY'
-import sys
-from pathlib import Path
-sys.path.insert(0, "bench")
-from plant_slowdown import plant
-n = 0
-for cu in sorted(Path(sys.argv[1]).glob("*.cu")):
-    text, k = plant(cu.read_text(), int(sys.argv[2]))
-    cu.write_text(text)
-    n += k
-print(f"team_fa2 slowed by {sys.argv[2]}% in {n} kernel(s)")
-PY
-      gitc commit -qam "team_fa2 slower"
-      # shellcheck disable=SC2086
-      (unset FA_HARNESS_COMMIT FA_HARNESS_PARENT; gate team-slow "${TEAM_SLOW_S:-240}" "$T" $topts)
-      grep -E '^confirming |parent' "$WORK/team-slow.log" | head -n 20 | tee -a "$TIMES"
-      grep -E '^\| (regression|improvement|inconclusive) ' "$WORK/team-slow-summary.md" \
-        | head -n 20 | tee -a "$TIMES"
+      [ "${TEAM_PLANT:-1}" = 0 ] || team_slow
+      ;;
+    teamsave)
+      # The team's repository and database, to go on from on another runner (teamnext).
+      tar -czf "$OUT/team.tgz" -C "$WORK" teamrepo team.sqlite
+      ;;
+    teamnext)
+      # The team's repository and database of an earlier call (TEAM_TGZ, as teamsave
+      # wrote it), gated on this runner, whose chip may not be the history's: TEAM_NEXT
+      # names the commits, in order: "comment" (a comment added to team_fa2's source: the
+      # source hash changes, the code does not; must stay green) and "slow" (slowed by
+      # PLANT_PERCENT; must be red).
+      export FA_HARNESS_HOME=$WORK/home
+      rm -rf "$T" "$WORK/team.sqlite" && tar -xzf "$TEAM_TGZ" -C "$WORK"
+      python3 -c "import json,subprocess; print('this runner:', subprocess.run(['nvidia-smi','--query-gpu=uuid','--format=csv,noheader'],capture_output=True,text=True).stdout.strip())" | tee -a "$TIMES"
+      for what in ${TEAM_NEXT:-comment slow}; do
+        case $what in
+          comment)
+            for cu in "$T"/kernels/team_fa2/*.cu; do printf '\n// no change to the code\n' >>"$cu"; done
+            gitc commit -qam "team_fa2: a comment"
+            team_gate team-comment "${TEAM_SLOW_S:-240}"
+            grep -E '^confirming |still undecided' "$WORK/team-comment.log" | head -n 8 | tee -a "$TIMES"
+            ;;
+          slow) team_slow ;;
+        esac
+      done
       ;;
     *) echo "unknown stage $stage (install cold warm slowed compile farwriter gputests" \
-         "history aa planted teamrepo)"
+         "history aa planted teamrepo teamsave teamnext)"
        exit 2 ;;
   esac
 done
