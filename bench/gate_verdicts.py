@@ -195,6 +195,7 @@ def judge_series(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
     from harness.records.baseline import judge_runs
     from harness.records.confirm import (
+        across_suspects,
         extend,
         preliminary,
         step_suspects,
@@ -214,8 +215,10 @@ def judge_series(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
             found, again = [], []
             if more:  # the gate's confirmation runs (harness.runs.gate_confirm)
                 report = preliminary(db, record)
-                found = suspects(report, steps=step_suspects(db, record) if report else (),
-                                 parent=parent is not None)
+                steps = step_suspects(db, record) if report else []
+                if parent is not None and report is not None:  # across chips: all changed
+                    steps += across_suspects(db, record)
+                found = suspects(report, steps=steps)
                 _add(record, found, more, parent, 0, with_confirmations)
                 again = extend(preliminary(db, record), found)
                 _add(record, again, more, parent, 1, with_confirmations)

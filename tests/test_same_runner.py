@@ -139,14 +139,41 @@ def test_a_suspect_left_undecided_gets_a_second_round():
     assert cf.extend(None, [s]) == []
 
 
-def test_across_chips_a_changed_candidate_is_a_suspect_where_its_parent_can_be_timed():
-    faster = _cc(0.9, ratio=0.97, runs=1, one_chip=False)
-    assert cf.suspects(_report(faster)) == []
-    assert [s.variant for s in cf.suspects(_report(faster), parent=True)] == ["k"]
-    # On one chip, or where the commit left it as it was, the screen stays.
-    assert cf.suspects(_report(_cc(0.9, ratio=0.97, runs=1)), parent=True) == []
-    assert cf.suspects(_report(_cc(0.9, ratio=0.97, runs=1, one_chip=False,
-                                   changed=False)), parent=True) == []
+@pytest.fixture(scope="module")
+def aa_db(tmp_path_factory):
+    """The project's A/A runs 1-8 of fa2_mma on one H100, judged as `import` does."""
+    from test_confirm import _aa
+
+    from harness.records.baseline import judge_runs
+    from harness.records.db.store import open_db, store_record
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('sr')}/h.sqlite"
+    with open_db(url) as db:
+        for i in range(1, 9):
+            judge_runs(db, [store_record(db, _aa(i))])
+    return url
+
+
+def test_across_chips_every_changed_candidate_is_a_suspect(aa_db):
+    from test_confirm import KERNEL, _aa, _planted
+
+    from harness.records.db.store import open_db
+
+    moved = _planted(0.97)  # read 3% faster: on one chip no suspect
+    elsewhere = _planted(0.97)
+    elsewhere.gpu = {**elsewhere.gpu, "uuid": "GPU-another-chip"}
+    unchanged = _aa(9)
+    unchanged.gpu = {**unchanged.gpu, "uuid": "GPU-another-chip"}
+    with open_db(aa_db) as db:
+        assert cf.suspects(cf.preliminary(db, moved)) == []
+        assert cf.across_suspects(db, moved) == []  # the baseline's chip: the screen's
+        found = cf.across_suspects(db, elsewhere)
+        assert cf.across_suspects(db, unchanged) == []  # its code did not change
+        both = cf.suspects(cf.preliminary(db, elsewhere), steps=found)
+    assert sorted((s.variant, s.pass_name) for s in found) == [(KERNEL, "bwd"), (KERNEL, "fwd")]
+    assert all(math.isnan(s.p_value) and s.ratio == pytest.approx(0.97, abs=0.01)
+               for s in found)
+    assert sorted((s.variant, s.pass_name) for s in both) == [(KERNEL, "bwd"), (KERNEL, "fwd")]
 
 
 def test_the_gate_times_an_undecided_suspect_a_second_round(monkeypatch):
@@ -209,3 +236,46 @@ def _judge_none(model: NoiseModel, rng: random.Random):
     verdicts = [Verdict(k[0], k[2], "same", pass_name=k[1]) for k in KEYS]
     return vs.decide(verdicts, entries, base, {"k": "src"}, model, device="GPU-new",
                      across_of=lambda _k: True, yardstick=lambda _n: False).candidates
+
+
+def _scaled_parent(factor: float, source: str):
+    import itertools
+
+    from test_confirm import _aa, _timed
+
+    from harness.records.record import entry_pass
+
+    it = itertools.cycle([_aa(i) for i in (4, 5, 6, 7)])
+
+    def time_parent(kernel, case_ids, pass_name):
+        return ({e["case_id"]: e["median_ms"] * factor for e in _timed(next(it))
+                 if entry_pass(e) == pass_name and e["case_id"] in case_ids}, source)
+    return time_parent
+
+
+@pytest.mark.parametrize(("code", "red"), [(1.02, True), (1.0, False)])
+def test_the_gate_on_a_faster_chip_judges_the_commit_against_its_parent_there(aa_db, code, red):
+    """The history on one H100, the commit gated on another chip 4% faster: read against
+    the window it is faster whatever its code; the gate times the parent's code on this
+    chip, and a 2% slowdown is red at its commit while the same code stays green."""
+    from test_confirm import KERNEL, _aa, _execution, _planted, _same_chip_runs
+
+    from harness.records.db.store import open_db
+    from harness.runs import gate_confirm
+    from harness.runs.gate_options import GateOptions
+
+    chip = 0.96
+    rec = _planted(code * chip, source=f"changed-{code}")
+    rec.gpu = {**rec.gpu, "uuid": "GPU-another-chip"}
+    notes = gate_confirm.confirm(
+        rec, _execution(rec), GateOptions(db_url=aa_db), log=lambda _l: None,
+        time_again=_same_chip_runs(rec, code * chip),
+        time_parent=_scaled_parent(chip, _aa(8).kernels[KERNEL]["source_hash"]))
+    assert all("on another chip than its baseline's" in n and "its parent's code on" in n
+               for n in notes), notes
+    with open_db(aa_db) as db:
+        report = cf.preliminary(db, rec)
+    cands = [c for c in report.candidates if c.variant == KERNEL]
+    assert cands and all(c.against == "parent" for c in cands)
+    assert any(c.verdict == "regression" for c in cands) is red
+    assert all(c.ratio == pytest.approx(code, abs=0.01) for c in cands)

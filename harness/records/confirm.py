@@ -140,26 +140,58 @@ def preliminary(db: Database, record: RunRecord, *, policy: Policy = DEFAULT_POL
 
 
 def suspects(report: Report | None, owned: Sequence[str] | None = None,
-             steps: Sequence[Suspect] = (), *, parent: bool = False) -> list[Suspect]:
+             steps: Sequence[Suspect] = ()) -> list[Suspect]:
     """The owned candidate-passes of `report` worth timing again (module doc, 1.), the
-    most significant first, then those of `steps` (`step_suspects`) not already among
-    them; at most MAX_SUSPECTS. `owned`: the team's candidates (None: every candidate
-    that is not a yardstick in the report). `parent`: the gate can time the parent's
-    code on this runner, so a changed candidate judged across chips is a suspect whatever
-    it read (module doc, 5.)."""
+    most significant first, then those of `steps` (`step_suspects`, `across_suspects`)
+    not already among them; at most MAX_SUSPECTS. `owned`: the team's candidates (None:
+    every candidate that is not a yardstick in the report)."""
     if report is None:
         return []
     out = [Suspect(c.variant, c.pass_name, c.ratio, c.p_value) for c in report.candidates
            if not c.yardstick and c.changed and (owned is None or c.variant in owned)
            and ((c.p_value < SUSPECT_P and c.ratio >= 1.0 + SUSPECT_MIN)
-                or (c.cases < ROBUST_CASES and c.mean_ratio >= 1.0 + FEW_CASES_MEAN)
-                or (parent and not c.one_chip))]
+                or (c.cases < ROBUST_CASES and c.mean_ratio >= 1.0 + FEW_CASES_MEAN))]
     out.sort(key=lambda s: s.p_value)
     have = {(s.variant, s.pass_name) for s in out}
     yard = {c.variant for c in report.candidates if c.yardstick}
-    out += [s for s in steps if (s.variant, s.pass_name) not in have and s.variant not in yard
-            and (owned is None or s.variant in owned)]
+    for s in steps:
+        if ((s.variant, s.pass_name) not in have and s.variant not in yard
+                and (owned is None or s.variant in owned)):
+            out.append(s)
+            have.add((s.variant, s.pass_name))
     return out[:MAX_SUSPECTS]
+
+
+def across_suspects(db: Database, record: RunRecord, *, branch: str = "main",
+                    window: int = 5, baseline_run: str | int | None = None
+                    ) -> list[Suspect]:
+    """Where a run of `record`'s baseline ran on another GPU (or a uuid is unknown, as
+    harness.records.compare reads a comparison across chips): each owned candidate-pass whose source the commit changed and that the run
+    timed (module doc, 5.), whatever it read: one run cannot tell its change from the
+    chip's. Its ratio is the geometric mean of its cases' medians over the newest base
+    run's (for the log); its p is nan. Only worth asking where the parent's code can be
+    timed on this runner."""
+    bases = _bases(db, record, branch=branch, window=window, baseline_run=baseline_run)[1]
+    dev = (record.gpu or {}).get("uuid")
+    if not bases or (dev and all(b.gpu_uuid == dev for b in bases)):
+        return []  # one chip: the screen of `suspects` reads it
+    newest = load_record(db, bases[0].id)
+    base_ms = {(e["kernel"], entry_pass(e), e.get("case_id")): e.get("median_ms")
+               for e in newest.results if e.get("status") == "passed"}
+    logs: dict[tuple[str, str], list[float]] = {}
+    for e in record.results:
+        name = e["kernel"]
+        info = record.kernels.get(name) or {}
+        src = str(info.get("source_hash") or "")
+        if not info.get("owned") or (src and src == str(
+                (newest.kernels.get(name) or {}).get("source_hash") or "")):
+            continue
+        key = (name, entry_pass(e), e.get("case_id"))
+        new, old = e.get("median_ms"), base_ms.get(key)
+        if e.get("status") == "passed" and new and old:
+            logs.setdefault(key[:2], []).append(math.log(float(new) / float(old)))
+    return [Suspect(name, pass_name, math.exp(sum(xs) / len(xs)), math.nan)
+            for (name, pass_name), xs in sorted(logs.items())]
 
 
 def extend(report: Report | None, found: Sequence[Suspect]) -> list[Suspect]:

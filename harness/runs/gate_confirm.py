@@ -24,6 +24,7 @@ What a suspect is, and why a fresh child each time, is the records module's doc.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +56,7 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
     harness.measure.perf.run_perf, as the gate timed them). `time_parent`: the parent
     commit's code (default: a git worktree of `record.parent`, `WorktreeParent`)."""
     from harness.records.confirm import (
+        across_suspects,
         baseline_sources,
         extend,
         preliminary,
@@ -74,9 +76,10 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
     try:
         with open_db(opts.db_url) as db:
             report = preliminary(db, record, policy=opts.policy, **kw)  # type: ignore[arg-type]
-            found = suspects(report, owned=ex.owned,
-                             steps=step_suspects(db, record) if report is not None else (),
-                             parent=can_parent)
+            more = step_suspects(db, record) if report is not None else []
+            if can_parent and report is not None:  # across chips (harness.records.confirm, 5.)
+                more += across_suspects(db, record, **kw)  # type: ignore[arg-type]
+            found = suspects(report, owned=ex.owned, steps=more)
             expected = baseline_sources(db, record, **kw) if found else {}  # type: ignore[arg-type]
     except DatabaseError as exc:
         return [f"confirmation runs not considered: database unavailable ({exc})"]
@@ -141,10 +144,11 @@ class _Rounds:
             return
         k = (s.variant, s.pass_name)
         why = (f"a step of {s.ratio - 1:+.2%} across {s.step}" if s.step else
-               f"read {s.ratio - 1:+.2%} (p = {s.p_value:.2g})")
+               f"read {s.ratio - 1:+.2%} on another chip than its baseline's"
+               if math.isnan(s.p_value) else f"read {s.ratio - 1:+.2%} (p = {s.p_value:.2g})")
         d = self.done.setdefault(k, {
             "kernel": s.variant, "pass": s.pass_name, "ratio": s.ratio,
-            "p_value": None if s.step else s.p_value, "step": s.step, "runs": 0,
+            "p_value": None if s.step or math.isnan(s.p_value) else s.p_value, "step": s.step, "runs": 0,
             "cases": 0, "parent_cases": 0, "rounds": 0, "wall_s": 0.0,
             "parent_not_timed": "a step across commits" if s.step else None, "why": why})
         self.log(f"confirming {s.variant} ({s.pass_name}): {why}; timing its {len(cases)} "
