@@ -31,14 +31,15 @@ def _layout_source(asserts: str) -> str:
 
 
 def test_dtype_shape():
-    assert PARAMS_DTYPE.itemsize == 440
+    assert PARAMS_DTYPE.itemsize == 464
     offs = field_offsets()
     assert offs["q"] == 0 and offs["workspace"] == 56 and offs["q_batch_stride"] == 88
     assert offs["dout"] == 200 and offs["dv_row_stride"] == 320
     assert offs["batch"] == 328 and offs["scale_log2"] == 372
     assert offs["cu_seqlens_q"] == 376 and offs["block_table_stride"] == 408
-    assert list(PARAMS_DTYPE.names)[-3:] == ["window_left", "window_right", "tensor_maps"]
-    assert offs["tensor_maps"] == 432
+    assert list(PARAMS_DTYPE.names)[-5:] == ["tensor_maps", "alibi_slopes", "sinks",
+                                              "softcap", "head_dim_v"]
+    assert offs["tensor_maps"] == 432 and offs["sinks"] == 448 and offs["head_dim_v"] == 460
 
 
 @pytest.mark.nvcc
@@ -59,7 +60,7 @@ def test_layout_check_can_fail():
 
 
 def _outputs(case: Case):
-    out = torch.empty(case.batch, case.heads, case.seqlen_q, case.head_dim,
+    out = torch.empty(case.batch, case.heads, case.seqlen_q, case.dv,
                       dtype=case.torch_dtype)
     lse = torch.empty(case.batch, case.heads, case.seqlen_q, dtype=torch.float32)
     return out, lse
@@ -142,3 +143,36 @@ def test_build_params_rejects_bad_inputs():
     bad = Case(1, 2, 2, 8, 8, 64, mask=MaskKind.RANDOM)
     with pytest.raises(ValueError, match="boolean mask"):
         build_params(bad, inp, out, lse, [], num_splits=1)
+
+
+def test_build_params_score_modifiers_and_dv():
+    """The cap, the harness's slopes and sink logits (float32, one per query head) and
+    d_v reach the struct; a case without them leaves the slots null / 0."""
+    case = Case(2, 4, 2, 16, 24, 64, "float16", MaskKind.CAUSAL_BR, softcap=30.0,
+                alibi=True, sinks=True)
+    inp = make_inputs(case)
+    assert inp.alibi_slopes is not None and inp.sinks is not None
+    bp = build_params(case, inp, *_outputs(case), [], num_splits=1)
+    p = bp.scalar
+    assert p["softcap"] == pytest.approx(30.0) and p["head_dim_v"] == 64
+    by_ptr = {t.data_ptr(): t for t in bp.keepalive}
+    assert torch.equal(by_ptr[int(p["alibi_slopes"])], inp.alibi_slopes.float())
+    assert torch.equal(by_ptr[int(p["sinks"])], inp.sinks.float())
+
+    plain = Case(2, 4, 2, 16, 24, 64, "float16", MaskKind.CAUSAL_BR)
+    p = build_params(plain, make_inputs(plain), *_outputs(plain), [], num_splits=1).scalar
+    assert (p["softcap"], p["alibi_slopes"], p["sinks"]) == (0.0, 0, 0)
+
+    dv = Case(1, 2, 2, 8, 8, 192, "bfloat16", head_dim_v=128)
+    inp = make_inputs(dv)
+    assert inp.v.shape[-1] == 128
+    p = build_params(dv, inp, *_outputs(dv), [], num_splits=1).scalar
+    assert (p["head_dim"], p["head_dim_v"]) == (192, 128)
+    assert p["v_row_stride"] == 128 and p["o_row_stride"] == 128
+    wrong = torch.empty(1, 2, 8, 192, dtype=dv.torch_dtype)  # O with d_qk columns
+    with pytest.raises(ValueError, match="out has shape"):
+        build_params(dv, inp, wrong, None, [], num_splits=1)
+    bad = make_inputs(case)
+    bad.sinks = bad.sinks[:2]
+    with pytest.raises(ValueError, match="sinks of shape"):
+        build_params(case, bad, *_outputs(case), [], num_splits=1)

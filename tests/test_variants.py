@@ -263,7 +263,7 @@ def _mut(path: str, value, delete: bool = False) -> dict:
     ("supports.max_seqlen_q", 0, "supports.max_seqlen_q", ">= 1"),
     ("supports.shape", 1, "supports.shape", "unknown field"),
     ("supports.softcap", "yes", "supports.softcap", "true or false"),
-    ("supports.sinks", True, "supports.sinks", "cannot declare it yet"),
+    ("supports.sinks", 1, "supports.sinks", "true or false"),
     ("supports.fp8", True, "supports.fp8", "cannot declare it yet"),
     ("supports.fp8_kv", "no", "supports.fp8_kv", "true or false"),
     ("tiles.block_q", 0, "tiles.block_q", ">= 1"),

@@ -335,10 +335,12 @@ class CudaVariant(Candidate):
     def _prepare(self, case: Case, inputs: Inputs, out: torch.Tensor,
                  lse: torch.Tensor | None, state: CaseState,
                  grads: tuple[torch.Tensor, ...] | None = None) -> PreparedParams:
-        q, k, v = (aligned_for_vector_loads(t, case.head_dim) for t in (inputs.q, inputs.k, inputs.v))
+        q, k, v = (aligned_for_vector_loads(t, d) for t, d in
+                   ((inputs.q, case.head_dim), (inputs.k, case.head_dim), (inputs.v, case.dv)))
         copies = [t for t, src in zip((q, k, v), (inputs.q, inputs.k, inputs.v), strict=True)
                   if t is not src]
-        dev_inputs = Inputs(q, k, v, inputs.mask, inputs.key_lengths, inputs.serving)
+        dev_inputs = Inputs(q, k, v, inputs.mask, inputs.key_lengths, inputs.serving,
+                            alibi_slopes=inputs.alibi_slopes, sinks=inputs.sinks)
         maps = None
         if state.tensor_boxes:
             named = {"q": q, "k": k, "v": v, "o": out}
@@ -351,7 +353,9 @@ class CudaVariant(Candidate):
                 raise LaunchRefused(f"{self.name}: launch refused, {e}") from None
         params = build_params(case, dev_inputs, out, lse, state.workspaces, state.num_splits,
                               grads, tensor_maps=maps)
-        sources = tuple(t for t in (inputs.mask, inputs.key_lengths) if t is not None)
+        # What the params were filled from: a change to one (a new call's inputs) rebuilds them.
+        sources = tuple(t for t in (inputs.mask, inputs.key_lengths, inputs.alibi_slopes,
+                                    inputs.sinks) if t is not None)
         # cuLaunchKernel's kernelParams: one pointer, to the FaParams bytes (the struct is
         # the kernel's only argument, passed by value; the driver copies it at launch).
         arg_ptrs = (ctypes.c_void_p * 1)(params.array.ctypes.data)

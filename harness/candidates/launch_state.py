@@ -77,12 +77,13 @@ def tensor_key(inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None,
                grads: tuple[torch.Tensor, ...] | None = None) -> tuple:
     """What the parameter block depends on: addresses and strides of every tensor (the
     backward's dO, dQ, dK, dV too), and the identity of the mask / key-length tensors
-    (whose converted copies it points to)."""
+    (whose converted copies it points to), as of the ALiBi slopes and sink logits."""
     q, k, v = inputs.q, inputs.k, inputs.v
     extra = tuple((t.data_ptr(), t.stride()) for t in grads) if grads else ()
     return (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
             0 if lse is None else lse.data_ptr(), q.stride(), k.stride(), v.stride(),
-            out.stride(), id(inputs.mask), id(inputs.key_lengths), *extra)
+            out.stride(), id(inputs.mask), id(inputs.key_lengths), id(inputs.alibi_slopes),
+            id(inputs.sinks), *extra)
 
 
 def function_ptr(fn: Any) -> int | None:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from harness.candidates.manifest_fields import _bool, _bounded, _Ctx, _int, _keys, _str, _tname
 from harness.candidates.variant_spec import (
+    FP8_AXES,
     MAX_HEAD_DIM,
     SCORE_MODS,
     SUPPORTS_OPTIONAL,
@@ -71,10 +72,11 @@ def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
     mk_ = table.get("max_seqlen_k")
     layouts = _enum_list(ctx, table.get("layouts", ["dense"]), "supports.layouts", Layout,
                          "layout")
-    for mod in SCORE_MODS:
-        if _bool(ctx, table.get(mod, False), f"supports.{mod}"):
-            raise ctx.fail(f"supports.{mod}", "a CUDA variant cannot declare it yet: FaParams "
-                           "has no slot for it (docs/score-mods.md); Python candidates can")
+    for axis in FP8_AXES:
+        if _bool(ctx, table.get(axis, False), f"supports.{axis}"):
+            raise ctx.fail(f"supports.{axis}", "a CUDA variant cannot declare it yet: FaParams "
+                           "has no slot for the descales (docs/fp8.md); Python candidates can")
+    mods = {m: _bool(ctx, table.get(m, False), f"supports.{m}") for m in SCORE_MODS}
     return SupportSpec(
         dtypes=dtypes, head_dims=head_dims, max_head_dim=max_head_dim, masks=tuple(masks),
         gqa=_bool(ctx, table["gqa"], "supports.gqa"),
@@ -85,6 +87,7 @@ def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
         decode_only=_bool(ctx, table.get("decode_only", False), "supports.decode_only"),
         layouts=tuple(layouts),
         window=_bool(ctx, table.get("window", False), "supports.window"),
+        **mods,
     )
 
 

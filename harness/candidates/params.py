@@ -54,6 +54,8 @@ _FIELDS: list[tuple[str, str, int]] = [
     ("window_left", "i4", 1), ("window_right", "i4", 1),
     # TMA descriptors the manifest's [[tensor_map]] asks for (harness.candidates.tensor_map).
     ("tensor_maps", "u8", 1),
+    # Score modifiers and d_v (docs/score-mods.md).
+    ("alibi_slopes", "u8", 1), ("sinks", "u8", 1), ("softcap", "f4", 1), ("head_dim_v", "i4", 1),
 ]
 
 
@@ -155,8 +157,10 @@ def build_params(case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tenso
 
         shapes = tensor_shapes(case)
         expect_q, expect_kv = shapes["q"], shapes["kv"]
-    for t, want, what in ((q, expect_q, "q"), (k, expect_kv, "k"), (v, expect_kv, "v"),
-                          (out, expect_q, "out")):
+    # V and O have d_v columns (dense cases only, Case.head_dim_v).
+    expect_v, expect_o = (*expect_kv[:3], case.dv), (*expect_q[:3], case.dv)
+    for t, want, what in ((q, expect_q, "q"), (k, expect_kv, "k"), (v, expect_v, "v"),
+                          (out, expect_o, "out")):
         if tuple(t.shape) != want:
             raise ValueError(f"{what} has shape {tuple(t.shape)}, expected {want}")
         if t.dtype != case.torch_dtype:
@@ -217,15 +221,34 @@ def build_params(case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tenso
     if tensor_maps is not None:
         keep.append(tensor_maps)
         p["tensor_maps"] = tensor_maps.data_ptr()
+    _mod_fields(p, case, inputs, keep)
     return BuiltParams(arr, keep)
+
+
+def _mod_fields(p: np.void, case: Case, inputs: Inputs, keep: list[torch.Tensor]) -> None:
+    """The score modifiers (the cap, the ALiBi slopes and sink logits the harness drew,
+    float32 on the device, one per query head) and d_v."""
+    p["softcap"] = float(case.softcap)
+    p["head_dim_v"] = case.dv
+    for name, needed in (("alibi_slopes", case.alibi), ("sinks", case.sinks)):
+        t = getattr(inputs, name)
+        if not needed:
+            continue
+        if t is None or tuple(t.shape) != (case.heads,):
+            raise ValueError(f"case {case.id} needs {name} of shape ({case.heads},), got "
+                             f"{None if t is None else tuple(t.shape)}")
+        t = t.to(device=inputs.q.device, dtype=torch.float32).contiguous()
+        keep.append(t)
+        p[name] = t.data_ptr()
 
 
 def _grad_fields(p: np.void, case: Case, grads: Sequence[torch.Tensor]) -> None:
     dout, dq, dk, dv = grads
     expect_q = (case.batch, case.heads, case.seqlen_q, case.head_dim)
     expect_kv = (case.batch, case.kv_heads, case.seqlen_k, case.head_dim)
-    for t, want, what in ((dout, expect_q, "do"), (dq, expect_q, "dq"), (dk, expect_kv, "dk"),
-                          (dv, expect_kv, "dv")):
+    # dO and dV have d_v columns, as O and V.
+    for t, want, what in ((dout, (*expect_q[:3], case.dv), "do"), (dq, expect_q, "dq"),
+                          (dk, expect_kv, "dk"), (dv, (*expect_kv[:3], case.dv), "dv")):
         if tuple(t.shape) != want or t.dtype != case.torch_dtype:
             raise ValueError(f"{what} is {tuple(t.shape)} {t.dtype}, expected {want} "
                              f"{case.torch_dtype}")

@@ -44,10 +44,12 @@ SUPPORTS_REQUIRED = ("dtypes", "head_dims", "masks", "gqa", "writes_lse")
 SUPPORTS_OPTIONAL = ("masked_lse", "max_seqlen_q", "max_seqlen_k", "decode_only", "max_head_dim",
                      "layouts", "window", "softcap", "alibi", "sinks", "head_dim_v", "fp8",
                      "fp8_kv")
-# Score modifiers, a V head dim of its own (docs/score-mods.md) and FP8 inputs
-# (docs/fp8.md): a variant may say `false`; FaParams has no slot for their values yet, so
-# `true` is refused with that reason.
-SCORE_MODS = ("softcap", "alibi", "sinks", "head_dim_v", "fp8", "fp8_kv")
+# Score modifiers and a V head dim of its own (docs/score-mods.md): FaParams carries their
+# values (softcap, alibi_slopes, sinks, head_dim_v), and a variant declaring one runs its
+# cases. FP8 inputs (docs/fp8.md): a variant may say `false`; FaParams has no slot for the
+# descales yet, so `true` is refused with that reason.
+SCORE_MODS = ("softcap", "alibi", "sinks", "head_dim_v")
+FP8_AXES = ("fp8", "fp8_kv")
 WORKSPACE_KEYS = ("name", "dtype", "elements")
 # `[[tensor_map]]` (and `[[backward.tensor_map]]`): a TMA descriptor of one of a pass's
 # tensors (harness.candidates.tensor_map), FaParams.tensor_maps + 128 * i in declaration
@@ -170,6 +172,10 @@ class SupportSpec:
     decode_only: bool = False
     layouts: tuple[Layout, ...] = (Layout.DENSE,)
     window: bool = False
+    softcap: bool = False
+    alibi: bool = False
+    sinks: bool = False
+    head_dim_v: bool = False
 
 
 @dataclass(frozen=True)
@@ -295,6 +301,7 @@ class VariantSpec:
             decode_only=s.decode_only,
             layouts=frozenset(s.layouts),
             window=s.window,
+            softcap=s.softcap, alibi=s.alibi, sinks=s.sinks, head_dim_v=s.head_dim_v,
             min_compute_capability=self.min_compute_capability,
             backward=self.backward is not None,
             backward_deterministic=bool(self.backward and self.backward.deterministic),

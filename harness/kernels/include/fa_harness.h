@@ -102,6 +102,17 @@ struct FaParams {
     // the tensors the manifest's [[tensor_map]] tables name, in their order; null when it
     // names none. Pass `(const char*)p.tensor_maps + 128 * i` to cp.async.bulk.tensor.
     const void* tensor_maps;
+    // Score modifiers and d_v (docs/score-mods.md; harness/core/reference.py says the
+    // exact semantics), filled on every launch and read only by a variant declaring them
+    // in [supports]. For query row i of head h, key j, s = scale * q_i . k_j, then:
+    // softcap c > 0: s = c * tanh(s / c); ALiBi: s += -alibi_slopes[h] * |i + o - j| (o
+    // the alignment offset, as the window's); the mask; a sink z = sinks[h] joins the
+    // softmax's denominator only (m = max(max_j s_j, z), LSE = log(e^z + sum_j e^s_j); a
+    // row seeing no key has O = 0 and LSE = z). Null / 0 when the case has none.
+    const float* alibi_slopes;     // (heads,) float32
+    const float* sinks;            // (heads,) float32, natural-log units of s
+    float softcap;                 // 0: none
+    int head_dim_v;                // V's and O's head dim (= head_dim unless the case sets it)
 };
 
 // True when (row i, key j) of batch b is visible. Kernels may inline their own faster
@@ -139,6 +150,16 @@ __device__ __forceinline__ int fa_key_begin(const FaParams& p, int i) {
 // The alignment offset of sequence b of a varlen or paged case.
 __device__ __forceinline__ int fa_seq_offset(const FaParams& p, int q_len, int k_len) {
     return (p.mask_kind & FA_MASK_TOP_LEFT) ? 0 : k_len - q_len;
+}
+
+// Steps 2 and 3 of the score modifiers (FaParams' doc) on a scaled score s of query row
+// i, key j, head h of a dense case: the cap, then the ALiBi bias (o the alignment offset:
+// 0 under a top-left causal mask, else Nk - Nq). Leaves s as it is when the case has none.
+__device__ __forceinline__ float fa_score_mods(const FaParams& p, float s, int h, int i, int j) {
+    if (p.softcap > 0.f) s = p.softcap * tanhf(s / p.softcap);
+    if (p.alibi_slopes != nullptr)
+        s -= p.alibi_slopes[h] * fabsf((float)(i + fa_seq_offset(p, p.seqlen_q, p.seqlen_k) - j));
+    return s;
 }
 
 // Compile-time check the harness appends after a variant's source: each declared entry

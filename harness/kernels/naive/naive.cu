@@ -1,9 +1,10 @@
 // naive: attention the way the textbook writes it, three kernels with S and P in HBM.
 //
-//   1. naive_scores_*: S = scale * Q K^T, invisible pairs set to -inf     (writes S)
+//   1. naive_scores_*: S = scale * Q K^T, capped and biased (softcap, ALiBi), invisible
+//                      pairs set to -inf                                  (writes S)
 //   2. naive_softmax:  three passes over each row of S: max, sum, normalise (reads S 3x,
-//                      writes P and LSE)
-//   3. naive_pv_*:     O = P V                                            (reads P)
+//                      writes P and LSE); a sink logit joins the max and the sum
+//   3. naive_pv_*:     O = P V over d_v columns                           (reads P)
 //
 // Workspaces (manifest): [0] S, [1] P, both fp32 (B, H, Nq, Nk) row-major.
 // This is the baseline whose HBM traffic the seed chapter counts (194 MB at N = 4096).
@@ -44,7 +45,8 @@ __device__ __forceinline__ void naive_scores(const FaParams& p) {
     if (i < p.seqlen_q && j < p.seqlen_k) {
         const bool vis = j < fa_key_end(p, b, i) && fa_bool_mask_ok(p, b, i, j);
         float* S = (float*)p.workspace[0];
-        S[((long long)bh * p.seqlen_q + i) * p.seqlen_k + j] = vis ? acc * p.scale : FA_NEG_INF;
+        S[((long long)bh * p.seqlen_q + i) * p.seqlen_k + j] =
+            vis ? fa_score_mods(p, acc * p.scale, h, i, j) : FA_NEG_INF;
     }
 }
 
@@ -74,15 +76,18 @@ extern "C" __global__ void __launch_bounds__(256) naive_softmax(FaParams p) {
     float* P = (float*)p.workspace[1] + row * p.seqlen_k;
     const int n = p.seqlen_k;
 
+    // A sink logit (FaParams.sinks) is one more key with no value: in the max and the sum,
+    // not in P. A row that sees no key then has P = 0 and LSE = the sink.
+    const float z = p.sinks != nullptr ? p.sinks[h] : FA_NEG_INF;
     float m = FA_NEG_INF;  // pass 1: row max
     for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, S[j]);
-    m = nv_block_reduce(m, true);
+    m = fmaxf(nv_block_reduce(m, true), z);
     // -inf guard: a fully masked row has m = -inf; subtracting 0 instead keeps
     // exp(-inf - 0) = 0 where exp(-inf - -inf) would be NaN.
     const float m_use = m == FA_NEG_INF ? 0.f : m;
     float l = 0.f;  // pass 2: row sum
     for (int j = threadIdx.x; j < n; j += blockDim.x) l += expf(S[j] - m_use);
-    l = nv_block_reduce(l, false);
+    l = nv_block_reduce(l, false) + (p.sinks != nullptr ? expf(z - m_use) : 0.f);
     const float inv = l > 0.f ? 1.f / l : 0.f;
     for (int j = threadIdx.x; j < n; j += blockDim.x) P[j] = expf(S[j] - m_use) * inv;  // pass 3
     if (threadIdx.x == 0 && p.lse != nullptr) p.lse[row] = l > 0.f ? m + logf(l) : FA_NEG_INF;
@@ -96,7 +101,7 @@ __device__ __forceinline__ void naive_pv(const FaParams& p) {
     const int h = blockIdx.y, b = blockIdx.z;
     if (i >= p.seqlen_q) return;
     const int kvh = h / (p.heads / p.kv_heads);
-    const int d = p.head_dim;
+    const int d = p.head_dim_v;  // V's and O's columns (d_v, = head_dim unless the case sets it)
     const float* P = (const float*)p.workspace[1] +
                      (((long long)b * p.heads + h) * p.seqlen_q + i) * p.seqlen_k;
     const unsigned short* V = (const unsigned short*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
