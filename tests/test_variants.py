@@ -480,3 +480,19 @@ def test_every_shipped_plan_fits_an_h200():
             for p in c.plan(case, num_splits=n, sm_count=132):
                 if not p.skipped:
                     assert c.check_limits(p, lim) is None, (name, case.id, p)
+
+
+def test_a_variant_declares_the_score_modifiers_and_dv_it_runs(tmp_path):
+    """FaParams carries softcap, the ALiBi slopes, the sink logits and d_v: a variant
+    declaring them runs those cases, the others are skipped with the reason."""
+    m = good_manifest()
+    m["supports"].update(softcap=True, sinks=True, head_dim_v=True, head_dims=[64, 128])
+    cand = CudaVariant.from_spec(load_variant_dir(write_variant(tmp_path, m)))
+    s = cand.support
+    assert (s.softcap, s.sinks, s.head_dim_v, s.alibi) == (True, True, True, False)
+    assert cand.supports(Case(1, 2, 2, 16, 16, 64, softcap=30.0, sinks=True)) is None
+    assert cand.supports(Case(1, 2, 2, 16, 16, 128, head_dim_v=64)) is None
+    assert "alibi" in cand.supports(Case(1, 2, 2, 16, 16, 64, alibi=True))
+    plain = CudaVariant.from_spec(load_variant_dir(write_variant(tmp_path / "p", good_manifest())))
+    assert "softcap" in plain.supports(Case(1, 2, 2, 16, 16, 64, softcap=30.0))
+    assert "d_v" in plain.supports(Case(1, 2, 2, 16, 16, 64, head_dim_v=32))
