@@ -327,6 +327,24 @@ def _show_missed(verdicts: list[list[dict[str, Any]]], planted: dict[str, Any]) 
                   f"window={d.get('base_window_runs')}")
 
 
+def _show_late(verdicts: list[list[dict[str, Any]]], planted: dict[str, Any]) -> None:
+    """The stepped candidate's verdicts at the step's commit, where it was not red there:
+    each case's ratio, p, runs and window, and whether it was timed again."""
+    k0 = planted["commit"]
+    marks = [v for v in verdicts[k0] if v["kernel"] is None]
+    name = planted["variant"]
+    rounds = [m for m in marks if name in (m.get("confirmed") or m.get("extended") or "")]
+    print(f"  late: whole {planted['size']:.0%} of {name} at commit {k0}; timed again: "
+          f"{[(m.get('confirmed') and 'round 1') or 'round 2' for m in rounds] or 'no'}")
+    for v in verdicts[k0]:
+        if v["kernel"] != name:
+            continue
+        d = v["detail"] or {}
+        print(f"    {v['pass']} {v['case']} {v['verdict']} {(v['ratio'] or 0):.4f} "
+              f"p={d.get('p_slower')} runs={d.get('runs')} window={d.get('base_window_runs')} "
+              f"spread={d.get('run_to_run_spread')}")
+
+
 def _tails(results: Path) -> None:
     """How heavy the tails of real run-to-run noise are (harness.records.verdict_stats, 5.):
     each pool's residuals in robust spreads (1.4826 x median |r|; exact zeros, a series'
@@ -371,6 +389,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="first, Student t fits of the residual pools in robust spreads")
     ap.add_argument("--show-missed", action="store_true",
                     help="print the stepped candidate's verdicts where a step was missed")
+    ap.add_argument("--show-late", action="store_true",
+                    help="print the stepped candidate's verdicts where a step was not red "
+                         "at its commit")
+    ap.add_argument("--draw-only", default="",
+                    help="steps (as in --steps) whose series are drawn but not judged: "
+                         "the rows after them get the series they would have")
     ap.add_argument("--no-parent", action="store_true",
                     help="confirmation runs without the parent commit's timings")
     ap.add_argument("--confirm-runs", type=int, default=None,
@@ -420,15 +444,21 @@ def main(argv: list[str] | None = None) -> int:
                                 with_parent=not args.no_parent,
                                 same_chip=(one_cases[band], one_cands[band]))
                          for _ in range(args.trials)]
+                label = "none" if step is None else f"{step[0]}:{step[1]:g}"
+                if label in args.draw_only.split(","):
+                    continue  # drawn, so the rows after it get the same series
                 with ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
                     judged = list(pool.map(judge_series, [runs for runs, _ in drawn]))
                 for (_runs, planted), verdicts in zip(drawn, judged, strict=True):
+                    judged_all = verdicts
                     sc = score(template, verdicts, planted)
                     verdicts = [[v for v in vs if v["kernel"] is not None] for vs in verdicts]
                     if args.show_red:
                         _show(template, verdicts, planted)
                     if args.show_missed and planted["kind"] and not sc["within_2"]:
                         _show_missed(verdicts, planted)
+                    if args.show_late and planted["kind"] and not sc["at_commit"]:
+                        _show_late(judged_all, planted)
                     tot.update({"noop": sc["noop"], "red": sc["red"], "late": sc["late"],
                                 "cand": sc["candidate_commits"],
                                 "cand_red": sum(sc["red_candidates"].values()),
