@@ -31,11 +31,12 @@ about +0.5%.
 
 3. Where the gate can time the parent commit's code of the candidate on the same runner
    (a git worktree of the parent; harness.runs.gate_confirm), it does so as many times,
-   interleaved with the confirmations, and those medians (`parent_ms`) join the baseline
-   window as runs of the baseline's code on this chip: a commit that changed the
-   candidate often follows other changes of it, so the window at the baseline's code
-   can be a single run, and sqrt(1/runs + 1/n) is then held up by n. A parent timing
-   counts only if it timed the baseline's source hash (the gate checks it).
+   interleaved with the confirmations, and those medians (`parent_ms`) are the
+   baseline the candidate is judged against (harness.records.same_runner; verdict_stats,
+   7.): the baseline's code on this chip, in the same minutes, where the window of
+   earlier commits at the baseline's code can be a single run (a commit that changed
+   the candidate often follows other changes of it) or ran on other chips. A parent
+   timing counts only if it timed the baseline's source hash (the gate checks it).
 
 4. A step the step search would confirm at this commit (harness.records.step_gate: two
    commits at a new level, a candidate's mean or one case) is a suspect too, whether the
@@ -80,7 +81,7 @@ SUSPECT_MIN = 0.005  # ... and the smallest pooled slowdown that does
 # A candidate of fewer cases than verdict_history.ROBUST_CASES reads by its least-moved
 # case at first; its cases' mean this much slower makes it a suspect too (confirmed, it is
 # judged by that mean: verdict_stats, 6.).
-FEW_CASES_MEAN = 0.01
+FEW_CASES_MEAN = 0.0
 CONFIRM_RUNS = 4  # the gate's default: runs added to a suspect's one
 MAX_CONFIRM_RUNS = 8
 # A suspect the first round left undecided at a p below this is timed a second round

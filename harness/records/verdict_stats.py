@@ -71,8 +71,8 @@ spread the history knows (`harness.records.noise`):
    again in fresh processes before the run was judged). Its change is then the mean of
    the ln medians of its `runs` runs against the window, with the spread
    s * sqrt(1/runs + 1/n) (`verdict_history.diff_scale`), per case and per candidate.
-   The parent commit's code timed by the same run on the same chip (`parent_ms`) joins
-   the baseline window as n more runs of the baseline's code (on one chip only). A
+   The parent commit's code timed by the same run (`parent_ms`) takes the window's place
+   (7.). A
    candidate of fewer than `ROBUST_CASES` cases confirmed by `CONFIRMED_MEAN_RUNS` runs
    or more against a baseline of its own chip is judged by the mean of its cases'
    changes, against the same mean over its A/A runs, instead of the least-moved case
@@ -86,12 +86,17 @@ spread the history knows (`harness.records.noise`):
    runs and, where that left it undecided, once more after a second round
    (harness.records.confirm.extend); under no change the two looks reject with
    probability at most the sum of their levels (Bonferroni over the looks, the simplest
-   of the group-sequential spending rules). Across chips (or chips unknown), a case
-   whose parent's code the run timed on its own GPU (`MIN_RUNS` times a side) is judged
-   against those timings instead of the window: a comparison on one chip, the chip's
-   offset on both sides, its spread the runs' own pooled (moderated toward the
-   history's one-chip spread of the case where there is one), and its candidate by the
-   two-sample test of harness.records.same_runner on the runs' levels.
+   of the group-sequential spending rules). A case whose parent's code the run timed on
+   its own GPU (`MIN_RUNS` times a side, interleaved with the commit's own runs) is
+   judged against those timings instead of the window: the same chip, the same minutes,
+   so a chip's offset (across chips) and the runner's drift since the window's runs are
+   on both sides; its spread the runs' own pooled (moderated toward the history's
+   one-chip spread of the case where there is one, `PRIOR_DF` degrees of freedom), and
+   its candidate by the two-sample test of harness.records.same_runner on the runs'
+   levels (7 degrees of freedom after one round, 15 after two, where a candidate's
+   A/A pairs in the history give a spread of a few: the few-case candidates of the
+   0.5-1.5% band read 1.6-1.8% slower over 9 runs at p 0.04-0.06 per case against
+   their window, and were not red).
 
 A flag also needs the change to be at least `MIN_CHANGE` (1%). The budget of a run that
 changed nothing: `CASE_Q` + `CANDIDATE_ALPHA` (0.5%), half the 1% a team can bear, the
@@ -180,9 +185,9 @@ def decide(verdicts: Sequence[Any], new_entries: dict[Key, dict[str, Any]],
             continue  # not in the baseline: "new" names no base run to be judged against
         across = across_of(key)
         par = parent_logs(entry)  # the parent's code timed by this run, on this chip
-        # Across chips (or chips unknown), the parent's code timed here is a baseline on
-        # the run's own chip: the comparison is one chip's (module doc, 7.).
-        paired = across is not False and min(len(par), len(xs)) >= MIN_RUNS
+        # The parent's code timed here, interleaved with the commit's own runs, is the
+        # baseline: on the run's chip, in the same minutes (module doc, 7.).
+        paired = min(len(par), len(xs)) >= MIN_RUNS
         if paired:
             win, kind = par, False
         else:
