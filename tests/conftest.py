@@ -111,3 +111,21 @@ def pg_url() -> Iterator[str]:
                 c.execute(text(f"DROP SCHEMA {schema} CASCADE"))
     finally:
         admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+    """A database holding the project's A/A gate runs 1-8 of fa2_mma on one H100
+    (results/h100-20261207-aa), a commit chain judged as `import` does."""
+    from pathlib import Path
+
+    from harness.records.baseline import judge_runs
+    from harness.records.db.store import open_db, store_record
+    from harness.records.record import RunRecord
+
+    aa = Path(__file__).resolve().parents[1] / "results" / "h100-20261207-aa"
+    url = f"sqlite:///{tmp_path_factory.mktemp('aa-history')}/h.sqlite"
+    with open_db(url) as db:
+        for i in range(1, 9):
+            judge_runs(db, [store_record(db, RunRecord.read(aa / f"aa-{i}-record.json"))])
+    return url

@@ -36,16 +36,6 @@ def _timed(rec: RunRecord, kernel: str = KERNEL) -> list[dict]:
             and e.get("median_ms")]
 
 
-@pytest.fixture(scope="module")
-def history(tmp_path_factory):
-    """A database holding A/A runs 1-8 of one commit chain, judged as `import` does."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('confirm')}/h.sqlite"
-    with open_db(url) as db:
-        for i in range(1, 9):
-            judge_runs(db, [store_record(db, _aa(i))])
-    return url
-
-
 def _planted(factor: float, source: str = "planted0000000001") -> RunRecord:
     """A/A run 9 as the next commit with fa2_mma's code changed and its medians scaled."""
     rec = _aa(9)

@@ -139,22 +139,7 @@ def test_a_suspect_left_undecided_gets_a_second_round():
     assert cf.extend(None, [s]) == []
 
 
-@pytest.fixture(scope="module")
-def aa_db(tmp_path_factory):
-    """The project's A/A runs 1-8 of fa2_mma on one H100, judged as `import` does."""
-    from test_confirm import _aa
-
-    from harness.records.baseline import judge_runs
-    from harness.records.db.store import open_db, store_record
-
-    url = f"sqlite:///{tmp_path_factory.mktemp('sr')}/h.sqlite"
-    with open_db(url) as db:
-        for i in range(1, 9):
-            judge_runs(db, [store_record(db, _aa(i))])
-    return url
-
-
-def test_across_chips_every_changed_candidate_is_a_suspect(aa_db):
+def test_across_chips_every_changed_candidate_is_a_suspect(history):
     from test_confirm import KERNEL, _aa, _planted
 
     from harness.records.db.store import open_db
@@ -164,7 +149,7 @@ def test_across_chips_every_changed_candidate_is_a_suspect(aa_db):
     elsewhere.gpu = {**elsewhere.gpu, "uuid": "GPU-another-chip"}
     unchanged = _aa(9)
     unchanged.gpu = {**unchanged.gpu, "uuid": "GPU-another-chip"}
-    with open_db(aa_db) as db:
+    with open_db(history) as db:
         assert cf.suspects(cf.preliminary(db, moved)) == []
         assert cf.across_suspects(db, moved) == []  # the baseline's chip: the screen's
         found = cf.across_suspects(db, elsewhere)
@@ -176,34 +161,25 @@ def test_across_chips_every_changed_candidate_is_a_suspect(aa_db):
     assert sorted((s.variant, s.pass_name) for s in both) == [(KERNEL, "bwd"), (KERNEL, "fwd")]
 
 
-def test_the_gate_times_an_undecided_suspect_a_second_round(monkeypatch):
+def test_the_gate_times_an_undecided_suspect_a_second_round(history, monkeypatch):
     """After the first round the run is judged again; a suspect `extend` names is timed as
     many times more, and the note and the record say two rounds."""
-    import tempfile
+    from test_confirm import KERNEL, _execution, _planted, _same_chip_runs, _timed
 
-    from test_confirm import KERNEL, _aa, _execution, _planted, _same_chip_runs, _timed
-
-    from harness.records.baseline import judge_runs
-    from harness.records.db.store import open_db, store_record
     from harness.runs import gate_confirm
     from harness.runs.gate_options import GateOptions
 
-    with tempfile.TemporaryDirectory() as tmp:
-        url = f"sqlite:///{tmp}/h.sqlite"
-        with open_db(url) as db:
-            for i in range(1, 9):
-                judge_runs(db, [store_record(db, _aa(i))])
-        rec = _planted(1.02)
-        looked: list[int] = []
+    rec = _planted(1.02)
+    looked: list[int] = []
 
-        def undecided(report, found):
-            looked.append(min(c.runs for c in report.candidates if c.variant == KERNEL))
-            return [s for s in found if s.pass_name == "fwd"]
+    def undecided(report, found):
+        looked.append(min(c.runs for c in report.candidates if c.variant == KERNEL))
+        return [s for s in found if s.pass_name == "fwd"]
 
-        monkeypatch.setattr(cf, "extend", undecided)
-        notes = gate_confirm.confirm(rec, _execution(rec), GateOptions(db_url=url),
-                                     log=lambda _l: None, time_again=_same_chip_runs(rec, 1.02),
-                                     time_parent=lambda *_a: ({}, "not wanted here"))
+    monkeypatch.setattr(cf, "extend", undecided)
+    notes = gate_confirm.confirm(rec, _execution(rec), GateOptions(db_url=history),
+                                 log=lambda _l: None, time_again=_same_chip_runs(rec, 1.02),
+                                 time_parent=lambda *_a: ({}, "not wanted here"))
     assert looked == [1 + cf.CONFIRM_RUNS]  # judged again with the first round in it
     runs = {e.get("pass") or "fwd": len(e["confirm_ms"]) for e in _timed(rec)}
     assert runs == {"fwd": 2 * cf.CONFIRM_RUNS, "bwd": cf.CONFIRM_RUNS}
@@ -254,7 +230,7 @@ def _scaled_parent(factor: float, source: str):
 
 
 @pytest.mark.parametrize(("code", "red"), [(1.02, True), (1.0, False)])
-def test_the_gate_on_a_faster_chip_judges_the_commit_against_its_parent_there(aa_db, code, red):
+def test_the_gate_on_a_faster_chip_judges_the_commit_against_its_parent_there(history, code, red):
     """The history on one H100, the commit gated on another chip 4% faster: read against
     the window it is faster whatever its code; the gate times the parent's code on this
     chip, and a 2% slowdown is red at its commit while the same code stays green."""
@@ -268,12 +244,12 @@ def test_the_gate_on_a_faster_chip_judges_the_commit_against_its_parent_there(aa
     rec = _planted(code * chip, source=f"changed-{code}")
     rec.gpu = {**rec.gpu, "uuid": "GPU-another-chip"}
     notes = gate_confirm.confirm(
-        rec, _execution(rec), GateOptions(db_url=aa_db), log=lambda _l: None,
+        rec, _execution(rec), GateOptions(db_url=history), log=lambda _l: None,
         time_again=_same_chip_runs(rec, code * chip),
         time_parent=_scaled_parent(chip, _aa(8).kernels[KERNEL]["source_hash"]))
     assert all("on another chip than its baseline's" in n and "its parent's code on" in n
                for n in notes), notes
-    with open_db(aa_db) as db:
+    with open_db(history) as db:
         report = cf.preliminary(db, rec)
     cands = [c for c in report.candidates if c.variant == KERNEL]
     assert cands and all(c.against == "parent" for c in cands)
