@@ -139,8 +139,10 @@ def _confirmations(detail: dict) -> None:
     table = pd.DataFrame([{
         "candidate": clip(str(r.get("kernel")), 200), "pass": r.get("pass"),
         "why": (f"a step across {clip(str(r['step']), 60)}" if r.get("step") else
-                f"read {float(r.get('ratio') or 1) - 1:+.2%} at first"),
-        "more runs": r.get("runs"), "cases": r.get("cases"),
+                f"read {float(r.get('ratio') or 1) - 1:+.2%} at first"
+                + ("" if "p_value" not in r or r.get("p_value") is not None
+                   else " on another chip than its baseline's")),
+        "more runs": r.get("runs"), "rounds": r.get("rounds") or 1, "cases": r.get("cases"),
         "parent's code": (f"{r.get('parent_cases')} case(s)" if r.get("parent_cases")
                           else clip(str(r.get("parent_not_timed") or "-"), 200)),
         "seconds": r.get("wall_s")} for r in rows if isinstance(r, dict)])
