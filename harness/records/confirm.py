@@ -167,9 +167,9 @@ def across_suspects(db: Database, record: RunRecord, *, branch: str = "main",
                     window: int = 5, baseline_run: str | int | None = None
                     ) -> list[Suspect]:
     """Where a run of `record`'s baseline ran on another GPU (or a uuid is unknown, as
-    harness.records.compare reads a comparison across chips): each owned candidate-pass whose source the commit changed and that the run
-    timed (module doc, 5.), whatever it read: one run cannot tell its change from the
-    chip's. Its ratio is the geometric mean of its cases' medians over the newest base
+    harness.records.compare reads a comparison across chips): each owned candidate-pass
+    whose source the commit changed and that the run timed (module doc, 5.), whatever it
+    read: one run cannot tell its change from the chip's. Its ratio is the geometric mean of its cases' medians over the newest base
     run's (for the log); its p is nan. Only worth asking where the parent's code can be
     timed on this runner."""
     bases = _bases(db, record, branch=branch, window=window, baseline_run=baseline_run)[1]

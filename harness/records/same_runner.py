@@ -1,5 +1,7 @@
 """A confirmed candidate against its parent commit's code timed by the same gate run, on
-the same GPU: what decides a commit whose history ran on other chips.
+the same GPU, in the same minutes: what decides a commit wherever the gate could time its
+parent's code (harness.records.verdict_stats, 7.), and the only thing that can where its
+history ran on other chips.
 
 Across chips the history cannot tell a 2% slowdown from the chip's offset: chips of one
 model run a candidate several percent apart (a case 27-57% slower on one chip), so the

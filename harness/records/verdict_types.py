@@ -51,8 +51,8 @@ class CaseChange:
     one_chip: bool = True  # its baseline ran on the same GPU (uuid known and equal)
     runs: int = 1  # runs of the new commit averaged in d (1 + its confirmations)
     logs: list[float] = field(default_factory=list)  # ln medians of the new commit's runs
-    # ln medians of the parent's code timed by this run, where the baseline was on other
-    # chips (on one chip they are in the window: `n_base` counts them)
+    # ln medians of the parent's code timed by this run on its GPU, the baseline this
+    # case was judged against in place of the window (empty: judged against the window)
     parent: list[float] = field(default_factory=list)
 
 
@@ -75,7 +75,7 @@ class CandidateChange:
     mean_ratio: float = 1.0  # exp of the mean of its cases' changes
     one_chip: bool = True  # every case's baseline ran on the new run's GPU
     # "history": against the baseline window; "parent": against the parent's code timed
-    # by this run on its own GPU (harness.records.same_runner), the history on other chips
+    # by this run on its own GPU, in the same minutes (harness.records.same_runner)
     against: str = "history"
 
     def to_dict(self) -> dict[str, Any]:

@@ -129,7 +129,8 @@ class _Rounds:
         self.record, self.plan, self.timer, self.parent = record, plan, timer, parent
         self.expected, self.log = expected, log
         self.by_name = {c.name: c for c in ex.candidates}
-        self.done: dict[tuple[str, str], dict[str, Any]] = {}
+        self.done: dict[tuple[str, str], dict[str, Any]] = {}  # env.ci_confirm's rows
+        self.why: dict[tuple[str, str], str] = {}  # what made each a suspect, for the notes
         self.extra: list[str] = []
 
     def time(self, s: Any, runs: int) -> None:
@@ -148,9 +149,11 @@ class _Rounds:
                if math.isnan(s.p_value) else f"read {s.ratio - 1:+.2%} (p = {s.p_value:.2g})")
         d = self.done.setdefault(k, {
             "kernel": s.variant, "pass": s.pass_name, "ratio": s.ratio,
-            "p_value": None if s.step or math.isnan(s.p_value) else s.p_value, "step": s.step, "runs": 0,
+            "p_value": None if s.step or math.isnan(s.p_value) else s.p_value,
+            "step": s.step, "runs": 0,
             "cases": 0, "parent_cases": 0, "rounds": 0, "wall_s": 0.0,
-            "parent_not_timed": "a step across commits" if s.step else None, "why": why})
+            "parent_not_timed": "a step across commits" if s.step else None})
+        self.why.setdefault(k, why)
         self.log(f"confirming {s.variant} ({s.pass_name}): {why}; timing its {len(cases)} "
                  f"case(s) {runs} more time(s), each in a fresh child"
                  + ("" if d["parent_not_timed"] else ", and its parent's code as often"))
@@ -192,8 +195,8 @@ class _Rounds:
 
     def notes(self) -> list[str]:
         out = []
-        for d in self.done.values():
-            why, n, n_parent = d.pop("why"), d["cases"], d["parent_cases"]
+        for k, d in self.done.items():
+            why, n, n_parent = self.why[k], d["cases"], d["parent_cases"]
             if n == 0:
                 out.append(f"{d['kernel']} ({d['pass']}) {why} at first: no confirmation "
                            "timed, judged on its one run")
