@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The score modifiers (softcap, ALiBi, sinks) and d_v != d_qk on the GPU, in stages, each
+# bounded in time:
+#     bash bench/h200_mods.sh naive peers sanitize      # any of these, in order
+# naive:    the shipped naive CUDA kernel with the modifiers declared (a copy of its folder,
+#           `naive_mods`, whose manifest adds softcap / alibi / sinks / head_dim_v), on the
+#           mods grid under SECRETS secrets (default 0 1), 2 repeats (bitwise compared)
+# peers:    the peers that declare the modifiers (flex_attention compiled, the SDPA
+#           backends) on the mods grid, secret 0
+# sanitize: compute-sanitizer memcheck on naive_mods, small cases of each modifier
+# Set FA_HARNESS_COMMIT to the commit measured (the tree comes without .git). Logs and
+# JSON results go to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/h200-mods}
+mkdir -p "$OUT"
+if [ -f .whl/prelude.sh ] && [ -z "${FA_PRELUDE_DONE:-}" ]; then source .whl/prelude.sh; fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FA_HARNESS_HOME=${FA_HARNESS_HOME:-/tmp/fa-harness-home}
+mkdir -p "$FA_HARNESS_HOME"
+FA="python3 -m harness"
+K=${WORK:-/tmp}/mods-kernels
+rm -rf "$K" && mkdir -p "$K"
+cp -r harness/kernels/naive "$K/naive_mods"
+sed -i -e 's/^name = "naive"/name = "naive_mods"/' \
+  -e 's/^masked_lse = "-inf"/masked_lse = "-inf"\nsoftcap = true\nalibi = true\nsinks = true\nhead_dim_v = true/' \
+  "$K/naive_mods/manifest.toml"
+
+step() {  # step NAME TIMEOUT_S CMD...: run, log to $OUT/NAME.log, print its tail
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc, $((SECONDS - t0)) s" | tee -a "$OUT/times.txt"
+  tail -n "${TAIL:-20}" "$OUT/$name.log"
+}
+
+for stage in "$@"; do
+  case $stage in
+    naive)
+      for s in ${SECRETS:-0 1}; do
+        step "naive-$s" "${NAIVE_S:-240}" $FA run --grid mods --kernels-dir "$K" \
+          --kernels naive_mods --device cuda --repeats 2 --secret "$s" --no-progress \
+          --json "$OUT/naive-mods-$s.json" --no-store
+      done ;;
+    peers)
+      step peers "${PEERS_S:-300}" $FA run --grid mods \
+        --kernels "${PEERS:-flex_attention,sdpa_math,sdpa_flash,sdpa_efficient,sdpa_cudnn}" --device cuda \
+        --no-progress --json "$OUT/peers-mods.json" --no-store ;;
+    sanitize)
+      step sanitize 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        python3 -m harness.execution.sanitize_target --variant "$K/naive_mods" \
+        --cases "${SAN_CASES:-b2h4k2-203x113-d64-bf16-causal_br-sc10,b2h4k1-113x203-d64-bf16-causal_tl-alibi,b3h4k2-97x130-d64-fp16-key_padding-sink,b2h4k2-203x113-d192v128-bf16-causal_br,b1h8k2-1x239-d128-bf16-none-sc20-alibi-sink}" --trusted ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
