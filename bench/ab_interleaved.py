@@ -17,9 +17,15 @@ median SM clock of its turns (NVML; "-" without it): on a power-capped GPU two k
 one round can run 10% apart in clock, and the ratio then says so much about power as
 about the kernel.
 
+A kernel may be named with score modifiers, NAME@MODS (e.g. fa3_wgmma@sc30,
+fa3_wgmma@sink, fa3_wgmma@sc30-sink): it is then checked and timed on each case with those
+modifiers appended to its id (harness.core.cases.Case.from_id), with the same shape and
+the same FLOP count, so that the ratio to the baseline on the plain case is what the
+modifiers cost.
+
 Exit status: 0 when every (kernel, case) passed its check, 1 when one did not (it is then
-not timed), 2 on bad arguments (an unknown kernel, no case matching, fewer than 1 round, a
---min-time that is not positive).
+not timed), 2 on bad arguments (an unknown kernel, no case matching, modifiers that are
+not a case id's, fewer than 1 round, a --min-time that is not positive).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from harness.candidates.registry import available, get_candidate
-    from harness.core.cases import make_inputs
+    from harness.core.cases import Case, make_inputs
     from harness.core.check import check_case
     from harness.core.flops import attention_flops
     from harness.core.grids import get_grid
@@ -58,11 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     from harness.measure.timing import StopRule, measure
 
     names = [n for n in args.kernels.split(",") if n]
+    mods = {n: n.partition("@")[2] for n in names}  # NAME@MODS: the case's modifiers
     try:
-        kernels = [get_candidate(n) for n in names]
+        by_label = {n: get_candidate(n.partition("@")[0]) for n in names}
     except KeyError as e:
         print(f"error: {e.args[0]}", file=sys.stderr)
         return 2
+    kernels = list(by_label.values())
     missing = [k.name for k in kernels if not available(k)]
     if missing:
         print(f"error: not available here: {', '.join(missing)}", file=sys.stderr)
@@ -76,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         print(f"error: no case of grid {args.grid!r} matches {args.cases!r}", file=sys.stderr)
         return 2
+    for n in names:
+        try:
+            if mods[n]:
+                Case.from_id(f"{cases[0].id}-{mods[n]}")
+        except ValueError as e:
+            print(f"error: {n}: not a case's modifiers: {e}", file=sys.stderr)
+            return 2
     rule = StopRule(min_time_s=args.min_time, max_time_s=max(2.0, 4 * args.min_time))
 
     failed = False
@@ -85,39 +100,42 @@ def main(argv: list[str] | None = None) -> int:
     medians: dict[str, list[tuple[int, float]]] = {}   # kernel -> (head dim, median ratio)
     for case in cases:
         runnable = []
-        for k in kernels:
-            if k.supports(case):
+        of = {n: Case.from_id(f"{case.id}-{mods[n]}") if mods[n] else case for n in names}
+        for n, k in by_label.items():
+            if k.supports(of[n]):
                 continue
-            res = check_case(k, case, device="cuda")
+            res = check_case(k, of[n], device="cuda")
             if res.status is not Status.PASSED:
-                print(f"{case.id:40} {k.name:{w}} {res.status.value}: {res.message}")
+                print(f"{of[n].id:40} {n:{w}} {res.status.value}: {res.message}")
                 failed = True
                 continue
-            runnable.append(k)
+            runnable.append(n)
         if not runnable:
             continue
         n_sets = timing_sets(ideal_bytes(case), "cold")
-        sets = [make_inputs(case, "cuda", draw=i) for i in range(n_sets)]
+        sets = {}
         launches = {}
-        for k in runnable:
-            out, lse = output_buffers(k, case)
-            launches[k.name] = make_launch(k, case, sets, out, lse)
-        ms: dict[str, list[float]] = {k.name: [] for k in runnable}
-        mhz: dict[str, list[float]] = {k.name: [] for k in runnable}
+        for n in runnable:
+            if of[n].id not in sets:
+                sets[of[n].id] = [make_inputs(of[n], "cuda", draw=i) for i in range(n_sets)]
+            out, lse = output_buffers(by_label[n], of[n])
+            launches[n] = make_launch(by_label[n], of[n], sets[of[n].id], out, lse)
+        ms: dict[str, list[float]] = {n: [] for n in runnable}
+        mhz: dict[str, list[float]] = {n: [] for n in runnable}
         for r in range(args.rounds):
             order = runnable[r % len(runnable):] + runnable[:r % len(runnable)]
-            for k in order:
-                t = measure(launches[k.name], n_sets=n_sets, rule=rule)
-                ms[k.name].append(t.median_ms)
+            for n in order:
+                t = measure(launches[n], n_sets=n_sets, rule=rule)
+                ms[n].append(t.median_ms)
                 if t.sm_clock_mhz is not None:
-                    mhz[k.name].append(t.sm_clock_mhz)
+                    mhz[n].append(t.sm_clock_mhz)
         flops = attention_flops(case)
-        for k in runnable:
-            base = ms[baseline] if baseline in ms and k.name != baseline else None
-            print(row(case.id, k.name, w, flops, ms[k.name], mhz[k.name], base), flush=True)
+        for n in runnable:
+            base = ms[baseline] if baseline in ms and n != baseline else None
+            print(row(case.id, n, w, flops, ms[n], mhz[n], base), flush=True)
             if base is not None:
-                medians.setdefault(k.name, []).append(
-                    (case.head_dim, statistics.median(per_round(base, ms[k.name]))))
+                medians.setdefault(n, []).append(
+                    (case.head_dim, statistics.median(per_round(base, ms[n]))))
     for line in summary(medians, baseline):
         print(line)
     return 1 if failed else 0

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The score modifiers (softcap, ALiBi, sinks) and d_v != d_qk on the GPU, in stages, each
 # bounded in time:
-#     bash bench/h200_mods.sh naive peers sanitize      # any of these, in order
+#     bash bench/h200_mods.sh naive fa3 sanitize cost peers    # any of these, in order
 # naive:    the shipped naive CUDA kernel with the modifiers declared (a copy of its folder,
 #           `naive_mods`, whose manifest adds softcap / alibi / sinks / head_dim_v), on the
 #           mods grid under SECRETS secrets (default 0 1), 2 repeats (bitwise compared)
+# fa3:      the same for fa3_wgmma (`fa3_wgmma_mods`: softcap / alibi / sinks)
+# cost:     what the modifiers cost fa3_wgmma: bench/ab_interleaved.py, fa3_wgmma on the
+#           perf grid's COST_CASES against fa3_wgmma_mods on the same cases plain and
+#           with sc30, alibi, sink
 # peers:    the peers that declare the modifiers (flex_attention compiled, the SDPA
 #           backends) on the mods grid, secret 0
 # sanitize: compute-sanitizer memcheck on naive_mods, small cases of each modifier
@@ -24,6 +28,10 @@ cp -r harness/kernels/naive "$K/naive_mods"
 sed -i -e 's/^name = "naive"/name = "naive_mods"/' \
   -e 's/^masked_lse = "-inf"/masked_lse = "-inf"\nsoftcap = true\nalibi = true\nsinks = true\nhead_dim_v = true/' \
   "$K/naive_mods/manifest.toml"
+cp -r harness/kernels/fa3_wgmma "$K/fa3_wgmma_mods"
+sed -i -e 's/^name = "fa3_wgmma"/name = "fa3_wgmma_mods"/' \
+  -e 's/^masked_lse = "-inf"/masked_lse = "-inf"\nsoftcap = true\nalibi = true\nsinks = true/' \
+  "$K/fa3_wgmma_mods/manifest.toml"
 
 step() {  # step NAME TIMEOUT_S CMD...: run, log to $OUT/NAME.log, print its tail
   local name=$1 limit=$2; shift 2
@@ -42,11 +50,25 @@ for stage in "$@"; do
           --kernels naive_mods --device cuda --repeats 2 --secret "$s" --no-progress \
           --json "$OUT/naive-mods-$s.json" --no-store
       done ;;
+    fa3)
+      for s in ${SECRETS:-0 1}; do
+        step "fa3-$s" "${FA3_S:-240}" $FA run --grid mods --kernels-dir "$K" \
+          --kernels fa3_wgmma_mods --device cuda --repeats 2 --secret "$s" --no-progress \
+          --json "$OUT/fa3-mods-$s.json" --no-store
+      done ;;
+    cost)
+      step cost "${COST_S:-300}" env FA_HARNESS_KERNELS="$K" python3 bench/ab_interleaved.py \
+        --kernels fa3_wgmma,fa3_wgmma_mods,fa3_wgmma_mods@sc30,fa3_wgmma_mods@alibi,fa3_wgmma_mods@sink \
+        --cases "${COST_CASES:-*-4096x4096-d*-bf16-*,*-16384x16384-d*-bf16-*}" \
+        --rounds "${COST_ROUNDS:-3}" --min-time "${MIN_TIME:-0.1}" ;;
     peers)
       step peers "${PEERS_S:-300}" $FA run --grid mods \
         --kernels "${PEERS:-flex_attention,sdpa_math,sdpa_flash,sdpa_efficient,sdpa_cudnn}" --device cuda \
         --no-progress --json "$OUT/peers-mods.json" --no-store ;;
     sanitize)
+      step sanitize-fa3 180 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        python3 -m harness.execution.sanitize_target --variant "$K/fa3_wgmma_mods" \
+        --cases "${SAN_FA3:-b2h4k2-203x113-d64-bf16-causal_br-sc10,b2h4k1-113x203-d64-bf16-causal_tl-alibi,b3h4k2-97x130-d64-fp16-key_padding-sink,b2h6k2-113x203-d128-fp16-causal_br-sc20-alibi-sink}" --trusted
       step sanitize 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
         python3 -m harness.execution.sanitize_target --variant "$K/naive_mods" \
         --cases "${SAN_CASES:-b2h4k2-203x113-d64-bf16-causal_br-sc10,b2h4k1-113x203-d64-bf16-causal_tl-alibi,b3h4k2-97x130-d64-fp16-key_padding-sink,b2h4k2-203x113-d192v128-bf16-causal_br,b1h8k2-1x239-d128-bf16-none-sc20-alibi-sink}" --trusted ;;

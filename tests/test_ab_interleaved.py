@@ -17,6 +17,8 @@ def test_bad_arguments_exit_2_with_one_message(capsys):
     assert "no case of grid 'perf' matches" in capsys.readouterr().err
     assert main(["--kernels", "sdpa_math", "--baseline", "fa1"]) == 2
     assert "baseline 'fa1' is not among --kernels" in capsys.readouterr().err
+    assert main(["--kernels", "sdpa_math,sdpa_math@sc30-bogus"]) == 2
+    assert "sdpa_math@sc30-bogus: not a case's modifiers" in capsys.readouterr().err
     for bad in (["--rounds", "0"], ["--min-time", "0"], ["--min-time", "nan"]):
         assert main(["--kernels", "sdpa_math", *bad]) == 2
         assert "--rounds must be at least 1" in capsys.readouterr().err

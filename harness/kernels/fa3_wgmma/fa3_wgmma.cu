@@ -22,6 +22,8 @@
 // arrive as zeros (the tensor map's bounds), and are masked or never written.
 // Softmax: exp2 domain, the -inf guard of fa2_mma (a row that has seen no key subtracts 0),
 // O / l at the end, LSE = ln(sum exp(scale * s)); a row that sees no key: O = 0, LSE = -inf.
+// Score modifiers: softcap and ALiBi on each S tile before the mask, a sink in the
+// epilogue's sum (then a row that sees no key has LSE = the sink).
 // Masks: none, causal (both alignments through causal_offset), key padding; a causal Q
 // block stops at its last visible tile, and the longest blocks are taken first.
 #include "fa_harness.h"
@@ -442,17 +444,27 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         mbar_arrive(bar_te + 8u * eslot);
         char* og = (char*)p.o + 2 * (b * p.o_batch_stride + h * p.o_head_stride);
         float* lseg = p.lse ? p.lse + ((long long)b * p.heads + h) * p.seqlen_q : nullptr;
+        // A sink z (FaParams' doc) is one more term of the denominator, no value: the sum
+        // and max taken again with it, in the exp2 domain (m is the running max there).
+        const float zl = p.sinks != nullptr ? p.sinks[h] * (p.scale_log2 / p.scale)
+                                            : neg_inf();
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = row0 + r * 8;
             if (row >= p.seqlen_q) continue;
-            const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+            float lt = l[r], mt = m[r], sc = 1.f;
+            if (p.sinks != nullptr) {
+                mt = fmaxf(m[r], zl);
+                sc = l[r] > 0.f ? exp2f(m[r] - mt) : 0.f;
+                lt = l[r] * sc + exp2f(zl - mt);
+            }
+            const float inv = lt > 0.f ? sc / lt : 0.f;
             unsigned* orow = (unsigned*)(og + 2 * (long long)row * p.o_row_stride);
 #pragma unroll
             for (int t = 0; t < D / 8; ++t)
                 orow[t * 4 + q4] = pack2<BF16>(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv);
             if (lseg && q4 == 0)
-                lseg[row] = l[r] > 0.f ? m[r] * FA_LN2 + logf(l[r]) : neg_inf();
+                lseg[row] = lt > 0.f ? mt * FA_LN2 + logf(lt) : neg_inf();
         }
     };
     // The pending work tile's last PV alone, then its O.
@@ -495,6 +507,29 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         auto softmax = [&](float* sacc, int n0, float* alpha) {
             const int q0 = ts[1];
             const int klimit = ts[4];
+            // The score modifiers (FaParams' doc) before the mask, in the accumulator's
+            // units (s / scale: the exponentials multiply by scale_log2).
+            if (p.softcap > 0.f) {
+                // c tanh(x), x = scale s / c, as c (1 - 2 / (e^2x + 1)): an ex2 and a
+                // reciprocal, both accurate to ~2^-22 (tanh.approx's 2^-11 would move a
+                // capped logit near c by up to c / 2048); e^2x clamped below overflow.
+                const float k2 = 2.f * p.scale_log2 / p.softcap;
+                const float cs = p.softcap / p.scale;
+#pragma unroll
+                for (int i = 0; i < BN / 2; ++i)
+                    sacc[i] = cs * (1.f - __fdividef(2.f, exp2f(fminf(sacc[i] * k2, 64.f)) + 1.f));
+            }
+            if (p.alibi_slopes != nullptr) {   // -slope |i + o - j|, over scale likewise
+                const float sl = p.alibi_slopes[ts[2]] / p.scale;
+                const int diag = q0 + cw * 64 + warp * 16 + g
+                                 + fa_seq_offset(p, p.seqlen_q, p.seqlen_k) - n0 - q4 * 2;
+#pragma unroll
+                for (int t = 0; t < BN / 8; ++t)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        sacc[4 * t + e] -= sl * fabsf((float)(diag + ((e >> 1) << 3)
+                                                             - t * 8 - (e & 1)));
+            }
             int unmasked_end = klimit;    // tiles ending at or before it need no element mask
             if (causal) unmasked_end = min(unmasked_end, q0 + cw * 64 + p.causal_offset + 1);
             if (n0 + BN > unmasked_end) {
