@@ -3,7 +3,8 @@
 # bounded in time:
 #     bash bench/h200_mods.sh naive fa3 sanitize cost peers    # any of these, in order
 # naive:    the shipped naive CUDA kernel with the modifiers declared (a copy of its folder,
-#           `naive_mods`, whose manifest adds softcap / alibi / sinks / head_dim_v), on the
+#           `naive_mods`, whose manifest adds softcap / alibi / sinks / head_dim_v and
+#           fp8 / fp8_kv), on the
 #           mods grid under SECRETS secrets (default 0 1), 2 repeats (bitwise compared)
 # fa3:      the same for fa3_wgmma (`fa3_wgmma_mods`: softcap / alibi / sinks)
 # cost:     what the modifiers cost fa3_wgmma: bench/ab_interleaved.py, fa3_wgmma on the
@@ -26,7 +27,7 @@ K=${WORK:-/tmp}/mods-kernels
 rm -rf "$K" && mkdir -p "$K"
 cp -r harness/kernels/naive "$K/naive_mods"
 sed -i -e 's/^name = "naive"/name = "naive_mods"/' \
-  -e 's/^masked_lse = "-inf"/masked_lse = "-inf"\nsoftcap = true\nalibi = true\nsinks = true\nhead_dim_v = true/' \
+  -e 's/^masked_lse = "-inf"/masked_lse = "-inf"\nsoftcap = true\nalibi = true\nsinks = true\nhead_dim_v = true\nfp8 = true\nfp8_kv = true/' \
   "$K/naive_mods/manifest.toml"
 cp -r harness/kernels/fa3_wgmma "$K/fa3_wgmma_mods"
 sed -i -e 's/^name = "fa3_wgmma"/name = "fa3_wgmma_mods"/' \

@@ -31,15 +31,16 @@ def _layout_source(asserts: str) -> str:
 
 
 def test_dtype_shape():
-    assert PARAMS_DTYPE.itemsize == 464
+    assert PARAMS_DTYPE.itemsize == 544
     offs = field_offsets()
     assert offs["q"] == 0 and offs["workspace"] == 56 and offs["q_batch_stride"] == 88
     assert offs["dout"] == 200 and offs["dv_row_stride"] == 320
     assert offs["batch"] == 328 and offs["scale_log2"] == 372
     assert offs["cu_seqlens_q"] == 376 and offs["block_table_stride"] == 408
-    assert list(PARAMS_DTYPE.names)[-5:] == ["tensor_maps", "alibi_slopes", "sinks",
-                                              "softcap", "head_dim_v"]
+    assert list(PARAMS_DTYPE.names)[-15:-10] == ["tensor_maps", "alibi_slopes", "sinks",
+                                                  "softcap", "head_dim_v"]
     assert offs["tensor_maps"] == 432 and offs["sinks"] == 448 and offs["head_dim_v"] == 460
+    assert offs["q_descale"] == 464 and offs["kd_row_stride"] == 528 and offs["fp8"] == 536
 
 
 @pytest.mark.nvcc
@@ -176,3 +177,62 @@ def test_build_params_score_modifiers_and_dv():
     bad.sinks = bad.sinks[:2]
     with pytest.raises(ValueError, match="sinks of shape"):
         build_params(case, bad, *_outputs(case), [], num_splits=1)
+
+
+@pytest.mark.parametrize(("case_id", "code", "q_strides", "k_strides"), [
+    # one descale a tensor: every stride 0
+    ("b2h4-13x21-d64-fp16-none-fp8_qkv_tensor", 1, (0, 0, 0), (0, 0, 0)),
+    # one a (batch entry, head): q (B, H, 1), k and v (B, Hkv, 1)
+    ("b2h4k2-13x21-d64-bf16-causal_br-fp8_qkv_head", 1, (4, 1, 0), (2, 1, 0)),
+    # a cache's head: (1, Hkv, 1); q stays in the case dtype, no descale
+    ("b2h4k2-1x21-d64-fp16-none-fp8_kv_head", 2, None, (0, 1, 0)),
+    # a cache's token and head: (B, Hkv, Nk)
+    ("b2h4k2-3x21-d64-fp16-causal_br-fp8_kv_token", 2, None, (42, 21, 1)),
+])
+def test_build_params_fp8_descales(case_id, code, q_strides, k_strides):
+    """An fp8 case's e4m3 tensors reach the struct as bytes with their descales (the
+    harness's, unchanged) and the strides that find a row's descale: 0 where one
+    descale covers a dim; q in the case dtype has none (docs/fp8.md)."""
+    from harness.core.fp8 import e4m3
+
+    case = Case.from_id(case_id)
+    inp = make_inputs(case)
+    assert inp.k.dtype == e4m3()
+    bp = build_params(case, inp, *_outputs(case), [], num_splits=1)
+    p = bp.scalar
+    assert p["fp8"] == code
+    by_ptr = {t.data_ptr(): t for t in bp.keepalive}
+    for name, strides, prefix in (("q_descale", q_strides, "qd"), ("k_descale", k_strides, "kd"),
+                                  ("v_descale", k_strides, "kd")):
+        if strides is None:
+            assert p[name] == 0 and inp.q.dtype == case.torch_dtype
+            continue
+        assert torch.equal(by_ptr[int(p[name])], getattr(inp, name))
+        assert tuple(int(p[f"{prefix}_{x}_stride"]) for x in ("batch", "head", "row")) == strides
+    # each row's descale is where the strides say: k row n of (b, h) scaled by it
+    d = inp.k_descale.expand(*inp.k.shape[:3])
+    kd = by_ptr[int(p["k_descale"])].flatten()
+    sb, sh, sr = (int(p[f"kd_{x}_stride"]) for x in ("batch", "head", "row"))
+    for b, h, n in ((0, 0, 0), (1, 1, inp.k.shape[2] - 1)):
+        assert kd[b * sb + h * sh + n * sr] == d[b, h, n]
+
+
+def test_build_params_fp8_refuses_what_is_not_the_case():
+    case = Case.from_id("b2h4k2-13x21-d64-bf16-causal_br-fp8_qkv_head")
+    inp = make_inputs(case)
+    bad = make_inputs(case)
+    bad.k = bad.k.to(case.torch_dtype)  # not e4m3
+    with pytest.raises(ValueError, match="k has dtype"):
+        build_params(case, bad, *_outputs(case), [], num_splits=1)
+    bad = make_inputs(case)
+    bad.k_descale = None
+    with pytest.raises(ValueError, match="needs k_descale"):
+        build_params(case, bad, *_outputs(case), [], num_splits=1)
+    bad = make_inputs(case)
+    bad.v_descale = bad.v_descale.expand(2, 2, 13).contiguous()
+    with pytest.raises(ValueError, match="v_descale of shape"):
+        build_params(case, bad, *_outputs(case), [], num_splits=1)
+    plain = Case(2, 4, 2, 13, 21, 64, "bfloat16")
+    p = build_params(plain, make_inputs(plain), *_outputs(plain), [], num_splits=1).scalar
+    assert (p["fp8"], p["q_descale"], p["k_descale"], p["v_descale"]) == (0, 0, 0, 0)
+    assert inp.q.dtype != plain.torch_dtype

@@ -264,7 +264,7 @@ def _mut(path: str, value, delete: bool = False) -> dict:
     ("supports.shape", 1, "supports.shape", "unknown field"),
     ("supports.softcap", "yes", "supports.softcap", "true or false"),
     ("supports.sinks", 1, "supports.sinks", "true or false"),
-    ("supports.fp8", True, "supports.fp8", "cannot declare it yet"),
+    ("supports.fp8", 1, "supports.fp8", "true or false"),
     ("supports.fp8_kv", "no", "supports.fp8_kv", "true or false"),
     ("tiles.block_q", 0, "tiles.block_q", ">= 1"),
     ("tiles.block_q", "64", "tiles.block_q", "must be an integer"),
@@ -496,3 +496,22 @@ def test_a_variant_declares_the_score_modifiers_and_dv_it_runs(tmp_path):
     plain = CudaVariant.from_spec(load_variant_dir(write_variant(tmp_path / "p", good_manifest())))
     assert "softcap" in plain.supports(Case(1, 2, 2, 16, 16, 64, softcap=30.0))
     assert "d_v" in plain.supports(Case(1, 2, 2, 16, 16, 64, head_dim_v=32))
+
+
+def test_a_variant_declares_the_fp8_inputs_it_reads(tmp_path):
+    """FaParams carries an fp8 case's descales: a variant declaring fp8 runs e4m3 Q, K, V
+    cases, one declaring fp8_kv e4m3 caches; the others are skipped with the reason. A
+    variant with tensor maps cannot declare them (the descriptors are 2-byte ones)."""
+    m = good_manifest()
+    m["supports"].update(fp8=True)
+    cand = CudaVariant.from_spec(load_variant_dir(write_variant(tmp_path, m)))
+    qkv = Case.from_id("b2h4k2-13x21-d64-fp16-causal_br-fp8_qkv_head")
+    cache = Case.from_id("b2h4k2-1x21-d64-fp16-none-fp8_kv_token")
+    assert cand.supports(qkv) is None
+    assert "fp8 KV cache not supported" in cand.supports(cache)
+    m["supports"].update(fp8=False, fp8_kv=True)
+    kv = CudaVariant.from_spec(load_variant_dir(write_variant(tmp_path / "kv", m)))
+    assert kv.supports(cache) is None and "fp8 q/k/v not supported" in kv.supports(qkv)
+    m["tensor_map"] = [{"tensor": "q", "box_rows": 64, "box_cols": 64, "swizzle": 128}]
+    msg = load_error(tmp_path / "tm", m, folder="v")
+    assert ": supports.fp8_kv: " in msg and "tensor maps of e4m3" in msg

@@ -340,7 +340,9 @@ class CudaVariant(Candidate):
         copies = [t for t, src in zip((q, k, v), (inputs.q, inputs.k, inputs.v), strict=True)
                   if t is not src]
         dev_inputs = Inputs(q, k, v, inputs.mask, inputs.key_lengths, inputs.serving,
-                            alibi_slopes=inputs.alibi_slopes, sinks=inputs.sinks)
+                            alibi_slopes=inputs.alibi_slopes, sinks=inputs.sinks,
+                            q_descale=inputs.q_descale, k_descale=inputs.k_descale,
+                            v_descale=inputs.v_descale)
         maps = None
         if state.tensor_boxes:
             named = {"q": q, "k": k, "v": v, "o": out}
@@ -355,7 +357,8 @@ class CudaVariant(Candidate):
                               grads, tensor_maps=maps)
         # What the params were filled from: a change to one (a new call's inputs) rebuilds them.
         sources = tuple(t for t in (inputs.mask, inputs.key_lengths, inputs.alibi_slopes,
-                                    inputs.sinks) if t is not None)
+                                    inputs.sinks, inputs.q_descale, inputs.k_descale,
+                                    inputs.v_descale) if t is not None)
         # cuLaunchKernel's kernelParams: one pointer, to the FaParams bytes (the struct is
         # the kernel's only argument, passed by value; the driver copies it at launch).
         arg_ptrs = (ctypes.c_void_p * 1)(params.array.ctypes.data)

@@ -77,13 +77,15 @@ def tensor_key(inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None,
                grads: tuple[torch.Tensor, ...] | None = None) -> tuple:
     """What the parameter block depends on: addresses and strides of every tensor (the
     backward's dO, dQ, dK, dV too), and the identity of the mask / key-length tensors
-    (whose converted copies it points to), as of the ALiBi slopes and sink logits."""
+    (whose converted copies it points to), as of the ALiBi slopes, sink logits and an fp8
+    case's descales."""
     q, k, v = inputs.q, inputs.k, inputs.v
     extra = tuple((t.data_ptr(), t.stride()) for t in grads) if grads else ()
     return (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
             0 if lse is None else lse.data_ptr(), q.stride(), k.stride(), v.stride(),
             out.stride(), id(inputs.mask), id(inputs.key_lengths), id(inputs.alibi_slopes),
-            id(inputs.sinks), *extra)
+            id(inputs.sinks), id(inputs.q_descale), id(inputs.k_descale),
+            id(inputs.v_descale), *extra)
 
 
 def function_ptr(fn: Any) -> int | None:
@@ -100,8 +102,10 @@ def aligned_for_vector_loads(t: torch.Tensor, head_dim: int) -> torch.Tensor:
     head dim allows it, strides that keep every row aligned."""
     if t.stride(-1) != 1:
         return t.contiguous()
+    per = max(1, 16 // t.element_size())  # elements in 16 bytes (e4m3: 16)
     bad_ptr = t.data_ptr() % 16 != 0
-    bad_stride = head_dim % 8 == 0 and any(t.stride(i) % 8 for i in range(3) if t.size(i) > 1)
+    bad_stride = head_dim % per == 0 and any(t.stride(i) % per for i in range(3)
+                                             if t.size(i) > 1)
     if bad_ptr or bad_stride:
         return t.clone(memory_format=torch.contiguous_format)
     return t

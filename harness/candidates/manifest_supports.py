@@ -72,11 +72,7 @@ def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
     mk_ = table.get("max_seqlen_k")
     layouts = _enum_list(ctx, table.get("layouts", ["dense"]), "supports.layouts", Layout,
                          "layout")
-    for axis in FP8_AXES:
-        if _bool(ctx, table.get(axis, False), f"supports.{axis}"):
-            raise ctx.fail(f"supports.{axis}", "a CUDA variant cannot declare it yet: FaParams "
-                           "has no slot for the descales (docs/fp8.md); Python candidates can")
-    mods = {m: _bool(ctx, table.get(m, False), f"supports.{m}") for m in SCORE_MODS}
+    mods = {m: _bool(ctx, table.get(m, False), f"supports.{m}") for m in SCORE_MODS + FP8_AXES}
     return SupportSpec(
         dtypes=dtypes, head_dims=head_dims, max_head_dim=max_head_dim, masks=tuple(masks),
         gqa=_bool(ctx, table["gqa"], "supports.gqa"),

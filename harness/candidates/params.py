@@ -25,6 +25,7 @@ MASK_TOP_LEFT = 8  # the causal mask (and the window) aligned top-left: offset 0
 MASK_WINDOW = 16  # a sliding window (window_left / window_right)
 DTYPE_CODES = {"float16": 0, "bfloat16": 1}
 LAYOUT_CODES = {Layout.DENSE: 0, Layout.VARLEN: 1, Layout.PAGED: 2}
+FP8_NONE, FP8_QKV, FP8_KV = 0, 1, 2  # FaParams.fp8
 NUM_WORKSPACES = 4
 LOG2E = 1.4426950408889634
 
@@ -56,6 +57,11 @@ _FIELDS: list[tuple[str, str, int]] = [
     ("tensor_maps", "u8", 1),
     # Score modifiers and d_v (docs/score-mods.md).
     ("alibi_slopes", "u8", 1), ("sinks", "u8", 1), ("softcap", "f4", 1), ("head_dim_v", "i4", 1),
+    # FP8 inputs: the descales of the e4m3 tensors and where each row's is (docs/fp8.md).
+    ("q_descale", "u8", 1), ("k_descale", "u8", 1), ("v_descale", "u8", 1),
+    ("qd_batch_stride", "i8", 1), ("qd_head_stride", "i8", 1), ("qd_row_stride", "i8", 1),
+    ("kd_batch_stride", "i8", 1), ("kd_head_stride", "i8", 1), ("kd_row_stride", "i8", 1),
+    ("fp8", "i4", 1),
 ]
 
 
@@ -163,8 +169,9 @@ def build_params(case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tenso
                           (out, expect_o, "out")):
         if tuple(t.shape) != want:
             raise ValueError(f"{what} has shape {tuple(t.shape)}, expected {want}")
-        if t.dtype != case.torch_dtype:
-            raise ValueError(f"{what} has dtype {t.dtype}, expected {case.torch_dtype}")
+        dtype = _input_dtype(case, what)
+        if t.dtype != dtype:
+            raise ValueError(f"{what} has dtype {t.dtype}, expected {dtype}")
     p["q"], p["k"], p["v"], p["o"] = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
     p["q_batch_stride"], p["q_head_stride"], p["q_row_stride"] = _strides(q, "q")
     p["k_batch_stride"], p["k_head_stride"], p["k_row_stride"] = _strides(k, "k")
@@ -222,7 +229,50 @@ def build_params(case: Case, inputs: Inputs, out: torch.Tensor, lse: torch.Tenso
         keep.append(tensor_maps)
         p["tensor_maps"] = tensor_maps.data_ptr()
     _mod_fields(p, case, inputs, keep)
+    _fp8_fields(p, case, inputs, keep)
     return BuiltParams(arr, keep)
+
+
+def _input_dtype(case: Case, what: str) -> torch.dtype:
+    """The dtype a tensor of the launch has: e4m3 where the case's fp8 axis quantizes it
+    (harness.core.fp8), else the case dtype."""
+    from harness.core.fp8 import Fp8, e4m3
+
+    fp8 = case.fp8
+    if fp8 is not Fp8.NONE and (what in ("k", "v") or (what == "q" and fp8.quantizes_q)):
+        return e4m3()
+    return case.torch_dtype
+
+
+def _fp8_fields(p: np.void, case: Case, inputs: Inputs, keep: list[torch.Tensor]) -> None:
+    """The descales of an fp8 case's e4m3 tensors (float32 on the device, contiguous) and
+    their strides by (batch entry or page, head, row or slot): 0 where one descale covers
+    that dim (FaParams' doc)."""
+    from harness.core.fp8 import Fp8
+
+    if case.fp8 is Fp8.NONE:
+        return
+    p["fp8"] = FP8_QKV if case.fp8.quantizes_q else FP8_KV
+    for name, prefix in (("q_descale", "qd"), ("k_descale", "kd"), ("v_descale", "kd")):
+        d = getattr(inputs, name)
+        if name == "q_descale" and not case.fp8.quantizes_q:
+            continue
+        if d is None or d.dim() != 3:
+            raise ValueError(f"case {case.id} needs {name} of 3 dims, got "
+                             f"{None if d is None else tuple(d.shape)}")
+        t = getattr(inputs, name[0])
+        if any(n not in (1, m) for n, m in zip(d.shape, t.shape[:3], strict=True)):
+            raise ValueError(f"{name} of shape {tuple(d.shape)} does not broadcast against "
+                             f"{name[0]}'s {tuple(t.shape[:3])}")
+        d = d.to(device=inputs.q.device, dtype=torch.float32).contiguous()
+        keep.append(d)
+        p[name] = d.data_ptr()
+        strides = [0 if n == 1 else s for n, s in zip(d.shape, d.stride(), strict=True)]
+        if name == "v_descale" and strides != [int(p[f"kd_{x}_stride"])
+                                               for x in ("batch", "head", "row")]:
+            raise ValueError("v_descale must have k_descale's shape")
+        (p[f"{prefix}_batch_stride"], p[f"{prefix}_head_stride"],
+         p[f"{prefix}_row_stride"]) = strides
 
 
 def _mod_fields(p: np.void, case: Case, inputs: Inputs, keep: list[torch.Tensor]) -> None:

@@ -46,8 +46,10 @@ SUPPORTS_OPTIONAL = ("masked_lse", "max_seqlen_q", "max_seqlen_k", "decode_only"
                      "fp8_kv")
 # Score modifiers and a V head dim of its own (docs/score-mods.md): FaParams carries their
 # values (softcap, alibi_slopes, sinks, head_dim_v), and a variant declaring one runs its
-# cases. FP8 inputs (docs/fp8.md): a variant may say `false`; FaParams has no slot for the
-# descales yet, so `true` is refused with that reason.
+# cases. FP8 inputs (docs/fp8.md): FaParams carries the descales and their strides
+# (q_descale, k_descale, v_descale, fp8), and a variant declaring fp8 / fp8_kv gets e4m3
+# tensors on those cases (not yet one with [[tensor_map]]: the descriptors are encoded for
+# 2-byte elements).
 SCORE_MODS = ("softcap", "alibi", "sinks", "head_dim_v")
 FP8_AXES = ("fp8", "fp8_kv")
 WORKSPACE_KEYS = ("name", "dtype", "elements")
@@ -176,6 +178,8 @@ class SupportSpec:
     alibi: bool = False
     sinks: bool = False
     head_dim_v: bool = False
+    fp8: bool = False  # e4m3 Q, K, V (FaParams.fp8 == FA_FP8_QKV, docs/fp8.md)
+    fp8_kv: bool = False  # an e4m3 KV cache, Q in the case dtype (FA_FP8_KV)
 
 
 @dataclass(frozen=True)
@@ -302,6 +306,7 @@ class VariantSpec:
             layouts=frozenset(s.layouts),
             window=s.window,
             softcap=s.softcap, alibi=s.alibi, sinks=s.sinks, head_dim_v=s.head_dim_v,
+            fp8=s.fp8, fp8_kv=s.fp8_kv,
             min_compute_capability=self.min_compute_capability,
             backward=self.backward is not None,
             backward_deterministic=bool(self.backward and self.backward.deterministic),

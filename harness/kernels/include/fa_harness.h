@@ -20,6 +20,10 @@
 #define FA_DTYPE_FP16 0
 #define FA_DTYPE_BF16 1
 
+#define FA_FP8_NONE 0
+#define FA_FP8_QKV 1  // Q, K and V float8 e4m3 (FaParams' doc)
+#define FA_FP8_KV 2   // an e4m3 KV cache: K and V e4m3, Q in `dtype`
+
 // Serving layouts (harness/core/serving.py says it in full). Varlen: Q, K, V and O are
 // (1, H|Hkv, T, d), sequence b's rows start at cu_seqlens_q[b] (keys at cu_seqlens_k[b]),
 // seqlens_q[b] and seqlens_k[b] of them; rows between sequences are padding that must not
@@ -113,6 +117,20 @@ struct FaParams {
     const float* sinks;            // (heads,) float32, natural-log units of s
     float softcap;                 // 0: none
     int head_dim_v;                // V's and O's head dim (= head_dim unless the case sets it)
+    // FP8 inputs (docs/fp8.md), read only by a variant declaring fp8 / fp8_kv. `fp8`:
+    // FA_FP8_NONE, FA_FP8_QKV (Q, K and V e4m3) or FA_FP8_KV (K and V e4m3, Q in `dtype`);
+    // an e4m3 tensor's pointer is to its bytes (strides in elements, so in bytes). Element
+    // (b, h, n, i) of an e4m3 tensor x means fa_e4m3_to_float(x[...]) * x_descale[b *
+    // xd_batch_stride + h * xd_head_stride + n * xd_row_stride]: b the batch entry (a page
+    // of a paged pool, as k_batch_stride), h the head, n the row (a page's slot); a stride
+    // is 0 where one descale covers that dim. V's descales have K's strides. Null / 0 when
+    // the tensor is not e4m3.
+    const float* q_descale;
+    const float* k_descale;
+    const float* v_descale;
+    long long qd_batch_stride, qd_head_stride, qd_row_stride;
+    long long kd_batch_stride, kd_head_stride, kd_row_stride;
+    int fp8;
 };
 
 // True when (row i, key j) of batch b is visible. Kernels may inline their own faster
@@ -199,6 +217,15 @@ __device__ __forceinline__ unsigned short fa_float_to_bf16(float f) {
 }
 
 // Element access by dtype code (FA_DTYPE_FP16 / FA_DTYPE_BF16) as a template argument.
+// float8 e4m3 (the OCP "fn" format: bias 7, no infinities, 0x7f / 0xff NaN) to float,
+// exactly, by moving the bits (any architecture: no cvt from e4m3 before sm_89).
+__device__ __forceinline__ float fa_e4m3_to_float(unsigned char x) {
+    const unsigned sign = (x & 0x80u) << 24, e = (x >> 3) & 0xfu, m = x & 0x7u;
+    if ((x & 0x7fu) == 0x7fu) return __uint_as_float(0x7fc00000u);
+    if (e == 0) return __uint_as_float(sign | __float_as_uint((float)m * 0.001953125f));  // m 2^-9
+    return __uint_as_float(sign | ((e + 120u) << 23) | (m << 20));
+}
+
 template <int DT> struct FaElem;
 template <> struct FaElem<FA_DTYPE_FP16> {
     static __device__ __forceinline__ float to_float(unsigned short x) { return fa_half_to_float(x); }

@@ -7,12 +7,29 @@
 //   3. naive_pv_*:     O = P V over d_v columns                           (reads P)
 //
 // Workspaces (manifest): [0] S, [1] P, both fp32 (B, H, Nq, Nk) row-major.
+// FP8 inputs (FaParams.fp8): each e4m3 element is turned into a float times its row's
+// descale as it is loaded; the rest runs as for the case dtype.
 // This is the baseline whose HBM traffic the seed chapter counts (194 MB at N = 4096).
 #include "fa_harness.h"
 
 #define NV_TILE 16      // scores: 16 x 16 output tile per block, 16-wide slices of d
 #define NV_PV_ROWS 8    // pv: 8 query rows per block (block = 32 x 8)
 #define NV_MAX_CHUNKS 8 // pv: head_dim <= 256
+
+// An input element as a float: an e4m3 byte times its row's descale where the case's fp8
+// axis made the tensor e4m3 (FaParams' doc), else an element of the case dtype. `idx` in
+// elements (e4m3 ones are bytes).
+template <int DT>
+__device__ __forceinline__ float nv_in(const void* base, long long idx, bool e4m3, float ds) {
+    return e4m3 ? fa_e4m3_to_float(((const unsigned char*)base)[idx]) * ds
+                : FaElem<DT>::to_float(((const unsigned short*)base)[idx]);
+}
+
+// The descale of row (b, h, n) of an e4m3 tensor (1 where it is not e4m3).
+__device__ __forceinline__ float nv_descale(const float* d, long long sb, long long sh,
+                                            long long sr, int b, int h, int n) {
+    return d != nullptr ? d[b * sb + h * sh + n * sr] : 1.f;
+}
 
 // ---- 1. S = scale * Q K^T ---------------------------------------------------------------
 template <int DT>
@@ -25,17 +42,22 @@ __device__ __forceinline__ void naive_scores(const FaParams& p) {
     const int kvh = h / (p.heads / p.kv_heads);
     const int i0 = blockIdx.y * NV_TILE, j0 = blockIdx.x * NV_TILE;
     const int d = p.head_dim;
-    const unsigned short* Q = (const unsigned short*)p.q + b * p.q_batch_stride + h * p.q_head_stride;
-    const unsigned short* K = (const unsigned short*)p.k + b * p.k_batch_stride + kvh * p.k_head_stride;
+    const long long q0 = b * p.q_batch_stride + h * p.q_head_stride;
+    const long long k0 = b * p.k_batch_stride + kvh * p.k_head_stride;
+    const bool qe = p.fp8 == FA_FP8_QKV, ke = p.fp8 != FA_FP8_NONE;
+    const int qi = i0 + ty, kj = j0 + ty;
+    const float qd = qe && qi < p.seqlen_q
+        ? nv_descale(p.q_descale, p.qd_batch_stride, p.qd_head_stride, p.qd_row_stride, b, h, qi) : 1.f;
+    const float kd = ke && kj < p.seqlen_k
+        ? nv_descale(p.k_descale, p.kd_batch_stride, p.kd_head_stride, p.kd_row_stride, b, kvh, kj) : 1.f;
 
     float acc = 0.f;
     for (int d0 = 0; d0 < d; d0 += NV_TILE) {
         const int dd = d0 + tx;
-        const int qi = i0 + ty, kj = j0 + ty;
         qs[ty][tx] = (qi < p.seqlen_q && dd < d)
-                         ? FaElem<DT>::to_float(Q[(long long)qi * p.q_row_stride + dd]) : 0.f;
+                         ? nv_in<DT>(p.q, q0 + (long long)qi * p.q_row_stride + dd, qe, qd) : 0.f;
         ks[ty][tx] = (kj < p.seqlen_k && dd < d)
-                         ? FaElem<DT>::to_float(K[(long long)kj * p.k_row_stride + dd]) : 0.f;
+                         ? nv_in<DT>(p.k, k0 + (long long)kj * p.k_row_stride + dd, ke, kd) : 0.f;
         __syncthreads();
 #pragma unroll
         for (int t = 0; t < NV_TILE; ++t) acc += qs[ty][t] * ks[tx][t];
@@ -104,17 +126,20 @@ __device__ __forceinline__ void naive_pv(const FaParams& p) {
     const int d = p.head_dim_v;  // V's and O's columns (d_v, = head_dim unless the case sets it)
     const float* P = (const float*)p.workspace[1] +
                      (((long long)b * p.heads + h) * p.seqlen_q + i) * p.seqlen_k;
-    const unsigned short* V = (const unsigned short*)p.v + b * p.v_batch_stride + kvh * p.v_head_stride;
+    const long long v0 = b * p.v_batch_stride + kvh * p.v_head_stride;
+    const bool ve = p.fp8 != FA_FP8_NONE;
     float acc[NV_MAX_CHUNKS];
 #pragma unroll
     for (int c = 0; c < NV_MAX_CHUNKS; ++c) acc[c] = 0.f;
     for (int j = 0; j < p.seqlen_k; ++j) {
         const float pj = P[j];
-        const unsigned short* vj = V + (long long)j * p.v_row_stride;
+        const long long vj = v0 + (long long)j * p.v_row_stride;
+        const float vd = ve ? nv_descale(p.v_descale, p.kd_batch_stride, p.kd_head_stride,
+                                         p.kd_row_stride, b, kvh, j) : 1.f;
 #pragma unroll
         for (int c = 0; c < NV_MAX_CHUNKS; ++c) {
             const int dim = c * 32 + lane;
-            if (dim < d) acc[c] += pj * FaElem<DT>::to_float(vj[dim]);
+            if (dim < d) acc[c] += pj * nv_in<DT>(p.v, vj + dim, ve, vd);
         }
     }
     unsigned short* O = (unsigned short*)p.o + b * p.o_batch_stride + h * p.o_head_stride +
