@@ -23,8 +23,8 @@ modifiers appended to its id (harness.core.cases.Case.from_id), with the same sh
 the same FLOP count, so that the ratio to the baseline on the plain case is what the
 modifiers cost.
 
-Exit status: 0 when every (kernel, case) passed its check, 1 when one did not (it is then
-not timed), 2 on bad arguments (an unknown kernel, no case matching, modifiers that are
+Exit status: 0 when every (kernel, case) passed its check and was timed, 1 when one did
+not (it is then not timed, or no sample of its was kept), 2 on bad arguments (an unknown kernel, no case matching, modifiers that are
 not a case id's, fewer than 1 round, a --min-time that is not positive).
 """
 
@@ -125,10 +125,19 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             order = runnable[r % len(runnable):] + runnable[:r % len(runnable)]
             for n in order:
+                if n not in ms:
+                    continue
                 t = measure(launches[n], n_sets=n_sets, rule=rule)
+                if t.median_ms is None:  # every sample dropped (throttled): said, not timed
+                    print(f"{of[n].id:40} {n:{w}} no sample kept "
+                          f"({t.dropped_throttled} dropped as throttled)")
+                    failed = True
+                    del ms[n]
+                    continue
                 ms[n].append(t.median_ms)
                 if t.sm_clock_mhz is not None:
                     mhz[n].append(t.sm_clock_mhz)
+        runnable = [n for n in runnable if n in ms]
         flops = attention_flops(case)
         for n in runnable:
             base = ms[baseline] if baseline in ms and n != baseline else None

@@ -45,6 +45,19 @@ template <> struct Layout<3> {
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
+// tanh(x) from k2 x = 2 x log2(e), as 1 - 2 / (2^(k2 x) + 1), within 4e-7 of tanh: one ex2
+// (the softmax's own exponentials share that unit, MUFU) and the reciprocal by Newton's
+// iteration on the FMA pipe from a bit-trick seed (within 5%; three steps square the error
+// to ~1e-9). tanh.approx would be one MUFU op too, at 2^-11: a capped logit near c off by
+// up to c / 2048. The exponent is clamped below overflow (tanh(22) is 1 in float).
+__device__ __forceinline__ float tanh_k2(float x, float k2) {
+    const float y = exp2f(fminf(x * k2, 64.f)) + 1.f;
+    float r = __int_as_float(0x7ef311c3 - __float_as_int(y));
+#pragma unroll
+    for (int i = 0; i < 3; ++i) r = r * fmaf(-y, r, 2.f);
+    return fmaf(-2.f, r, 1.f);
+}
+
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     unsigned a;
     asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
@@ -510,14 +523,10 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             // The score modifiers (FaParams' doc) before the mask, in the accumulator's
             // units (s / scale: the exponentials multiply by scale_log2).
             if (p.softcap > 0.f) {
-                // c tanh(x), x = scale s / c, as c (1 - 2 / (e^2x + 1)): an ex2 and a
-                // reciprocal, both accurate to ~2^-22 (tanh.approx's 2^-11 would move a
-                // capped logit near c by up to c / 2048); e^2x clamped below overflow.
                 const float k2 = 2.f * p.scale_log2 / p.softcap;
                 const float cs = p.softcap / p.scale;
 #pragma unroll
-                for (int i = 0; i < BN / 2; ++i)
-                    sacc[i] = cs * (1.f - __fdividef(2.f, exp2f(fminf(sacc[i] * k2, 64.f)) + 1.f));
+                for (int i = 0; i < BN / 2; ++i) sacc[i] = cs * tanh_k2(sacc[i], k2);
             }
             if (p.alibi_slopes != nullptr) {   // -slope |i + o - j|, over scale likewise
                 const float sl = p.alibi_slopes[ts[2]] / p.scale;
