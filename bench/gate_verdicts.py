@@ -143,6 +143,8 @@ def series(template: dict[str, Any], pools: tuple[list[float], list[float]], *, 
         factors_of.append(factors)
         runs.append(make_run(template, i, gpu, factors, dict(sources), start))
     if confirm_runs:
+        from harness.records.confirm import MAX_CONFIRM_RUNS
+
         crng = random.Random(f"{one}-{k0}")
         base = {(e["kernel"], e.get("pass") or "fwd", e["case_id"]): e["median_ms"]
                 for e in _timed(template)}
@@ -161,11 +163,13 @@ def series(template: dict[str, Any], pools: tuple[list[float], list[float]], *, 
 
         def draw(g: tuple[str, str], i: int, at: int, r: random.Random,
                  first: dict[tuple[str, str, str], float] | None) -> dict[str, list[float]]:
-            """What 2 x `confirm_runs` fresh runs (two rounds) of group g on run i's
-            runner read at commit `at`'s code. One chip: fresh draws. Across chips the
-            runner's chip stays: run i's factor moved by the difference of two runs of
-            one chip (`first`: the one-chip level of run i's own timing)."""
-            draws = [level(g, r, chip_case, chip_cand) for _ in range(2 * confirm_runs)]
+            """What `confirm_runs` + MAX_CONFIRM_RUNS fresh runs (two rounds, the second
+            at most that long) of group g on run i's runner read at commit `at`'s code.
+            One chip: fresh draws. Across chips the runner's chip stays: run i's factor
+            moved by the difference of two runs of one chip (`first`: the one-chip
+            level of run i's own timing)."""
+            draws = [level(g, r, chip_case, chip_cand)
+                     for _ in range(confirm_runs + MAX_CONFIRM_RUNS)]
             out = {}
             for key in (k for k in keys if k[:2] == g):
                 if first is None:
@@ -178,6 +182,7 @@ def series(template: dict[str, Any], pools: tuple[list[float], list[float]], *, 
             return out
 
         for i, rec in enumerate(runs):
+            rec["_first"] = confirm_runs  # the first round's size
             # The commit's own code, and (the gate times it in a worktree on the same
             # runner) its parent's.
             for g in groups:
@@ -211,7 +216,7 @@ def judge_series(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
         for rec in runs:
             more, parent = rec.get("_confirm"), rec.get("_parent")
             record = RunRecord.from_dict({k: v for k, v in rec.items()
-                                          if k not in ("_confirm", "_parent")})
+                                          if k not in ("_confirm", "_parent", "_first")})
             found, again = [], []
             if more:  # the gate's confirmation runs (harness.runs.gate_confirm)
                 report = preliminary(db, record)
@@ -219,9 +224,10 @@ def judge_series(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
                 if parent is not None and report is not None:  # across chips: all changed
                     steps += across_suspects(db, record)
                 found = suspects(report, steps=steps)
-                _add(record, found, more, parent, 0, with_confirmations)
-                again = extend(preliminary(db, record), found)
-                _add(record, again, more, parent, 1, with_confirmations)
+                first = rec["_first"]
+                _add(record, found, more, parent, 0, first, with_confirmations)
+                again = extend(preliminary(db, record), found, first)
+                _add(record, again, more, parent, first, first, with_confirmations)
             rid = store_record(db, record)
             judge_runs(db, [rid])
             with db.session() as s:
@@ -239,17 +245,18 @@ def judge_series(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 def _add(record: Any, found: list[Any], more: dict[str, Any], parent: dict[str, Any] | None,
-         rnd: int, with_confirmations: Any) -> None:
-    """Round `rnd` (0 or 1) of the confirmation runs of the suspects `found`: the half of
-    each drawn list that round times."""
+         at: int, first: int, with_confirmations: Any) -> None:
+    """A round of the confirmation runs of the suspects `found`: of each drawn list, the
+    runs from `at` on, as many as the round times (`first`, or a second round's
+    `Suspect.runs`)."""
     for what, field in ((more, "confirm_ms"), (parent or {}, "parent_ms")):
         got = {}
         for s in found:
             if field == "parent_ms" and s.step:
                 continue  # no parent for a step
             for cid, ms in what.get(f"{s.variant}|{s.pass_name}", {}).items():
-                half = len(ms) // 2
-                got[(s.variant, s.pass_name, cid)] = ms[rnd * half:(rnd + 1) * half]
+                n = max(first, s.runs or first) if at else first
+                got[(s.variant, s.pass_name, cid)] = ms[at:at + n]
         with_confirmations(record, got, field)
 
 

@@ -4,10 +4,12 @@ gate's second round (harness.runs.gate_confirm)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import statistics
 
+import numpy as np
 import pytest
 from scipy import stats
 
@@ -129,7 +131,10 @@ def _cc(p: float, ratio: float = 1.015, runs: int = 5, verdict: str = "same",
 
 def test_a_suspect_left_undecided_gets_a_second_round():
     s = cf.Suspect("k", "fwd", 1.015, 0.1)
-    assert cf.extend(_report(_cc(0.01)), [s]) == [cf.Suspect("k", "fwd", 1.015, 0.01)]
+    [again] = cf.extend(_report(_cc(0.01)), [s])
+    assert (again.variant, again.pass_name, again.ratio, again.p_value) == ("k", "fwd", 1.015,
+                                                                            0.01)
+    assert cf.CONFIRM_RUNS <= again.runs <= cf.MAX_CONFIRM_RUNS
     assert cf.extend(_report(_cc(0.2)), [s]) == []  # clearly nothing
     assert cf.extend(_report(_cc(1e-6, verdict="regression")), [s]) == []  # decided
     assert cf.extend(_report(_cc(0.01, ratio=0.99)), [s]) == []  # read faster
@@ -172,9 +177,10 @@ def test_the_gate_times_an_undecided_suspect_a_second_round(history, monkeypatch
     rec = _planted(1.02)
     looked: list[int] = []
 
-    def undecided(report, found):
+    def undecided(report, found, first):
+        assert first == cf.CONFIRM_RUNS
         looked.append(min(c.runs for c in report.candidates if c.variant == KERNEL))
-        return [s for s in found if s.pass_name == "fwd"]
+        return [dataclasses.replace(s, runs=6) for s in found if s.pass_name == "fwd"]
 
     monkeypatch.setattr(cf, "extend", undecided)
     notes = gate_confirm.confirm(rec, _execution(rec), GateOptions(db_url=history),
@@ -182,10 +188,54 @@ def test_the_gate_times_an_undecided_suspect_a_second_round(history, monkeypatch
                                  time_parent=lambda *_a: ({}, "not wanted here"))
     assert looked == [1 + cf.CONFIRM_RUNS]  # judged again with the first round in it
     runs = {e.get("pass") or "fwd": len(e["confirm_ms"]) for e in _timed(rec)}
-    assert runs == {"fwd": 2 * cf.CONFIRM_RUNS, "bwd": cf.CONFIRM_RUNS}
+    assert runs == {"fwd": cf.CONFIRM_RUNS + 6, "bwd": cf.CONFIRM_RUNS}  # the sized round
     done = {d["pass"]: d for d in rec.env["ci_confirm"]}
     assert done["fwd"]["rounds"] == 2 and done["bwd"]["rounds"] == 1
-    assert any(f"timed {2 * cf.CONFIRM_RUNS} more time(s) in 2 rounds" in n for n in notes)
+    assert any(f"timed {cf.CONFIRM_RUNS + 6} more time(s) in 2 rounds" in n for n in notes)
+
+
+def _power(c, k: int, draws: int = 20000) -> float:
+    """How often the candidate's test rejects after a second round of k runs when the
+    code is TARGET_STEP slower: a simulation of the test itself (a normal mean difference
+    over a spread estimated with chi-square degrees of freedom), not of the formula."""
+    rng = np.random.default_rng(5)
+    paired = c.against == "parent"
+    ka, kb = c.runs + k, (c.n_base + k if paired else c.n_base)
+    df = min(c.spread.df + (2 * k if paired else 0), c.tail_df)
+    se = c.spread.value * math.sqrt(1 / ka + 1 / kb)
+    d = rng.normal(math.log1p(cf.TARGET_STEP), se, draws)
+    s = c.spread.value * np.sqrt(rng.chisquare(df, draws) / df)
+    t = d / (s * math.sqrt(1 / ka + 1 / kb))
+    crit = stats.t.isf(c.alpha, df)
+    return float(np.mean((t > crit) & (d >= math.log1p(vs.MIN_CHANGE))))
+
+
+@pytest.mark.parametrize(("spread", "against"), [(0.0025, "parent"), (0.007, "parent"),
+                                                  (0.01, "parent"), (0.007, "history")])
+def test_the_second_round_is_sized_for_the_target_step(spread, against):
+    """The fewest runs whose simulated power reaches TARGET_POWER (or the most allowed)."""
+    c = dataclasses.replace(_cc(0.01), spread=vs.Spread(spread, 11, 9, None), alpha=0.0006,
+                            against=against, n_base=4 if against == "parent" else 5)
+    k = cf.second_round(c, cf.CONFIRM_RUNS)
+    assert cf.CONFIRM_RUNS <= k <= cf.MAX_CONFIRM_RUNS
+    if k < cf.MAX_CONFIRM_RUNS:
+        assert _power(c, k) >= cf.TARGET_POWER - 0.01
+    if k > cf.CONFIRM_RUNS:
+        assert _power(c, k - 1) < cf.TARGET_POWER + 0.01
+
+
+def test_a_noisier_candidate_gets_a_longer_second_round():
+    def size(spread: float) -> int:
+        c = dataclasses.replace(_cc(0.01), spread=vs.Spread(spread, 11, 9, None),
+                                alpha=0.0006, against="parent", n_base=4)
+        return cf.second_round(c, cf.CONFIRM_RUNS)
+
+    sizes = [size(s) for s in (0.002, 0.005, 0.007, 0.01, 0.03)]
+    assert sizes == sorted(sizes)
+    assert sizes[0] == cf.CONFIRM_RUNS and sizes[-1] == cf.MAX_CONFIRM_RUNS
+    # a first round asked longer by the team is never shortened
+    c = dataclasses.replace(_cc(0.01), spread=vs.Spread(0.002, 11, 9, None), alpha=0.0006)
+    assert cf.second_round(c, 7) == 7
 
 
 def test_a_history_of_one_other_chip_judges_the_new_chip_against_its_parent():

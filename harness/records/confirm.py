@@ -53,9 +53,19 @@ about +0.5%.
 
 6. Two looks. After the first round the run is judged again (`preliminary` with the
    confirmations in the record); a suspect not red whose p is still below `EXTEND_P`
-   is timed a second round as long (and its parent's code as often), and judged on
-   all of them. A confirmed candidate is tested at half its level at either look
+   is timed a second round (and its parent's code as often), and judged on all of
+   them. A confirmed candidate is tested at half its level at either look
    (harness.records.verdict_stats, 7.), so the two looks together keep the level.
+   The second round is sized from what the first one read (`second_round`): as many
+   runs, between the first round's and `MAX_CONFIRM_RUNS`, as give a slowdown of
+   `TARGET_STEP` a chance of `TARGET_POWER` to be red at the second look, with the
+   spread the first look estimated, at the candidate's level (the power of Student's t
+   test from the noncentral t distribution; re-estimating the sample size from an
+   internal pilot, as Wittes and Brittain 1990, "The role of internal pilot studies in
+   increasing the efficiency of clinical trials", Stat. Med. 9). A kernel of a few
+   noisy cases (a teaching kernel's two cases move 1% run to run) needs twice the
+   runs of one of many, and its runs are the cheap ones. The size depends on the
+   spread only, never on the change read, so the level is kept whatever it is.
 
 The noise model reads each run's own median only (`median_ms`): the spread it estimates
 is one run's, which is what `runs` divides.
@@ -75,6 +85,7 @@ from harness.records.db.queries import baseline_runs, get_run, load_record
 from harness.records.noise import from_db as noise_from_db
 from harness.records.record import RunRecord, entry_pass, parse_time
 from harness.records.verdict_history import ROBUST_CASES
+from harness.records.verdict_types import MIN_CHANGE
 
 SUSPECT_P = 0.2  # one-sided p of the candidate's pooled slowdown that earns confirmation
 SUSPECT_MIN = 0.005  # ... and the smallest pooled slowdown that does
@@ -88,6 +99,11 @@ MAX_CONFIRM_RUNS = 8
 # (module doc, 6.); under no change about this share of the suspects is.
 EXTEND_P = 0.05
 MAX_SUSPECTS = 4  # candidate-passes confirmed per run, the most significant first
+# The second round's size (module doc, 6.): the slowdown it is sized to make red at the
+# second look (the whole-kernel step a team's gate must catch at its commit), and with
+# what chance.
+TARGET_STEP = 0.02
+TARGET_POWER = 0.95
 
 Key = tuple[str, str, str]  # (candidate, pass, case id)
 FIELDS = ("confirm_ms", "parent_ms")
@@ -100,6 +116,7 @@ class Suspect:
     ratio: float  # the pooled change of its cases, new over baseline (a step's ratio)
     p_value: float  # one-sided, slower (nan for a step)
     step: str | None = None  # the step search's range "last_good..first_bad", if that
+    runs: int | None = None  # a second round's size (`second_round`); None: the first's
 
 
 def baseline_sources(db: Database, record: RunRecord, *, branch: str = "main",
@@ -195,10 +212,12 @@ def across_suspects(db: Database, record: RunRecord, *, branch: str = "main",
             for (name, pass_name), xs in sorted(logs.items())]
 
 
-def extend(report: Report | None, found: Sequence[Suspect]) -> list[Suspect]:
+def extend(report: Report | None, found: Sequence[Suspect], first: int = CONFIRM_RUNS
+           ) -> list[Suspect]:
     """The suspects of `found` (not steps) that `report`, the run judged again with its
-    first round of confirmation runs, leaves undecided: not red, read slower, at a p
-    below `EXTEND_P` (module doc, 6.). Each is timed a second round."""
+    first round of `first` confirmation runs, leaves undecided: not red, read slower, at
+    a p below `EXTEND_P` (module doc, 6.). Each is timed a second round of
+    `Suspect.runs` runs (`second_round`)."""
     if report is None:
         return []
     by = {(c.variant, c.pass_name): c for c in report.candidates}
@@ -207,8 +226,35 @@ def extend(report: Report | None, found: Sequence[Suspect]) -> list[Suspect]:
         c = by.get((s.variant, s.pass_name))
         if (not s.step and c is not None and c.verdict != "regression" and c.ratio > 1.0
                 and c.p_value < EXTEND_P and c.runs > 1):
-            out.append(Suspect(s.variant, s.pass_name, c.ratio, c.p_value))
+            out.append(Suspect(s.variant, s.pass_name, c.ratio, c.p_value,
+                               runs=second_round(c, first)))
     return out
+
+
+def second_round(c: Any, first: int) -> int:
+    """The runs of a second round for candidate `c` (a verdict_types.CandidateChange of
+    the first look, `first` runs a round): the fewest, from `first` to
+    `MAX_CONFIRM_RUNS`, whose power against a `TARGET_STEP` slowdown at the second look
+    reaches `TARGET_POWER` (module doc, 6.). Each run of the commit's code is matched by
+    one of its parent's where the candidate is judged against the parent (its degrees of
+    freedom grow with them); against the history's window only the commit's side
+    grows."""
+    from scipy import stats
+
+    from harness.records.verdict_history import diff_scale
+
+    first = max(1, min(first, MAX_CONFIRM_RUNS))
+    if not (c.spread.value > 0 and math.isfinite(c.spread.value) and 0 < c.alpha < 1):
+        return first
+    paired = c.against == "parent"
+    for k in range(first, MAX_CONFIRM_RUNS + 1):
+        n_base = c.n_base + k if paired else c.n_base
+        df = min(c.spread.df + (2 * k if paired else 0), c.tail_df)
+        scale = c.spread.value * diff_scale(c.runs + k, n_base)
+        crit = max(float(stats.t.isf(c.alpha, df)), math.log1p(MIN_CHANGE) / scale)
+        if float(stats.nct.sf(crit, df, math.log1p(TARGET_STEP) / scale)) >= TARGET_POWER:
+            return k
+    return MAX_CONFIRM_RUNS
 
 
 def step_suspects(db: Database, record: RunRecord) -> list[Suspect]:

@@ -253,7 +253,8 @@ def _candidates(out: RunDecision, noise: NoiseModel,
                                spread.p_up(d, n_base, tail, runs), alpha, cs[0].yardstick,
                                bar=bar(spread, n_base, alpha, tail, runs), runs=runs,
                                changed=changed(name), mean_ratio=math.exp(statistics.fmean(ds)),
-                               one_chip=all(c.one_chip for c in cs), against=against)
+                               one_chip=all(c.one_chip for c in cs), against=against,
+                               n_base=n_base, tail_df=tail)
         if cand.p_value < alpha and d >= math.log1p(MIN_CHANGE):
             cand.verdict = "regression"
         out.candidates.append(cand)

@@ -77,6 +77,8 @@ class CandidateChange:
     # "history": against the baseline window; "parent": against the parent's code timed
     # by this run on its own GPU, in the same minutes (harness.records.same_runner)
     against: str = "history"
+    n_base: int = 1  # runs on the baseline side (the window's, or the parent's timings)
+    tail_df: float = math.inf  # the most degrees of freedom its p-value is read with
 
     def to_dict(self) -> dict[str, Any]:
         return {"variant": self.variant, "pass": self.pass_name, "cases": self.cases,

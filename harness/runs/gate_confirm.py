@@ -96,7 +96,7 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
         try:  # the second look (harness.records.confirm, 6.)
             with open_db(opts.db_url) as db:
                 again = extend(preliminary(db, record, policy=opts.policy, **kw),  # type: ignore[arg-type]
-                               found)
+                               found, runs)
         except Exception as exc:  # noqa: BLE001  judged on the first round
             again = []
             notes.append(f"no second round of confirmation: {type(exc).__name__}: "
@@ -104,7 +104,7 @@ def confirm(record: RunRecord, ex: Any, opts: GateOptions, *,
         for s in again:
             log(f"{s.variant} ({s.pass_name}) still undecided after its first round "
                 f"({s.ratio - 1:+.2%}, p = {s.p_value:.2g}): a second round")
-            rounds.time(s, runs)
+            rounds.time(s, max(runs, s.runs or runs))
     finally:
         close = getattr(parent, "close", None)
         try:
