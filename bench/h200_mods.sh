@@ -9,7 +9,8 @@
 # fa3:      the same for fa3_wgmma (`fa3_wgmma_mods`: softcap / alibi / sinks)
 # cost:     what the modifiers cost fa3_wgmma: bench/ab_interleaved.py, fa3_wgmma on the
 #           perf grid's COST_CASES against fa3_wgmma_mods on the same cases plain and
-#           with sc30, alibi, sink
+#           with sc30, alibi, sink (COST_KERNELS; AB_DIR adds bench/ab_prepare.py's copies)
+# record:   a perf run record of fa3_wgmma and cuDNN (REC_KERNELS, REC_CASES), for results/
 # peers:    the peers that declare the modifiers (flex_attention compiled, the SDPA
 #           backends) on the mods grid, secret 0
 # sanitize: compute-sanitizer memcheck on naive_mods, small cases of each modifier
@@ -58,10 +59,17 @@ for stage in "$@"; do
           --json "$OUT/fa3-mods-$s.json" --no-store
       done ;;
     cost)
-      step cost "${COST_S:-300}" env FA_HARNESS_KERNELS="$K" python3 bench/ab_interleaved.py \
-        --kernels fa3_wgmma,fa3_wgmma_mods,fa3_wgmma_mods@sc30,fa3_wgmma_mods@alibi,fa3_wgmma_mods@sink \
+      # With ab/ (bench/ab_prepare.py, sent along), COST_KERNELS may name its variants too.
+      step cost "${COST_S:-300}" env FA_HARNESS_KERNELS="$K${AB_DIR:+:$AB_DIR}" \
+        python3 bench/ab_interleaved.py --kernels \
+        "${COST_KERNELS:-fa3_wgmma,fa3_wgmma_mods,fa3_wgmma_mods@sc30,fa3_wgmma_mods@alibi,fa3_wgmma_mods@sink}" \
         --cases "${COST_CASES:-*-4096x4096-d*-bf16-*,*-16384x16384-d*-bf16-*}" \
         --rounds "${COST_ROUNDS:-3}" --min-time "${MIN_TIME:-0.1}" ;;
+    record)
+      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i -E 'h100|h200|a100' | tr A-Z a-z)
+      step record "${REC_S:-300}" $FA run --grid perf --kernels "${REC_KERNELS:-fa3_wgmma,sdpa_cudnn}" \
+        --cases "${REC_CASES:-*-4096x4096-*-bf16-*,*-16384x16384-*-bf16-*}" --baseline sdpa_cudnn \
+        --no-progress --record "$OUT/${gpu:-gpu}-$(date -u +%Y%m%dT%H%M%SZ)-perf.json" ;;
     peers)
       step peers "${PEERS_S:-300}" $FA run --grid mods \
         --kernels "${PEERS:-flex_attention,sdpa_math,sdpa_flash,sdpa_efficient,sdpa_cudnn}" --device cuda \

@@ -65,7 +65,9 @@ about +0.5%.
    increasing the efficiency of clinical trials", Stat. Med. 9). A kernel of a few
    noisy cases (a teaching kernel's two cases move 1% run to run) needs twice the
    runs of one of many, and its runs are the cheap ones. The size depends on the
-   spread only, never on the change read, so the level is kept whatever it is.
+   spread only, never on the change read, so the level is kept, up to the slight
+   excess such internal-pilot designs are known to have (bench/gate_verdicts.py's
+   no-op rows measure what a team sees).
 
 The noise model reads each run's own median only (`median_ms`): the spread it estimates
 is one run's, which is what `runs` divides.
