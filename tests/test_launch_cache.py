@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from harness.candidates.cuda_candidate import CudaVariant
-from harness.candidates.launch_state import PreparedParams, tensor_key
+from harness.candidates.launch_state import PreparedParams, param_sources, tensor_key
 from harness.core.cases import Case, MaskKind, make_inputs
 
 
@@ -33,6 +33,25 @@ def test_a_prepared_block_is_stale_when_the_mask_changes():
     assert not p.fresh(a)
     b = make_inputs(case)
     assert not p.fresh(b)  # another tensor, even with equal contents
+
+
+def test_a_block_built_from_slopes_sinks_or_descales_is_fresh_until_they_change():
+    """Each per-head or descale tensor the block was filled from is a source: the same
+    tensors unchanged serve the cached block (a timing loop over an ALiBi, sink or fp8
+    case must not rebuild it at every launch); new contents or another tensor do not."""
+    for cid, name in (("b1h2-8x16-d16-fp16-none-alibi", "alibi_slopes"),
+                      ("b1h2-8x16-d16-fp16-none-sink", "sinks"),
+                      ("b1h2-8x16-d16-fp16-none-fp8_qkv_head", "k_descale")):
+        case = Case.from_id(cid)
+        a = make_inputs(case)
+        src = param_sources(a)
+        assert any(t is getattr(a, name) for t in src)
+        p = PreparedParams(params=None, copies=[], sources=src,
+                           versions=tuple(t._version for t in src), cacheable=True)
+        assert p.fresh(a), cid
+        getattr(a, name).mul_(2.0)  # in place
+        assert not p.fresh(a), cid
+        assert not p.fresh(make_inputs(case)), cid
 
 
 def test_cache_is_on_by_default():

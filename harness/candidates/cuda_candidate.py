@@ -28,6 +28,7 @@ from harness.candidates.launch_state import (
     cupy_stream,
     device_limits,
     function_ptr,
+    param_sources,
     tensor_key,
 )
 from harness.candidates.nvcc import arch_for, unsupported_reason
@@ -356,9 +357,7 @@ class CudaVariant(Candidate):
         params = build_params(case, dev_inputs, out, lse, state.workspaces, state.num_splits,
                               grads, tensor_maps=maps)
         # What the params were filled from: a change to one (a new call's inputs) rebuilds them.
-        sources = tuple(t for t in (inputs.mask, inputs.key_lengths, inputs.alibi_slopes,
-                                    inputs.sinks, inputs.q_descale, inputs.k_descale,
-                                    inputs.v_descale) if t is not None)
+        sources = param_sources(inputs)
         # cuLaunchKernel's kernelParams: one pointer, to the FaParams bytes (the struct is
         # the kernel's only argument, passed by value; the driver copies it at launch).
         arg_ptrs = (ctypes.c_void_p * 1)(params.array.ctypes.data)

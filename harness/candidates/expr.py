@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 # manifest's [tiles] table are added per variant. `causal` is 1 for a causal mask (either
 # alignment: FA_MASK_CAUSAL in the kernel's mask_kind) and 0 otherwise, so that a manifest
 # can size a tile by mask and pick a launch by it (a zero grid dimension skips a launch).
+# `score_mods` is 1 when the case has a score modifier (softcap, ALiBi, sinks), else 0: a
+# launch table of entries compiled with the modifiers' code, apart from those without.
 SIZE_NAMES: frozenset[str] = frozenset({
     "batch", "heads", "kv_heads", "group", "seqlen_q", "seqlen_k", "head_dim",
-    "dtype_bytes", "num_splits", "sm_count", "causal",
+    "dtype_bytes", "num_splits", "sm_count", "causal", "score_mods",
 })
 
 FUNCTIONS: dict[str, int] = {"ceil_div": 2, "min": -2, "max": -2}  # -2: two or more args

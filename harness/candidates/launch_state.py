@@ -67,10 +67,19 @@ class PreparedParams:
     arg_addr: int = 0
 
     def fresh(self, inputs: Inputs) -> bool:
-        now = tuple(t for t in (inputs.mask, inputs.key_lengths) if t is not None)
+        now = param_sources(inputs)
         return len(now) == len(self.sources) and all(
             a is b and a._version == v for a, b, v in zip(now, self.sources, self.versions,
                                                          strict=True))
+
+
+def param_sources(inputs: Inputs) -> tuple[torch.Tensor, ...]:
+    """The tensors the parameter block was filled from besides q, k, v and the outputs
+    (copies of them on the device, or their addresses): a new tensor or new contents of
+    one rebuilds the block."""
+    return tuple(t for t in (inputs.mask, inputs.key_lengths, inputs.alibi_slopes,
+                             inputs.sinks, inputs.q_descale, inputs.k_descale,
+                             inputs.v_descale) if t is not None)
 
 
 def tensor_key(inputs: Inputs, out: torch.Tensor, lse: torch.Tensor | None,

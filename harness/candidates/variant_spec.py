@@ -333,6 +333,7 @@ def size_env(case: Case, *, num_splits: int = 1, sm_count: int = 132,
         "num_splits": num_splits,
         "sm_count": sm_count,
         "causal": int(case.mask.is_causal),
+        "score_mods": int(case.has_score_mods),
     }
     env.update(tiles or {})
     return env

@@ -258,7 +258,10 @@ __device__ __forceinline__ void load_tile(unsigned sbase, const void* tmap, unsi
 
 // BN keys per K/V tile: 128 at d = 64, 176 at d = 128 (a longer tile amortizes each
 // consumer's softmax and turn-taking over more matmul work; 2 slots of 176 x 128 still fit).
-template <int D, bool BF16, int STAGES, int BN, int NC>
+// MODS: the score modifiers' code (softcap, ALiBi, sinks) is compiled in: the fwdm entries,
+// which the manifest launches only for a case that has one (`score_mods`), so the plain
+// entries carry none of it (compiled into them, the d = 128 entries' two bodies spilled).
+template <int D, bool BF16, int STAGES, int BN, int NC, bool MODS>
 __device__ __forceinline__ void fwd(const FaParams& p) {
     using M = Mma<BF16>;
     constexpr int BM = 64 * NC;   // query rows per CTA
@@ -459,14 +462,14 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         float* lseg = p.lse ? p.lse + ((long long)b * p.heads + h) * p.seqlen_q : nullptr;
         // A sink z (FaParams' doc) is one more term of the denominator, no value: the sum
         // and max taken again with it, in the exp2 domain (m is the running max there).
-        const float zl = p.sinks != nullptr ? p.sinks[h] * (p.scale_log2 / p.scale)
-                                            : neg_inf();
+        const float zl = MODS && p.sinks != nullptr ? p.sinks[h] * (p.scale_log2 / p.scale)
+                                                    : neg_inf();
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = row0 + r * 8;
             if (row >= p.seqlen_q) continue;
             float lt = l[r], mt = m[r], sc = 1.f;
-            if (p.sinks != nullptr) {
+            if (MODS && p.sinks != nullptr) {
                 mt = fmaxf(m[r], zl);
                 sc = l[r] > 0.f ? exp2f(m[r] - mt) : 0.f;
                 lt = l[r] * sc + exp2f(zl - mt);
@@ -522,13 +525,13 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             const int klimit = ts[4];
             // The score modifiers (FaParams' doc) before the mask, in the accumulator's
             // units (s / scale: the exponentials multiply by scale_log2).
-            if (p.softcap > 0.f) {
+            if (MODS && p.softcap > 0.f) {
                 const float k2 = 2.f * p.scale_log2 / p.softcap;
                 const float cs = p.softcap / p.scale;
 #pragma unroll
                 for (int i = 0; i < BN / 2; ++i) sacc[i] = cs * tanh_k2(sacc[i], k2);
             }
-            if (p.alibi_slopes != nullptr) {   // -slope |i + o - j|, over scale likewise
+            if (MODS && p.alibi_slopes != nullptr) {   // -slope |i + o - j|, over scale likewise
                 const float sl = p.alibi_slopes[ts[2]] / p.scale;
                 const int diag = q0 + cw * 64 + warp * 16 + g
                                  + fa_seq_offset(p, p.seqlen_q, p.seqlen_k) - n0 - q4 * 2;
@@ -744,15 +747,20 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 }  // namespace fa3wg
 
 // The block (the manifest's [[launch]] block) is 128 * (NC + 1) threads.
-#define FA3WG_ENTRY(NAME, D, BF16, STAGES, BN, NC)                                          \
+#define FA3WG_ENTRY(NAME, D, BF16, STAGES, BN, NC, MODS)                                    \
     extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) NAME(FaParams p) { \
-        fa3wg::fwd<D, BF16, STAGES, BN, NC>(p);                                             \
+        fa3wg::fwd<D, BF16, STAGES, BN, NC, MODS>(p);                                       \
     }
 
-FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d64, 64, false, 3, 128, 2)
-FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d128, 128, false, 2, 176, 2)
-FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d64, 64, true, 3, 128, 2)
-FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d128, 128, true, 2, 176, 2)
+FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d64, 64, false, 3, 128, 2, false)
+FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d128, 128, false, 2, 176, 2, false)
+FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d64, 64, true, 3, 128, 2, false)
+FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d128, 128, true, 2, 176, 2, false)
 // Under a causal mask of at most 3072 keys (the manifest's second launch table).
-FA3WG_ENTRY(fa3_wgmma_fwdc_fp16_d128, 128, false, 2, 128, 2)
-FA3WG_ENTRY(fa3_wgmma_fwdc_bf16_d128, 128, true, 2, 128, 2)
+FA3WG_ENTRY(fa3_wgmma_fwdc_fp16_d128, 128, false, 2, 128, 2, false)
+FA3WG_ENTRY(fa3_wgmma_fwdc_bf16_d128, 128, true, 2, 128, 2, false)
+// With score modifiers (the third table): 128-key tiles at both head dims.
+FA3WG_ENTRY(fa3_wgmma_fwdm_fp16_d64, 64, false, 3, 128, 2, true)
+FA3WG_ENTRY(fa3_wgmma_fwdm_bf16_d64, 64, true, 3, 128, 2, true)
+FA3WG_ENTRY(fa3_wgmma_fwdm_fp16_d128, 128, false, 2, 128, 2, true)
+FA3WG_ENTRY(fa3_wgmma_fwdm_bf16_d128, 128, true, 2, 128, 2, true)
