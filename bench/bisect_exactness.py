@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.records.bisect import bisect_range  # noqa: E402
+from harness.records.bisect import END_RUNS, bisect_range  # noqa: E402
 
 T2_SPREAD = 1.4826 * math.sqrt(2.0 / 3.0)  # 1.4826 x the median |t2|: t2's spread at scale 1
 
@@ -91,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-pool", action="store_true")
     ap.add_argument("--common", type=float, default=0.0)
-    ap.add_argument("--end-runs", type=int, default=3)
-    ap.add_argument("--min-runs", type=int, default=1)
+    ap.add_argument("--end-runs", type=int, default=END_RUNS)
+    ap.add_argument("--min-runs", type=int, default=None,
+                    help="timings of a commit between (default: bisect_range's, sized "
+                         "from the ends' runs)")
     ap.add_argument("--trim", type=float, default=None)
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         core.TRIM = args.trim
     print(f"{args.trials} alerts per band; range 2-8 commits, 8-16 cases, t2 noise; "
           f"max builds {args.max_builds}, z {args.z:g}, repeats {args.repeats}, "
-          f"end runs {args.end_runs}, min runs {args.min_runs}"
+          f"end runs {args.end_runs}, min runs {args.min_runs or 'sized from the ends'}"
           + (", no pooling" if args.no_pool else "")
           + (f", common-mode spread {args.common:.1%}" if args.common else ""))
     print("| step | spread | exact | 95% interval | wrong | none | builds | measurements |")

@@ -10,12 +10,16 @@ import pytest
 
 from harness.records.bisect import (
     BAD,
+    END_RUNS,
     GOOD,
+    MAX_SIZED_RUNS,
+    SIZE_Z,
     SKIP,
     UNCLEAR,
     BisectError,
     bisect_range,
     classify,
+    runs_needed,
     trimmed_mean,
 )
 
@@ -49,14 +53,48 @@ def test_every_culprit_of_a_noiseless_range_is_named(n):
         assert res.step == pytest.approx(1.05)
 
 
-def test_the_ends_are_timed_first_three_times_each_then_only_commits_between():
+def test_the_ends_are_timed_first_end_runs_times_each_then_only_commits_between():
     calls: list[str] = []
     cs = commits(5)
     res = bisect_range(cs, stepped(3, calls=calls))
-    assert calls[:6] == [cs[0]] * 3 + [cs[-1]] * 3
-    assert set(calls[6:]) <= set(cs[1:-1])
+    n = END_RUNS
+    assert calls[:2 * n] == [cs[0]] * n + [cs[-1]] * n
+    assert set(calls[2 * n:]) <= set(cs[1:-1])
     assert res.culprit == cs[3]
-    assert [t.commit for t in res.tested] == calls[6:]
+    # noiseless ends: no run shifts, so one timing a commit between is enough
+    assert [t.commit for t in res.tested] == calls[2 * n:]
+
+
+def test_the_timings_of_a_commit_between_are_sized_from_the_ends_runs():
+    """Where whole runs shift, a commit between is timed as often as a step of that size
+    needs (runs_needed), the same for a larger step on a quiet runner: one."""
+    assert runs_needed(math.log(1.05), 0.0, 5, 5) == 1
+    assert runs_needed(math.log(1.05), 0.001, 5, 5) == 1
+    small = [runs_needed(math.log(1.02), sd, 5, 5) for sd in (0.001, 0.002, 0.003, 0.01)]
+    assert small == sorted(small) and small[0] == 1 and small[-1] == MAX_SIZED_RUNS
+    k = small[2]  # 0.3% shifts: the fewest runs putting each level SIZE_Z errors away
+    assert k > 1
+    se = 0.003 * math.sqrt(1 / k + 0.1)
+    assert math.log(1.02) / 2 / se >= SIZE_Z > math.log(1.02) / 2 / (
+        0.003 * math.sqrt(1 / (k - 1) + 0.1))
+
+    rng = random.Random(4)
+    calls: list[str] = []
+
+    def shifting(commit: str) -> dict[str, float]:  # whole runs move by 0.5%
+        calls.append(commit)
+        lvl = 1.02 if int(commit, 16) >= 3 else 1.0
+        shift = math.exp(rng.gauss(0.0, 0.005))
+        return {c: v * lvl * shift for c, v in CASES.items()}
+
+    cs = commits(6)
+    res = bisect_range(cs, shifting)
+    between = [c for c in calls[2 * END_RUNS:]]
+    assert res.culprit == cs[3]
+    assert all(between.count(c) >= 3 for c in set(between)), between
+    fixed: list[str] = []
+    bisect_range(cs, stepped(3, calls=fixed), min_runs=2)
+    assert all(fixed[2 * END_RUNS:].count(c) >= 2 for c in set(fixed[2 * END_RUNS:]))
 
 
 def test_given_levels_are_not_measured_again():

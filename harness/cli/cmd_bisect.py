@@ -52,10 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-minutes", type=float, default=None, metavar="M",
                    help="no timing starts once this is spent (default 60)")
     p.add_argument("--end-runs", type=int, default=None, metavar="N",
-                   help="timings of each end of the range (default 3)")
+                   help="timings of each end of the range (default 5)")
     p.add_argument("--runs", type=int, default=None, metavar="N",
-                   help="timings of a commit between before it is classified (default 1; "
-                        "more where whole runs of this runner shift: docs/regressions.md)")
+                   help="timings of a commit between before it is classified (default: "
+                        "1 to 5, as many as the ends' runs say a step that size needs "
+                        "where whole runs of this runner shift: docs/regressions.md)")
     p.add_argument("--min-time", type=float, default=0.2, metavar="S",
                    help="sampling time per timed case (default 0.2 s, as ci)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
@@ -73,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
-    from harness.records.bisect import DEFAULT_MAX_BUILDS, END_RUNS, MIN_RUNS
+    from harness.records.bisect import DEFAULT_MAX_BUILDS, END_RUNS
     from harness.runs.bisect_run import (
         DEFAULT_MAX_MINUTES,
         BisectNotMeasured,
@@ -87,10 +88,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if not max_minutes > 0:
         raise UsageError(f"--max-minutes must be > 0, got {max_minutes:g}")
     end_runs = END_RUNS if args.end_runs is None else args.end_runs
-    min_runs = MIN_RUNS if args.runs is None else args.runs
+    min_runs = args.runs  # None: as many as the ends' runs say (records.bisect.runs_needed)
     if end_runs < 1:
         raise UsageError(f"--end-runs must be >= 1, got {end_runs}")
-    if not 1 <= min_runs <= MAX_RUNS:
+    if min_runs is not None and not 1 <= min_runs <= MAX_RUNS:
         raise UsageError(f"--runs must be 1 to {MAX_RUNS}, got {min_runs}")
     for name, v in (("--min-time", args.min_time), ("--timeout", args.timeout)):
         if not v > 0:

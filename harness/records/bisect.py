@@ -32,7 +32,11 @@ The method:
    over the cases (robust) over the square root of their number, and what a shift of a
    whole run (every case at once, which that spread cannot see) does to the commit's
    runs and both levels: `run_spread`, from the repeated runs of the ends. A commit is
-   timed `min_runs` times (default `MIN_RUNS`) before its first classification. The
+   timed `min_runs` times before its first classification; by default as many as the
+   ends' runs say it needs (`runs_needed`): on a runner whose runs shift as a whole
+   (the project's records: a shift of about 0.4 times the per-case spread, heavy
+   tailed), one timing of a commit cannot tell a 2% step's levels apart, and its median
+   over several can; on a quiet one a single timing stays enough. The
    ratio reported is the trimmed geometric mean over the cases of the commit's median
    over the good level's.
 4. **Pooling.** A commit classified good joins the good level (per case, the median over
@@ -63,8 +67,13 @@ Measure = Callable[[str], Level]
 TRIM = 0.2  # of either tail of the per-case values (module doc, 3)
 Z = 2.0  # standard errors from the midpoint within which a commit is unclear
 MAX_REPEATS = 3  # measurements of one commit before the nearer level decides
-END_RUNS = 3  # measurements of each end when its level is not given
-MIN_RUNS = 1  # measurements of a commit between before it is classified
+END_RUNS = 5  # measurements of each end when its level is not given
+MIN_RUNS = 1  # measurements of a commit between before it is classified (the fewest)
+# Measurements of a commit between when not given (`runs_needed`): up to this many, so
+# that a commit at either level lies `SIZE_Z` standard errors of a whole run's shift from
+# the midpoint.
+MAX_SIZED_RUNS = 5
+SIZE_Z = 3.5
 MIN_CASES = 3  # cases measured at the commit and both levels for a classification
 DEFAULT_MAX_BUILDS = 10
 
@@ -180,12 +189,25 @@ def classify(runs: Sequence[Level], good: Sequence[Level], bad: Sequence[Level],
     return Classified(verdict, ratio, position, zval)
 
 
+def runs_needed(step_log: float, run_sd: float, n_good: int, n_bad: int) -> int:
+    """The timings of a commit between (MIN_RUNS to MAX_SIZED_RUNS) that put a commit at
+    either level `SIZE_Z` standard errors of a whole run's shift (`run_sd`, the ends'
+    `run_spread`) from the midpoint of a step of `step_log` (classify's standard error
+    with `n_good` and `n_bad` runs at the levels)."""
+    half = abs(step_log) / 2.0
+    for k in range(MIN_RUNS, MAX_SIZED_RUNS + 1):
+        se = run_sd * math.sqrt(1 / k + 0.25 / max(n_good, 1) + 0.25 / max(n_bad, 1))
+        if se <= 0 or half / se >= SIZE_Z:
+            return k
+    return MAX_SIZED_RUNS
+
+
 def bisect_range(commits: Sequence[str], measure: Measure, *,
                  good_level: Level | Sequence[Level] | None = None,
                  bad_level: Level | Sequence[Level] | None = None,
                  max_builds: int = DEFAULT_MAX_BUILDS, max_seconds: float | None = None,
                  max_repeats: int = MAX_REPEATS, z: float = Z, pool: bool = True,
-                 end_runs: int = END_RUNS, min_runs: int = MIN_RUNS,
+                 end_runs: int = END_RUNS, min_runs: int | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  log: Callable[[str], None] | None = None) -> BisectResult:
     """The first bad commit of `commits` (oldest first: the last good commit, the commits
@@ -201,7 +223,6 @@ def bisect_range(commits: Sequence[str], measure: Measure, *,
     if len(set(commits)) != len(commits):
         raise BisectError("a commit appears twice in the range")
     say = log or (lambda _line: None)
-    max_repeats = max(max_repeats, min_runs + 1)  # one timing more after the first verdict
     start = clock()
     durations: list[float] = []
     runs: dict[str, list[Level]] = {}
@@ -236,7 +257,9 @@ def bisect_range(commits: Sequence[str], measure: Measure, *,
             why = over_budget()
             if why:
                 raise BisectError(f"{why} before the {name} commit {end[:12]} was measured")
-            for _ in range(end_runs):
+            for r in range(end_runs):
+                if r and over_budget():
+                    break  # the time bound holds for the ends' repeats too
                 if not timed(end):
                     raise BisectError(f"the {name} commit {end[:12]} could not be measured")
             say(f"{name} {end[:12]}: measured ({len(runs[end][-1])} case(s))")
@@ -248,6 +271,10 @@ def bisect_range(commits: Sequence[str], measure: Measure, *,
         raise BisectError(f"fewer than {MIN_CASES} cases measured at both ends")
     out.step = first.ratio
     say(f"step {first.ratio - 1:+.2%} from {commits[0][:12]} to {commits[-1][:12]}")
+    if min_runs is None:
+        min_runs = runs_needed(math.log(first.ratio), spread, len(good), len(bad))
+        say(f"{min_runs} timing(s) a commit (whole runs shift {spread:.2%} at the ends)")
+    max_repeats = max(max_repeats, min_runs + 1)  # one timing more after the first verdict
     lo, hi = 0, len(commits) - 1
     skipped: set[int] = set()
     pending: list[str] = []

@@ -31,7 +31,6 @@ from typing import Any
 from harness.records.bisect import (
     DEFAULT_MAX_BUILDS,
     END_RUNS,
-    MIN_RUNS,
     BisectError,
     BisectResult,
     bisect_range,
@@ -66,7 +65,9 @@ class BisectRequest:
     kernels_dirs: list[str] = field(default_factory=list)
     store: bool = True
     end_runs: int = END_RUNS  # timings of each end
-    min_runs: int = MIN_RUNS  # timings of a commit between before it is classified
+    # timings of a commit between before it is classified (None: sized from the ends'
+    # runs, harness.records.bisect.runs_needed)
+    min_runs: int | None = None
 
 
 @dataclass
