@@ -39,14 +39,7 @@ KERNELS=${KERNELS:-fa2_mma,triton_fa2,sdpa_flash,sdpa_cudnn,sdpa_efficient,flex_
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 json() { [ "${JSON:-1}" = 0 ] || echo "--json $OUT/$1"; }
 
-step() {  # step NAME TIMEOUT_S CMD...: run, log to $OUT/NAME.log, print its tail
-  local name=$1 limit=$2; shift 2
-  local t0=$SECONDS
-  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc, $((SECONDS - t0)) s" | tee -a "$OUT/times.txt"
-  tail -n "${TAIL:-25}" "$OUT/$name.log"
-}
+source "$(dirname "$0")/step.sh"
 
 full_loop() {  # full_loop LOG KERNELS NAME [CASES]: the full grid's backward per secret
   local log=$1 kernels=$2 name=$3 cases=${4:-} i left limit secret t0

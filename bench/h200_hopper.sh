@@ -27,14 +27,7 @@ FA="python3 -m harness"
 PEERS=${PEERS:-fa2_mma,triton_fa2,flex_attention,sdpa_flash,sdpa_cudnn}
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 
-step() {  # step NAME TIMEOUT_S CMD...: run, log to $OUT/NAME.log, print its tail
-  local name=$1 limit=$2; shift 2
-  local t0=$SECONDS
-  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc, $((SECONDS - t0)) s" | tee -a "$OUT/times.txt"
-  tail -n "${TAIL:-25}" "$OUT/$name.log"
-}
+source "$(dirname "$0")/step.sh"
 
 for stage in "$@"; do
   case $stage in

@@ -35,28 +35,16 @@ sed -i -e 's/^name = "fa3_wgmma"/name = "fa3_wgmma_mods"/' \
   -e 's/^masked_lse = "-inf"/masked_lse = "-inf"\nsoftcap = true\nalibi = true\nsinks = true/' \
   "$K/fa3_wgmma_mods/manifest.toml"
 
-step() {  # step NAME TIMEOUT_S CMD...: run, log to $OUT/NAME.log, print its tail
-  local name=$1 limit=$2; shift 2
-  local t0=$SECONDS
-  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc, $((SECONDS - t0)) s" | tee -a "$OUT/times.txt"
-  tail -n "${TAIL:-20}" "$OUT/$name.log"
-}
+source "$(dirname "$0")/step.sh"
 
 for stage in "$@"; do
   case $stage in
-    naive)
+    naive|fa3)
+      kernel=$([ "$stage" = naive ] && echo naive_mods || echo fa3_wgmma_mods)
       for s in ${SECRETS:-0 1}; do
-        step "naive-$s" "${NAIVE_S:-240}" $FA run --grid mods --kernels-dir "$K" \
-          --kernels naive_mods --device cuda --repeats 2 --secret "$s" --no-progress \
-          --json "$OUT/naive-mods-$s.json" --no-store
-      done ;;
-    fa3)
-      for s in ${SECRETS:-0 1}; do
-        step "fa3-$s" "${FA3_S:-240}" $FA run --grid mods --kernels-dir "$K" \
-          --kernels fa3_wgmma_mods --device cuda --repeats 2 --secret "$s" --no-progress \
-          --json "$OUT/fa3-mods-$s.json" --no-store
+        step "$stage-$s" "${MODS_S:-240}" $FA run --grid mods --kernels-dir "$K" \
+          --kernels "$kernel" --device cuda --repeats 2 --secret "$s" --no-progress \
+          --json "$OUT/$stage-mods-$s.json" --no-store
       done ;;
     cost)
       # With ab/ (bench/ab_prepare.py, sent along), COST_KERNELS may name its variants too.
