@@ -7,10 +7,10 @@ commits, found on this runner.
 Each commit is checked out in a git worktree (`git worktree add --detach`, removed
 afterwards, also on an error or Ctrl-C); its candidates are discovered from the
 worktree's kernel folders and only the named candidate is timed on the named cases, the
-gate's way. Both ends are timed first (three times each), then a binary search over the
+gate's way. Both ends are timed first (five times each), then a binary search over the
 commits between classifies each one by whether its level is nearer the good or the bad
-level (a trimmed geometric mean over the cases; a commit too close to call is timed
-again). Every run is stored as backfill: in commit order in the history the step search
+level (a trimmed geometric mean over the cases; each commit timed as often as the ends'
+runs say the step needs, 1 to 5; a commit too close to call is timed again). Every run is stored as backfill: in commit order in the history the step search
 reads, never a later gate's baseline. With --alert the culprit found is recorded on the
 alert. docs/regressions.md, "Bisecting a ranged alert", has the method and its exactness.
 
