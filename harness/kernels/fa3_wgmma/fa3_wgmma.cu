@@ -759,10 +759,8 @@ FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d128, 128, true, 2, 176, 2, false)
 // Under a causal mask of at most 3072 keys (the manifest's second launch table).
 FA3WG_ENTRY(fa3_wgmma_fwdc_fp16_d128, 128, false, 2, 128, 2, false)
 FA3WG_ENTRY(fa3_wgmma_fwdc_bf16_d128, 128, true, 2, 128, 2, false)
-// With score modifiers (the third and fourth tables): the tiles of the plain entries.
+// With score modifiers (the third table): 128-key tiles at both head dims.
 FA3WG_ENTRY(fa3_wgmma_fwdm_fp16_d64, 64, false, 3, 128, 2, true)
 FA3WG_ENTRY(fa3_wgmma_fwdm_bf16_d64, 64, true, 3, 128, 2, true)
-FA3WG_ENTRY(fa3_wgmma_fwdm_fp16_d128, 128, false, 2, 176, 2, true)
-FA3WG_ENTRY(fa3_wgmma_fwdm_bf16_d128, 128, true, 2, 176, 2, true)
-FA3WG_ENTRY(fa3_wgmma_fwdmc_fp16_d128, 128, false, 2, 128, 2, true)
-FA3WG_ENTRY(fa3_wgmma_fwdmc_bf16_d128, 128, true, 2, 128, 2, true)
+FA3WG_ENTRY(fa3_wgmma_fwdm_fp16_d128, 128, false, 2, 128, 2, true)
+FA3WG_ENTRY(fa3_wgmma_fwdm_bf16_d128, 128, true, 2, 128, 2, true)
