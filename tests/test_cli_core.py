@@ -140,6 +140,7 @@ def test_kernels_lists_and_flags_load_errors(fakes, capsys, monkeypatch):
     names = [c["name"] for c in data["candidates"]]
     assert names == ["fake_none", "fake_perturb", "fake_nan"]
     assert data["candidates"][0]["available"] == "yes"
+    assert data["candidates"][0]["extras"] == "none"  # declares no modifier, d_v or fp8
     monkeypatch.setattr(registry, "load_errors", lambda: ["kernels/x/manifest.toml: bad"])
     assert main(["kernels"]) == 1
     assert "variant load error" in capsys.readouterr().out

@@ -93,6 +93,10 @@ def describe(c) -> dict:
         "masks": _fmt_set(s.masks, MaskKind),
         "gqa": s.gqa,
         "lse": (f"yes ({s.masked_lse} masked)" if s.writes_lse else "no"),
+        # the axes a candidate must declare to run (docs/score-mods.md, docs/fp8.md)
+        "extras": ",".join(name for name, on in (
+            ("softcap", s.softcap), ("alibi", s.alibi), ("sinks", s.sinks),
+            ("d_v", s.head_dim_v), ("fp8", s.fp8), ("fp8_kv", s.fp8_kv)) if on) or "none",
         "deterministic": s.deterministic,
         # dQ, dK, dV: whether it has one, whether its repeats are bitwise equal
         "backward": _backward(c, dtypes, _fmt_set(s.head_dims)),
@@ -214,9 +218,9 @@ def _print_table(rows: list[dict], errors: list[str], notes: list[str],
     console = wide_console()
     t = Table(title="candidates")
     cols: tuple[str, ...] = ("name", "kind", "role", "device", "algorithm", "dtypes",
-                             "head_dims", "masks", "gqa", "lse", "bwd", "available",
-                             "origin")
-    # Thirteen columns do not fit a narrow terminal: keep the whole names and what decides
+                             "head_dims", "masks", "gqa", "lse", "extras", "bwd",
+                             "available", "origin")
+    # Fourteen columns do not fit a narrow terminal: keep the whole names and what decides
     # a run (kind, backward, availability, origin), and say where the rest is.
     narrow = console.width < 140
     if narrow:
