@@ -1,6 +1,8 @@
 """The case-kind filter of the pages that list cases (Run, Roofline, Compare, Correctness,
-History's case picker): memory layout (dense / varlen / paged) and sliding window (with /
-without), backed by the query parameters `layout=` (comma-separated) and `window=`.
+History's case picker): memory layout (dense / varlen / paged), sliding window (with /
+without) and the case's extras (score modifiers, d_v, FP8 inputs, input distributions, or
+none: "plain"), backed by the query parameters `layout=` and `extras=` (comma-separated)
+and `window=`.
 
 A database whose cases are all of one kind (every dense, windowless history recorded
 before the serving kinds) has nothing to choose: no widget is drawn and every frame passes
@@ -15,7 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from harness.dashboard import ui
-from harness.dashboard.case_kinds import chosen_ids, present
+from harness.dashboard.case_kinds import chosen_ids, present, present_extras, with_extras
 
 ANY = "any"
 WINDOW_LABELS = {ANY: "any", "with": "with a window", "without": "without a window"}
@@ -45,12 +47,12 @@ class KindFilter:
         return frame[frame[column].isin(self.ids)]
 
 
-def _wanted_layouts(options: list[str], where: Any) -> list[str]:
-    raw = [w.strip() for w in (ui.param("layout") or "").split(",") if w.strip()]
+def _wanted(key: str, options: list[str], where: Any) -> list[str]:
+    raw = [w.strip() for w in (ui.param(key) or "").split(",") if w.strip()]
     unknown = [w for w in raw if w not in options]
     if unknown:
-        where.warning(f"`layout={','.join(unknown)}` from the link: this database holds no "
-                      f"such case (layouts here: {', '.join(options)}).")
+        where.warning(f"`{key}={','.join(unknown)}` from the link: this database holds no "
+                      f"such case ({key} here: {', '.join(options)}).")
     return [w for w in raw if w in options] or options
 
 
@@ -58,7 +60,8 @@ def pick(ctx: Any, where: Any = st) -> KindFilter:
     """The filter's widgets (only for the choices this database offers) and the choice."""
     kinds = ctx.q("case_kinds")
     layouts, windows = present(kinds)
-    if len(layouts) <= 1 and len(windows) <= 1:
+    extras = present_extras(kinds)
+    if len(layouts) <= 1 and len(windows) <= 1 and len(extras) <= 1:
         # One kind only: nothing to filter. A link naming a kind this database lacks
         # says so rather than showing every case as if the filter had applied.
         bad = []
@@ -73,13 +76,19 @@ def pick(ctx: Any, where: Any = st) -> KindFilter:
                           f"{'with' if windows == ['with'] else 'without'} a sliding window; "
                           "showing every case.")
         return KindFilter(kinds=kinds)
-    c1, c2, _ = where.columns([3, 2, 4])
+    c1, c2, c3 = where.columns([3, 2, 4])
     chosen_layouts = layouts
     if len(layouts) > 1:
-        default = _wanted_layouts(layouts, where)
+        default = _wanted("layout", layouts, where)
         chosen_layouts = list(c1.multiselect("Case layout", layouts, default=default))
         ui.set_params(layout=None if set(chosen_layouts) == set(layouts)
                       else ",".join(chosen_layouts))
+    chosen_extras = extras
+    if len(extras) > 1:
+        chosen_extras = list(c3.multiselect("Case extras", extras,
+                                            default=_wanted("extras", extras, where)))
+        ui.set_params(extras=None if set(chosen_extras) == set(extras)
+                      else ",".join(chosen_extras))
     chosen_windows = windows
     if len(windows) > 1:
         window = ui.pick("Sliding window", [ANY, *windows], "window",
@@ -88,10 +97,15 @@ def pick(ctx: Any, where: Any = st) -> KindFilter:
             ui.set_params(window=None)
         else:
             chosen_windows = [str(window)]
-    if set(chosen_layouts) == set(layouts) and set(chosen_windows) == set(windows):
+    all_extras = set(chosen_extras) == set(extras)
+    if set(chosen_layouts) == set(layouts) and set(chosen_windows) == set(windows) \
+            and all_extras:
         return KindFilter(kinds=kinds)
     label = (", ".join(chosen_layouts) or "no layout") + (
         "" if set(chosen_windows) == set(windows)
-        else f", {WINDOW_LABELS[chosen_windows[0]]}")
-    return KindFilter(frozenset(chosen_ids(kinds, chosen_layouts, chosen_windows)), label,
-                      kinds)
+        else f", {WINDOW_LABELS[chosen_windows[0]]}") + (
+        "" if all_extras else f", {' or '.join(chosen_extras) or 'no extras'}")
+    ids = chosen_ids(kinds, chosen_layouts, chosen_windows)
+    if not all_extras:
+        ids &= with_extras(kinds, chosen_extras)
+    return KindFilter(frozenset(ids), label, kinds)

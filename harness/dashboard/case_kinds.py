@@ -12,6 +12,7 @@ one writes them), so its cases are all dense and windowless.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,8 +28,16 @@ from harness.dashboard.schema import CaseRow, Result
 DECODE_MAX_SEQLEN_Q = 16
 LAYOUTS = ("dense", "varlen", "paged")
 WINDOWS = ("with", "without")
+# The axes a candidate must declare to run a case (docs/score-mods.md, docs/fp8.md) and
+# the input distributions, as a case id spells them (harness.core.cases.Case.id: one "-"
+# token each; tests/test_dashboard_extras.py holds the two together). "plain": none.
+EXTRAS: tuple[tuple[str, str], ...] = (
+    ("softcap", r"sc\d+(\.\d+)?"), ("alibi", "alibi"), ("sinks", "sink"),
+    ("d_v", r"d\d+v\d+"), ("fp8", r"fp8_qkv_[a-z]+"), ("fp8 cache", r"fp8_kv_[a-z]+"),
+    ("outliers", "outliers"), ("large", "large"))
+PLAIN = "plain"
 KIND_COLUMNS = ["case_id", "seqlen_q", "kv_heads", "layout", "page_size", "full_lengths", "window_left",
-                "window_right", "windowed", "layout_label"]
+                "window_right", "windowed", "layout_label", "extras"]
 _SERVING = ("layout", "page_size", "full_lengths", "window_left", "window_right")
 
 
@@ -38,6 +47,14 @@ def layout_label(layout: str, page_size: int, windowed: bool) -> str:
     name = {"dense": "contiguous", "varlen": "varlen"}.get(layout) or (
         f"paged {int(page_size)}" if page_size else str(layout))
     return name + (", window" if windowed else "")
+
+
+def extras_of(case_id: str) -> tuple[str, ...]:
+    """The EXTRAS a case id names, in EXTRAS order; ("plain",) when none."""
+    tokens = case_id.split("-")
+    got = tuple(name for name, pattern in EXTRAS
+                if any(re.fullmatch(pattern, t) for t in tokens))
+    return got or (PLAIN,)
 
 
 def case_kinds(engine: Engine) -> pd.DataFrame:
@@ -63,7 +80,21 @@ def case_kinds(engine: Engine) -> pd.DataFrame:
     frame["layout_label"] = [layout_label(lay, ps, w) for lay, ps, w in
                              zip(frame["layout"], frame["page_size"], frame["windowed"],
                                  strict=True)]
+    frame["extras"] = [extras_of(str(c)) for c in frame["case_id"]]
     return frame[KIND_COLUMNS]
+
+
+def present_extras(kinds: pd.DataFrame) -> list[str]:
+    """The extras (and "plain") the cases of `kinds` hold, plain first, then EXTRAS order."""
+    held = {e for row in kinds.get("extras", pd.Series(dtype=object)) for e in row}
+    return [e for e in (PLAIN, *(name for name, _ in EXTRAS)) if e in held]
+
+
+def with_extras(kinds: pd.DataFrame, extras: Sequence[str]) -> set[str]:
+    """Case ids with at least one of `extras` ("plain": a case with none)."""
+    want = set(extras)
+    return {c for c, row in zip(kinds["case_id"], kinds["extras"], strict=True)
+            if want & set(row)}
 
 
 def present(kinds: pd.DataFrame) -> tuple[list[str], list[str]]:
