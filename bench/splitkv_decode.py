@@ -4,13 +4,18 @@ second. Paged and varlen cases have no SDPA peer: they are compared with the con
 case of the same shape. The kernel's two-kernel form (the combine as a second kernel,
 `--also two_kernel`, the default) is checked and timed beside the shipped fused form;
 `--sweep` also times other variants (pipeline depth, split count, the partial kernel
-without its combine) on the longest caches.
+without its combine) on the longest caches. `--fp8 kv_head,kv_token` (the default) adds
+an e4m3 twin of every case with Nk >= 64k for each descale granularity (docs/fp8.md):
+no peer reads such a cache, so its GB/s is set against the same case's 2-byte cache
+(`/2byte`: the issue's "reads its cache at >= 0.9x the fp16 decode's GB/s").
 
-    python bench/splitkv_decode.py [--cases GLOB[,GLOB]] [--sweep] [--json FILE]
+    python bench/splitkv_decode.py [--cases GLOB[,GLOB]] [--sweep] [--fp8 LIST] [--json FILE]
 
-GB/s counts the K and V bytes the sequences' query rows can see: B x Hkv x Nk x d x 2
-twice for a dense or full-length paged cache; the sum over sequences with a query row
-for a varlen batch. Ends with one table (the last lines of the output).
+GB/s counts the K and V bytes the sequences' query rows can see: B x Hkv x Nk x d x e
+twice for a dense or full-length paged cache (e the bytes of an element: 2, or 1 for
+e4m3, plus 4 bytes of descale per K row and per V row for per-token descales); the sum
+over sequences with a query row for a varlen batch. Ends with one table (the last lines
+of the output).
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ from harness.candidates.cuda_candidate import CudaVariant  # noqa: E402
 from harness.candidates.expr import parse_expr  # noqa: E402
 from harness.candidates.registry import get_candidate  # noqa: E402
 from harness.candidates.variants import KERNELS_ROOT, load_variant_dir  # noqa: E402
-from harness.core.cases import Case, Layout  # noqa: E402
+from harness.core.cases import Case, Fp8, Layout  # noqa: E402
 from harness.core.check import check_case  # noqa: E402
+from harness.core.fp8 import stored_bytes  # noqa: E402
 from harness.core.grids import decode  # noqa: E402
 from harness.core.results import Status  # noqa: E402
 from harness.core.serving import sequence_lengths  # noqa: E402
@@ -48,12 +54,28 @@ SWEEP = ("splitkv", "two_kernel", "stages2", "stages4", "splits_x2", "splits_hal
 
 
 def kv_bytes(case: Case) -> int:
-    per_key = case.kv_heads * case.head_dim * 2 * 2  # K and V, 2-byte elements
+    _, elem, descale = stored_bytes(case)
+    per_key = case.kv_heads * (case.head_dim * elem + descale) * 2  # K and V
     return sum(k for q, k in sequence_lengths(case) if q > 0) * per_key
 
 
 def dense_twin(case: Case) -> Case:
     return dataclasses.replace(case, layout=Layout.DENSE, page_size=0, full_lengths=False)
+
+
+def plain_twin(case: Case) -> Case:
+    """The same case with its K/V cache in the case dtype."""
+    return dataclasses.replace(case, fp8=Fp8.NONE)
+
+
+def with_fp8(cases: list[Case], kinds: list[str]) -> list[Case]:
+    """`cases` and, after each with Nk >= 64k, its e4m3 twins."""
+    out = []
+    for c in cases:
+        out.append(c)
+        if c.seqlen_k >= 65536:
+            out += [dataclasses.replace(c, fp8=Fp8(k)) for k in kinds]
+    return out
 
 
 def variants() -> dict[str, CudaVariant]:
@@ -76,7 +98,7 @@ def variants() -> dict[str, CudaVariant]:
         block=(parse_expr(128), parse_expr(1), parse_expr(1)), shared_mem=parse_expr(0))
     two = dataclasses.replace(
         spec, compile_options=tuple(o for o in opts if not o.startswith("-DSK_FUSED_COMBINE")),
-        launches=(spec.launches[0], combine),
+        launches=(*spec.launches, combine),
         workspaces=tuple(w for w in spec.workspaces if w.name != "tickets"))
     return {
         "two_kernel": v("two_kernel", two),
@@ -86,7 +108,7 @@ def variants() -> dict[str, CudaVariant]:
                      tiles={"stages": 4, "ctas_per_sm": 1}),
         "splits_x2": v("splits_x2", tiles={"ctas_per_sm": 4}),
         "splits_half": v("splits_half", tiles={"ctas_per_sm": 1}),
-        "no_combine": v("no_combine", two, launches=two.launches[:1]),
+        "no_combine": v("no_combine", two, launches=two.launches[:-1]),
     }
 
 
@@ -116,11 +138,14 @@ def main() -> int:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--also", default="two_kernel",
                     help="variants (see `variants`) checked and timed on every case too")
+    ap.add_argument("--fp8", default="kv_head,kv_token",
+                    help="e4m3 cache twins of the Nk >= 64k cases ('' for none)")
     ap.add_argument("--json")
     ap.add_argument("--table", metavar="JSON", help="print the table of an earlier --json")
     args = ap.parse_args()
     globs = args.cases.split(",")
-    cases = [c for c in decode() if any(fnmatch.fnmatch(c.id, g) for g in globs)]
+    cases = [c for c in with_fp8(decode(), [k for k in args.fp8.split(",") if k])
+             if any(fnmatch.fnmatch(c.id, g) for g in globs)]
     if args.table:
         rows = json.loads(Path(args.table).read_text())["rows"]
         print_table([c for c in cases if c.id in rows], rows, sweep=True)
@@ -163,7 +188,7 @@ def run_case(cands: list, peers: list, case: Case, rows: dict) -> None:
             "" if res.status is Status.PASSED else f": {res.message[:300]}")
         if res.status is Status.PASSED:
             row[cand.name] = {**timed(cand, case), "splits": cand.meta.get("num_splits")}
-    for peer in peers if not case.is_serving else []:
+    for peer in peers if not case.is_serving and case.fp8 is Fp8.NONE else []:
         try:
             why = peer.supports(case)
             row[peer.name] = {"skip": why} if why else timed(peer, case)
@@ -200,7 +225,7 @@ def _g(row: dict, key: str) -> float | None:
 def print_table(cases: list[Case], rows: dict, sweep: bool) -> None:
     print(f"\n{'case (GB/s of K/V read)':<46} {'splits':>6} {'splitkv':>8} {'2-kern':>7} "
           f"{'cuDNN':>7} {'flash':>7} {'/cuDNN':>6} {'/flash':>6} {'/dense':>6} "
-          f"{'2/cuDNN':>7} {'2/dense':>7}  check")
+          f"{'2/cuDNN':>7} {'2/dense':>7} {'/2byte':>6}  check")
     for case in cases:
         row = rows[case.id]
         if "kv_bytes" not in row:
@@ -210,6 +235,7 @@ def print_table(cases: list[Case], rows: dict, sweep: bool) -> None:
         twin = rows.get(dense_twin(case).id, {}) if case.is_serving else {}
         d, fd = _g(twin, "splitkv"), _g(twin, "two_kernel")
         cud = c if not case.is_serving else _g(twin, "sdpa_cudnn")
+        plain = _g(rows.get(plain_twin(case).id, {}), "splitkv") if case.fp8 is not Fp8.NONE else None
 
         def n(x: float | None) -> str:
             return "-" if x is None else f"{x:.0f}"
@@ -222,8 +248,8 @@ def print_table(cases: list[Case], rows: dict, sweep: bool) -> None:
         splits = row.get("splitkv", {}).get("splits", "-") if isinstance(row.get("splitkv"),
                                                                           dict) else "-"
         print(f"{case.id:<46} {str(splits):>6} {n(s):>8} {n(fu):>7} {n(c):>7} {n(f):>7} "
-              f"{r(s, cud):>6} {r(s, f):>6} {r(s, d):>6} {r(fu, cud):>7} {r(fu, fd):>7}  "
-              f"{checks}")
+              f"{r(s, cud):>6} {r(s, f):>6} {r(s, d):>6} {r(fu, cud):>7} {r(fu, fd):>7} "
+              f"{r(s, plain):>6}  {checks}")
     if sweep:
         print(f"\n{'sweep case (GB/s/splits)':<40} " + " ".join(f"{k:>11}" for k in SWEEP))
         for cid in SWEEP_CASES:

@@ -276,3 +276,23 @@ def test_the_io_model_counts_a_byte_per_e4m3_element_and_the_scales():
     # Every key's row: d bytes of e4m3 and its 4-byte descale, per K/V head.
     assert fp8["read K"] == ref["read K"] // 2 + 2 * 2 * 203 * 4
     assert "read descales" not in fp8
+
+
+@pytest.mark.parametrize("case", [KV_HEAD, KV_TOKEN, PAGED_TOKEN, VARLEN_HEAD])
+def test_split_kv_launches_its_e4m3_cache_entries_for_an_fp8_cache_only(case: Case):
+    """The shipped splitkv declares fp8_kv and picks its entries by the size name fp8_kv:
+    the e4m3-cache entries for such a case, the 2-byte ones (as before) for its twin."""
+    from harness.candidates.cuda_candidate import CudaVariant
+    from harness.candidates.variants import KERNELS_ROOT, load_variant_dir
+
+    spec = load_variant_dir(KERNELS_ROOT / "splitkv")
+    cand = CudaVariant.from_spec(spec)
+    assert cand.support.fp8_kv and not cand.support.fp8
+    assert cand.supports(case) is None
+    assert cand.supports(QKV_HEAD) is not None
+    dt, d = {"float16": "fp16", "bfloat16": "bf16"}[case.dtype], case.head_dim
+    for c, entry in ((case, f"splitkv_partial8_{dt}_d{d}"),
+                     (Case(**{**case.to_dict(), "fp8": "none"}), f"splitkv_partial_{dt}_d{d}")):
+        plan = cand.plan(c, num_splits=3, sm_count=132)
+        assert [p.entry for p in plan if all(p.grid)] == [entry], c.id  # zero grid: skipped
+        assert f"FA_CHECK_ENTRY({entry});" in spec.full_source()  # compiled and checked

@@ -205,7 +205,7 @@ def test_the_backward_of_modified_cases_is_skipped_with_the_reason():
 
 def test_the_mods_grid_holds_every_modifier_and_mask():
     cases = get_grid("mods")
-    assert len(cases) == len(set(cases)) == 69
+    assert len(cases) == len(set(cases)) == 72
     assert {c.mask for c in cases} == set(MaskKind)
     assert any(c.softcap and c.alibi and c.sinks for c in cases)
     assert any(c.has_window for c in cases) and any(c.kv_heads == 1 for c in cases)

@@ -426,15 +426,17 @@ def test_plan_splitkv_decode_and_single_split():
     case = Case(1, 32, 8, 1, 131072, 128)
     n = c.resolve_num_splits(case, 132)
     assert 1 < n <= 128
-    # One launch: the last split of each row chunk combines (SK_FUSED_COMBINE).
-    (partial,) = c.plan(case, num_splits=n, sm_count=132)
+    # One launch: the last split of each row chunk combines (SK_FUSED_COMBINE); the
+    # e4m3-cache entry's grid is zero (skipped) for a 2-byte cache.
+    partial, fp8 = c.plan(case, num_splits=n, sm_count=132)
+    assert fp8.grid[0] == 0 and fp8.entry.startswith("splitkv_partial8_")
     assert partial.grid == (n, 8, 1)  # one block per (split, kv head): GQA group together
     assert partial.grid[0] * partial.grid[1] >= 132  # enough blocks to fill the SMs
     assert "-DSK_FUSED_COMBINE=1" in c.spec.compile_options
     # partial O, partial LSE, one ticket counter per (sequence, kv head, row chunk)
     assert c.workspace_sizes(case, num_splits=n, sm_count=132) == [n * 32 * 128, n * 32, 8]
     # GQA group of 8 at Nq = 3: 24 rows -> 2 row chunks of 16 per kv head
-    (p2,) = c.plan(Case(1, 16, 2, 3, 100, 64), num_splits=2, sm_count=132)
+    p2, _ = c.plan(Case(1, 16, 2, 3, 100, 64), num_splits=2, sm_count=132)
     assert p2.grid == (2, 4, 1)
     assert c.workspace_sizes(Case(3, 16, 2, 3, 100, 64), num_splits=2, sm_count=132)[2] == 12
 

@@ -20,9 +20,12 @@ from dataclasses import dataclass, field
 # can size a tile by mask and pick a launch by it (a zero grid dimension skips a launch).
 # `score_mods` is 1 when the case has a score modifier (softcap, ALiBi, sinks), else 0: a
 # launch table of entries compiled with the modifiers' code, apart from those without.
+# `fp8_qkv` is 1 when Q, K and V are float8 e4m3, `fp8_kv` when the K/V cache is (Q in
+# the case dtype), each else 0 (docs/fp8.md): entries built for e4m3 tiles, picked the
+# same way.
 SIZE_NAMES: frozenset[str] = frozenset({
     "batch", "heads", "kv_heads", "group", "seqlen_q", "seqlen_k", "head_dim",
-    "dtype_bytes", "num_splits", "sm_count", "causal", "score_mods",
+    "dtype_bytes", "num_splits", "sm_count", "causal", "score_mods", "fp8_qkv", "fp8_kv",
 })
 
 FUNCTIONS: dict[str, int] = {"ceil_div": 2, "min": -2, "max": -2}  # -2: two or more args

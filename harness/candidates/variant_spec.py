@@ -13,7 +13,7 @@ from typing import Any
 
 from harness.candidates.expr import Expr
 from harness.core.candidate import Support
-from harness.core.cases import DTYPE_SHORT, Case, Layout, MaskKind
+from harness.core.cases import DTYPE_SHORT, Case, Fp8, Layout, MaskKind
 
 KERNELS_ROOT = Path(__file__).resolve().parents[1] / "kernels"
 HEADER_NAME = "fa_harness.h"
@@ -334,6 +334,8 @@ def size_env(case: Case, *, num_splits: int = 1, sm_count: int = 132,
         "sm_count": sm_count,
         "causal": int(case.mask.is_causal),
         "score_mods": int(case.has_score_mods),
+        "fp8_qkv": int(Fp8(case.fp8).quantizes_q),
+        "fp8_kv": int(Fp8(case.fp8).is_kv_cache),
     }
     env.update(tiles or {})
     return env

@@ -66,8 +66,9 @@ FP8_QKV_SHAPES: tuple[tuple, ...] = (
      {"dist": Dist.OUTLIERS}),
 )
 # e4m3 KV caches with per-head and per-token descales, Q in the dtype: decode rows over a
-# dense cache (one row, and four under a causal mask: speculative decoding), and paged
-# caches with pages smaller and larger than a key tile.
+# dense cache (one row, and four under a causal mask: speculative decoding), paged caches
+# with pages smaller and larger than a key tile and pages of 24 keys (a key tile spans
+# two) under a sliding window, a varlen decode batch, and key padding without GQA.
 FP8_KV_CASES = (
     Case(1, 8, 2, 1, 239, 128, "bfloat16", MaskKind.NONE, fp8=Fp8.KV_HEAD),
     Case(4, 8, 1, 1, 517, 128, "float16", MaskKind.NONE, fp8=Fp8.KV_TOKEN),
@@ -76,11 +77,16 @@ FP8_KV_CASES = (
          fp8=Fp8.KV_HEAD),
     Case(5, 6, 2, 16, 1024, 64, "bfloat16", MaskKind.CAUSAL_BR, layout=Layout.PAGED,
          page_size=256, fp8=Fp8.KV_TOKEN),
+    Case(3, 8, 2, 2, 400, 64, "float16", MaskKind.CAUSAL_BR, window_left=100,
+         layout=Layout.PAGED, page_size=24, fp8=Fp8.KV_TOKEN),
+    Case(4, 8, 2, 1, 700, 128, "bfloat16", MaskKind.NONE, layout=Layout.VARLEN,
+         fp8=Fp8.KV_TOKEN),
+    Case(3, 8, 8, 1, 1000, 128, "float16", MaskKind.KEY_PADDING, fp8=Fp8.KV_HEAD),
 )
 
 
 def mods() -> list[Case]:
-    """The grid of today's models' attention (69 cases): every MOD_SETS entry on every
+    """The grid of today's models' attention (72 cases): every MOD_SETS entry on every
     MOD_SHAPES shape; head dims 96, 192 and 256 on the DIM_SHAPES; d_qk = 192 with
     d_v = 128 on the SPLIT_SHAPES, once with softcap and sinks as well, and d_qk = 128
     with d_v = 192 once; the outliers and large input distributions on the DIST_SHAPES,

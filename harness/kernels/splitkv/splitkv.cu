@@ -36,27 +36,37 @@
 
 namespace sk {
 
-template <int DT, int D>
+// KV8: the K/V cache is float8 e4m3 (FaParams.fp8 == FA_FP8_KV, Q in DT): slices of
+// one byte per element go to shared memory as they are, and are turned into DT exactly
+// (e4m3 fits in fp16 and bf16) as the mma fragments are loaded (kv8_frag, below); the
+// descales are applied in float32 outside the products.
+template <int DT, int D, bool KV8>
 __device__ __forceinline__ void partial(const FaParams& p) {
     using M = Mma<DT>;
+    constexpr int ES = KV8 ? 1 : 2;         // bytes of a K/V element
+    constexpr int RB = D * ES;              // bytes of a K/V row
     constexpr int KD = D / 16;              // k-steps of S = Q K^T
     constexpr int NT = D / 8;               // n8 tiles of O
-    constexpr int CPR = D / 8;              // 16-byte chunks per row
+    constexpr int CPR = RB / 16;            // 16-byte chunks per K/V row
     constexpr int RPU = 32 / CPR;           // rows one warp-wide copy covers
     constexpr int CPL = WK / RPU;           // copies per lane per slice (K, and V again)
-    constexpr unsigned TILE = WK * D * 2;   // bytes of one K (or V) slice
+    constexpr unsigned TILE = WK * RB;      // bytes of one K (or V) slice
     constexpr unsigned SLICE = 2 * TILE;    // K and V of one warp's slice
     constexpr unsigned STAGE = kWarps * SLICE;
     constexpr unsigned Q_BYTES = ROWS * D * 2;
+    // KV8 with per-token descales: the 16 K and 16 V descales of each warp's slice.
+    constexpr unsigned DS_BYTES = KV8 ? NST * kWarps * 2 * WK * 4 : 0;
     static_assert(CPL * RPU == WK, "a slice must split evenly over the lanes");
     static_assert(kWarps * ROWS * D * 4 <= NST * STAGE, "merge buffer must fit");
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ float sMax[kWarps][ROWS], sSum[kWarps][ROWS];
 
     if (p.head_dim != D) __trap();
-    if (fa_dynamic_smem_bytes() < Q_BYTES + NST * STAGE) __trap();
+    if (KV8 != (p.fp8 == FA_FP8_KV)) __trap();  // the manifest picks the entry by the case
+    if (fa_dynamic_smem_bytes() < Q_BYTES + NST * STAGE + DS_BYTES) __trap();
     const unsigned sQ = smem_u32(smem);
     const unsigned sKV = sQ + Q_BYTES;
+    const unsigned sDS = sKV + NST * STAGE;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, q4 = lane & 3;  // mma fragment row and column pair
@@ -114,9 +124,24 @@ __device__ __forceinline__ void partial(const FaParams& p) {
     // Other page sizes look every row up.
     const bool per_row_pages = paged && (ps % WK) != 0;
     const int lrow = lane / CPR, lch = lane % CPR;  // this lane's first row and its chunk
-    const long long klane = (long long)lrow * p.k_row_stride + lch * 8;
-    const long long vlane = (long long)lrow * p.v_row_stride + lch * 8;
-    const long long kstep = 2LL * RPU * p.k_row_stride, vstep = 2LL * RPU * p.v_row_stride;
+    const long long klane = (long long)lrow * p.k_row_stride + lch * (16 / ES);
+    const long long vlane = (long long)lrow * p.v_row_stride + lch * (16 / ES);
+    const long long kstep = (long long)ES * RPU * p.k_row_stride;
+    const long long vstep = (long long)ES * RPU * p.v_row_stride;
+    // KV8 descales: one per key (per token, found like its row) or one for the CTA's
+    // kv head (folded into the score scale and applied to O at the end).
+    bool per_key = false;
+    float k_scale = 1.f, v_scale = 1.f;
+    if constexpr (KV8) {
+        per_key = p.kd_row_stride != 0 || (paged && p.kd_batch_stride != 0);
+        if (!per_key) {
+            const long long o = (p.layout == FA_LAYOUT_DENSE ? b * p.kd_batch_stride : 0) +
+                                kvh * p.kd_head_stride;
+            k_scale = __ldg(p.k_descale + o);
+            v_scale = __ldg(p.v_descale + o);
+        }
+    }
+    const float sl2 = p.scale_log2 * k_scale;
 
     // Issue the copies of slice `it` (keys j0 .. j0 + 15 of chunk c_begin + it) into
     // stage buffer `buf`; keys outside [cta_lo, cta_hi) are zero-filled, never read.
@@ -125,6 +150,25 @@ __device__ __forceinline__ void partial(const FaParams& p) {
         const int j0 = (c_begin + it) * CHUNK + warp * WK;
         const unsigned dk = sKV + buf * STAGE + warp * SLICE;
         const unsigned dv = dk + TILE;
+        if (KV8 && per_key) {  // lanes 0-15: K's descales of the slice's keys; 16-31: V's
+            const int i = lane & 15, j = j0 + i;
+            const bool ok = j >= cta_lo && j < cta_hi;
+            long long o = 0;
+            if (ok) {
+                if (paged) {
+                    const int pg = per_row_pages ? __ldg(table + j / ps) : page;
+                    const int slot = per_row_pages ? j % ps : slot0 + i;
+                    o = (long long)pg * p.kd_batch_stride + (long long)slot * p.kd_row_stride;
+                } else if (p.layout == FA_LAYOUT_VARLEN) {
+                    o = (long long)(sq.k_start + j) * p.kd_row_stride;
+                } else {
+                    o = b * p.kd_batch_stride + (long long)j * p.kd_row_stride;
+                }
+                o += kvh * p.kd_head_stride;
+            }
+            cp_async4(sDS + ((buf * kWarps + warp) * 32 + lane) * 4,
+                      (lane < 16 ? p.k_descale : p.v_descale) + o, ok ? 4 : 0);
+        }
         if (per_row_pages) {
 #pragma unroll 1
             for (int u = 0; u < CPL; ++u) {
@@ -135,8 +179,8 @@ __device__ __forceinline__ void partial(const FaParams& p) {
                                      (long long)slot * p.k_row_stride + lch * 8;
                 const long long vo = vbase + (long long)pg * p.v_batch_stride +
                                      (long long)slot * p.v_row_stride + lch * 8;
-                cp_async16(dk + swz<D>(row, lch), (const unsigned short*)p.k + (ok ? ko : 0), ok ? 16 : 0);
-                cp_async16(dv + swz<D>(row, lch), (const unsigned short*)p.v + (ok ? vo : 0), ok ? 16 : 0);
+                cp_async16(dk + swzb<RB>(row, lch), (const char*)p.k + (ok ? ES * ko : 0), ok ? 16 : 0);
+                cp_async16(dv + swzb<RB>(row, lch), (const char*)p.v + (ok ? ES * vo : 0), ok ? 16 : 0);
             }
             return;
         }
@@ -148,14 +192,14 @@ __device__ __forceinline__ void partial(const FaParams& p) {
             k0 += (long long)j0 * p.k_row_stride;
             v0 += (long long)j0 * p.v_row_stride;
         }
-        const char* ksrc = (const char*)p.k + 2 * k0;
-        const char* vsrc = (const char*)p.v + 2 * v0;
+        const char* ksrc = (const char*)p.k + ES * k0;
+        const char* vsrc = (const char*)p.v + ES * v0;
         if (j0 >= cta_lo && j0 + WK <= cta_hi) {  // the whole slice: no per-row test
 #pragma unroll
             for (int u = 0; u < CPL; ++u) {
                 const int row = u * RPU + lrow;
-                cp_async16(dk + swz<D>(row, lch), ksrc + u * kstep);
-                cp_async16(dv + swz<D>(row, lch), vsrc + u * vstep);
+                cp_async16(dk + swzb<RB>(row, lch), ksrc + u * kstep);
+                cp_async16(dv + swzb<RB>(row, lch), vsrc + u * vstep);
             }
             return;
         }
@@ -163,8 +207,8 @@ __device__ __forceinline__ void partial(const FaParams& p) {
         for (int u = 0; u < CPL; ++u) {
             const int row = u * RPU + lrow, j = j0 + row;
             const bool ok = j >= cta_lo && j < cta_hi;
-            cp_async16(dk + swz<D>(row, lch), ok ? ksrc + u * kstep : (const char*)p.k, ok ? 16 : 0);
-            cp_async16(dv + swz<D>(row, lch), ok ? vsrc + u * vstep : (const char*)p.v, ok ? 16 : 0);
+            cp_async16(dk + swzb<RB>(row, lch), ok ? ksrc + u * kstep : (const char*)p.k, ok ? 16 : 0);
+            cp_async16(dv + swzb<RB>(row, lch), ok ? vsrc + u * vstep : (const char*)p.v, ok ? 16 : 0);
         }
     };
     // The page of slice `it` and its first slot (dense and per-row lookups: unused; a
@@ -208,9 +252,19 @@ __device__ __forceinline__ void partial(const FaParams& p) {
     __syncthreads();
     unsigned qf[KD][4];
 #pragma unroll
-    for (int kk = 0; kk < KD; ++kk)
-        ldsm_x4(sQ + swz<D>(lane & 15, kk * 2 + (lane >> 4)), qf[kk][0], qf[kk][1], qf[kk][2],
-                qf[kk][3]);
+    for (int kk = 0; kk < KD; ++kk) {
+        if constexpr (KV8) {
+            // The k order of an e4m3 K fragment (kv8_frag): k 2 q4 + e holds element
+            // 4 q4 + e of the 16, k 8 + 2 q4 + e element 4 q4 + 2 + e; Q's A fragment
+            // follows it (the sum over k does not depend on the order).
+            const int ch = kk * 2 + (q4 >> 1), off = (q4 & 1) * 8;
+            lds_v2(sQ + swz<D>(g, ch) + off, qf[kk][0], qf[kk][2]);
+            lds_v2(sQ + swz<D>(g + 8, ch) + off, qf[kk][1], qf[kk][3]);
+        } else {
+            ldsm_x4(sQ + swz<D>(lane & 15, kk * 2 + (lane >> 4)), qf[kk][0], qf[kk][1],
+                    qf[kk][2], qf[kk][3]);
+        }
+    }
 
     float acc[NT][4];
 #pragma unroll
@@ -230,19 +284,48 @@ __device__ __forceinline__ void partial(const FaParams& p) {
 
         const unsigned sK = sKV + buf * STAGE + warp * SLICE;
         const unsigned sV = sK + TILE;
+        const unsigned sD = sDS + (buf * kWarps + warp) * 32 * 4;
         const int j0 = (c_begin + it) * CHUNK + warp * WK;
         buf = buf + 1 == NST ? 0 : buf + 1;
 
         float s[2][4];
 #pragma unroll
         for (int t = 0; t < 2; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+        float vd[2][2];  // KV8 per-token: V's descales of this lane's P columns
+        if constexpr (KV8) {
+            // One ldmatrix: keys 0-7 and 8-15 of 16-element chunks kk and kk + 1, a lane's
+            // register holding elements 4 q4 .. 4 q4 + 3 of key g (kv8_frag's k order).
 #pragma unroll
-        for (int kk = 0; kk < KD; ++kk) {
-            unsigned b0, b1, b2, b3;
-            ldsm_x4(sK + swz<D>((lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)),
-                    b0, b1, b2, b3);
-            M::mma(s[0], qf[kk], b0, b1);
-            M::mma(s[1], qf[kk], b2, b3);
+            for (int kk = 0; kk < KD; kk += 2) {
+                unsigned r0, r1, r2, r3;
+                ldsm_x4(sK + swzb<RB>((lane & 7) + (((lane >> 3) & 1) << 3), kk + (lane >> 4)),
+                        r0, r1, r2, r3);
+                M::mma(s[0], qf[kk], M::e4m3x2(r0), M::e4m3x2(r0 >> 16));
+                M::mma(s[1], qf[kk], M::e4m3x2(r1), M::e4m3x2(r1 >> 16));
+                M::mma(s[0], qf[kk + 1], M::e4m3x2(r2), M::e4m3x2(r2 >> 16));
+                M::mma(s[1], qf[kk + 1], M::e4m3x2(r3), M::e4m3x2(r3 >> 16));
+            }
+            if (per_key) {  // s[t][e] is key 8 t + 2 q4 + (e % 2) of the slice
+#pragma unroll
+                for (int t = 0; t < 2; ++t) {
+                    float k0, k1;
+                    lds_v2f(sD + (t * 8 + q4 * 2) * 4, k0, k1);
+                    lds_v2f(sD + (WK + t * 8 + q4 * 2) * 4, vd[t][0], vd[t][1]);
+                    s[t][0] *= k0;
+                    s[t][1] *= k1;
+                    s[t][2] *= k0;
+                    s[t][3] *= k1;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < KD; ++kk) {
+                unsigned b0, b1, b2, b3;
+                ldsm_x4(sK + swz<D>((lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)),
+                        b0, b1, b2, b3);
+                M::mma(s[0], qf[kk], b0, b1);
+                M::mma(s[1], qf[kk], b2, b3);
+            }
         }
         // Mask (s[t][e] is row g + 8 (e / 2), key j0 + 8 t + 2 q4 + (e % 2)), unless every
         // row this CTA writes sees the whole slice.
@@ -266,7 +349,7 @@ __device__ __forceinline__ void partial(const FaParams& p) {
             float mx = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m_run[r], mx * p.scale_log2);
+            const float m_new = fmaxf(m_run[r], mx * sl2);
             // -inf guard: nothing visible yet -> subtract 0, so exp2(-inf) = 0, never NaN.
             m_use[r] = m_new == neg_inf() ? 0.f : m_new;
             alpha[r] = exp2f(m_run[r] - m_use[r]);
@@ -286,23 +369,49 @@ __device__ __forceinline__ void partial(const FaParams& p) {
         unsigned pf[4];
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
-            const float p0 = exp2f(fmaf(s[t][0], p.scale_log2, -m_use[0]));
-            const float p1 = exp2f(fmaf(s[t][1], p.scale_log2, -m_use[0]));
-            const float p2 = exp2f(fmaf(s[t][2], p.scale_log2, -m_use[1]));
-            const float p3 = exp2f(fmaf(s[t][3], p.scale_log2, -m_use[1]));
+            const float p0 = exp2f(fmaf(s[t][0], sl2, -m_use[0]));
+            const float p1 = exp2f(fmaf(s[t][1], sl2, -m_use[0]));
+            const float p2 = exp2f(fmaf(s[t][2], sl2, -m_use[1]));
+            const float p3 = exp2f(fmaf(s[t][3], sl2, -m_use[1]));
             l_run[0] += p0 + p1;
             l_run[1] += p2 + p3;
             // A fragment of P: keys 0-7 in a0 (row g), a1 (row g + 8); 8-15 in a2, a3.
-            pf[t * 2 + 0] = M::pack(p0, p1);
-            pf[t * 2 + 1] = M::pack(p2, p3);
+            // Per-token V descales scale P's columns (the sum l took P unscaled).
+            if (KV8 && per_key) {
+                pf[t * 2 + 0] = M::pack(p0 * vd[t][0], p1 * vd[t][1]);
+                pf[t * 2 + 1] = M::pack(p2 * vd[t][0], p3 * vd[t][1]);
+            } else {
+                pf[t * 2 + 0] = M::pack(p0, p1);
+                pf[t * 2 + 1] = M::pack(p2, p3);
+            }
         }
+        if constexpr (KV8) {
+            // ldmatrix.trans moves 2-byte pairs: a lane gets keys 2 q4, 2 q4 + 1 (r0) and
+            // 8 + 2 q4, 9 + 2 q4 (r1) of elements 16 c + 2 g and 16 c + 2 g + 1. Bytes
+            // regrouped by element are B fragments for column g of two n8 tiles: tile
+            // 2 c holds elements 16 c + 2 n, tile 2 c + 1 elements 16 c + 2 n + 1
+            // (the merge below puts them back in order).
 #pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-            unsigned b0, b1, b2, b3;
-            ldsm_x4_t(sV + swz<D>((lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)),
-                      b0, b1, b2, b3);
-            M::mma(acc[2 * dp], pf, b0, b1);
-            M::mma(acc[2 * dp + 1], pf, b2, b3);
+            for (int c = 0; c < D / 16; c += 2) {
+                unsigned r0, r1, r2, r3;
+                ldsm_x4_t(sV + swzb<RB>((lane & 7) + (((lane >> 3) & 1) << 3), c + (lane >> 4)),
+                          r0, r1, r2, r3);
+                const unsigned e0 = prmt(r0, r1, 0x6420), o0 = prmt(r0, r1, 0x7531);
+                const unsigned e1 = prmt(r2, r3, 0x6420), o1 = prmt(r2, r3, 0x7531);
+                M::mma(acc[2 * c], pf, M::e4m3x2(e0), M::e4m3x2(e0 >> 16));
+                M::mma(acc[2 * c + 1], pf, M::e4m3x2(o0), M::e4m3x2(o0 >> 16));
+                M::mma(acc[2 * c + 2], pf, M::e4m3x2(e1), M::e4m3x2(e1 >> 16));
+                M::mma(acc[2 * c + 3], pf, M::e4m3x2(o1), M::e4m3x2(o1 >> 16));
+            }
+        } else {
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                unsigned b0, b1, b2, b3;
+                ldsm_x4_t(sV + swz<D>((lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)),
+                          b0, b1, b2, b3);
+                M::mma(acc[2 * dp], pf, b0, b1);
+                M::mma(acc[2 * dp + 1], pf, b2, b3);
+            }
         }
         __syncwarp();  // the slice is consumed before a later issue overwrites it
     }
@@ -325,9 +434,18 @@ __device__ __forceinline__ void partial(const FaParams& p) {
             sSum[warp][row] = l_run[r];
         }
         float* o = sO + (warp * ROWS + row) * D;
+        if constexpr (KV8) {  // tiles 2 c, 2 c + 1 column 2 q4 + e: element 16 c + 4 q4 + 2 e (+ 1)
 #pragma unroll
-        for (int t = 0; t < NT; ++t)
-            *reinterpret_cast<float2*>(o + t * 8 + q4 * 2) = make_float2(acc[t][2 * r], acc[t][2 * r + 1]);
+            for (int c = 0; c < D / 16; ++c)
+                *reinterpret_cast<float4*>(o + c * 16 + q4 * 4) =
+                    make_float4(acc[2 * c][2 * r], acc[2 * c + 1][2 * r], acc[2 * c][2 * r + 1],
+                                acc[2 * c + 1][2 * r + 1]);
+        } else {
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+                *reinterpret_cast<float2*>(o + t * 8 + q4 * 2) =
+                    make_float2(acc[t][2 * r], acc[t][2 * r + 1]);
+        }
     }
     __syncthreads();
 
@@ -348,7 +466,7 @@ __device__ __forceinline__ void partial(const FaParams& p) {
                 o = fmaf(e, sO[(k * ROWS + r) * D + c], o);
             }
         }
-        const float out = L > 0.f ? o / L : 0.f;
+        const float out = L > 0.f ? o / L * v_scale : 0.f;
         const float lse = L > 0.f ? (mx + log2f(L)) * FA_LN2 : neg_inf();
         if (p.num_splits == 1) {
             unsigned short* O = (unsigned short*)p.o +
@@ -389,7 +507,11 @@ __device__ __forceinline__ void partial(const FaParams& p) {
 #define SK_ENTRIES(SHORT, DT, D)                                                              \
     extern "C" __global__ void __launch_bounds__(sk::kThreads, SK_MIN_BLOCKS)                 \
         splitkv_partial_##SHORT##_d##D(FaParams p) {                                          \
-        sk::partial<DT, D>(p);                                                                \
+        sk::partial<DT, D, false>(p);                                                         \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(sk::kThreads, SK_MIN_BLOCKS)                 \
+        splitkv_partial8_##SHORT##_d##D(FaParams p) {                                         \
+        sk::partial<DT, D, true>(p);                                                          \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(sk::kThreads) splitkv_combine_##SHORT##_d##D( \
         FaParams p) {                                                                         \

@@ -41,6 +41,38 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int sr
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
 }
+// 4-byte async copy (the descales of an e4m3 cache, one per key); src_bytes = 0 zero-fills.
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void lds_v2(unsigned addr, unsigned& a, unsigned& b) {
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(a), "=r"(b) : "r"(addr));
+}
+__device__ __forceinline__ void lds_v2f(unsigned addr, float& a, float& b) {
+    asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(a), "=f"(b) : "r"(addr));
+}
+// Bytes of a and b picked by the selector's nibbles (0-3: a's bytes, 4-7: b's), low first.
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
+    unsigned r;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+// Two e4m3 values (the low 16 bits of x) as f16x2, the low half from the low byte,
+// exactly: by the cvt of sm_89+; before it, by moving the bits under fp16's (sign,
+// exponent and mantissa in place, the exponent's bias 15 for 7, subnormals included)
+// and multiplying by 2^8, exact since every e4m3 value is an fp16 normal.
+__device__ __forceinline__ unsigned e4m3x2_f16x2(unsigned x) {
+    unsigned r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"((unsigned short)x));
+#else
+    const unsigned bits = ((x & 0x80u) << 8) | ((x & 0x7fu) << 7) | ((x & 0x8000u) << 16) |
+                          ((x & 0x7f00u) << 15);
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(bits), "r"(0x5c005c00u));  // x 256
+#endif
+    return r;
+}
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -74,6 +106,8 @@ template <> struct Mma<FA_DTYPE_FP16> {
         asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
         return r;
     }
+    // Two e4m3 values (low 16 bits of x) as an operand register of this type, exactly.
+    __device__ __forceinline__ static unsigned e4m3x2(unsigned x) { return e4m3x2_f16x2(x); }
 };
 template <> struct Mma<FA_DTYPE_BF16> {
     __device__ __forceinline__ static void mma(float* c, const unsigned* a, unsigned b0,
@@ -89,12 +123,39 @@ template <> struct Mma<FA_DTYPE_BF16> {
         asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
         return r;
     }
+    // Through f16x2 (no e4m3 -> bf16 cvt on sm_90); every e4m3 value is exact in both.
+    __device__ __forceinline__ static unsigned e4m3x2(unsigned x) {
+        unsigned r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm("{ .reg .b16 l, h, bl, bh;\n"
+            "  mov.b32 {l, h}, %1;\n"
+            "  cvt.rn.bf16.f16 bl, l;\n"
+            "  cvt.rn.bf16.f16 bh, h;\n"
+            "  mov.b32 %0, {bl, bh}; }\n"
+            : "=r"(r) : "r"(e4m3x2_f16x2(x)));
+#else
+        asm("{ .reg .b16 l, h; .reg .f32 fl, fh;\n"
+            "  mov.b32 {l, h}, %1;\n"
+            "  cvt.f32.f16 fl, l;\n"
+            "  cvt.f32.f16 fh, h;\n"
+            "  cvt.rn.bf16x2.f32 %0, fh, fl; }\n"
+            : "=r"(r) : "r"(e4m3x2_f16x2(x)));
+#endif
+        return r;
+    }
 };
 
 // Byte offset of 16-byte chunk `ch` of row `row` in a tile of D-element rows. XOR with
 // (row & 7) spreads the 8 rows one ldmatrix reads over all 32 banks.
 template <int D> __device__ __forceinline__ unsigned swz(int row, int ch) {
     return row * (D * 2) + ((ch ^ (row & 7)) << 4);
+}
+
+// The same for rows of RB bytes (an e4m3 cache's, RB = D). Rows of 64 bytes put 8 rows
+// over all 32 banks by XOR with row / 2 (two rows share a 128-byte line).
+template <int RB> __device__ __forceinline__ unsigned swzb(int row, int ch) {
+    if constexpr (RB >= 128) return row * RB + ((ch ^ (row & 7)) << 4);
+    else return row * RB + ((ch ^ ((row >> 1) & 3)) << 4);
 }
 
 // One sequence of the batch: its lengths, where its rows start, its mask offset.
