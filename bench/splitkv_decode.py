@@ -81,7 +81,8 @@ def with_fp8(cases: list[Case], kinds: list[str]) -> list[Case]:
 def variants() -> dict[str, CudaVariant]:
     """The shipped configuration's neighbours: the combine as a second kernel (and that
     kernel left out, which leaves O unfinished: timing only), other pipeline depths
-    (SK_STAGES, with the resident CTAs that shared memory allows), more or fewer splits."""
+    (SK_STAGES, with the resident CTAs that shared memory allows), more or fewer splits,
+    an e4m3 cache converted by bit moves (SK_E4M3_CVT=0)."""
     spec = load_variant_dir(KERNELS_ROOT / "splitkv")
 
     def v(name: str, base=spec, **kw) -> CudaVariant:
@@ -109,7 +110,14 @@ def variants() -> dict[str, CudaVariant]:
         "splits_x2": v("splits_x2", tiles={"ctas_per_sm": 4}),
         "splits_half": v("splits_half", tiles={"ctas_per_sm": 1}),
         "no_combine": v("no_combine", two, launches=two.launches[:-1]),
+        # An e4m3 cache's fragments by bit moves and a multiply, not the cvt units.
+        "bitcvt": v("bitcvt", compile_options=(*opts, "-DSK_E4M3_CVT=0")),
     }
+
+
+def variants_names() -> tuple[str, ...]:
+    return ("two_kernel", "stages2", "stages4", "splits_x2", "splits_half", "no_combine",
+            "bitcvt")
 
 
 def timed(cand, case: Case) -> dict:
@@ -201,7 +209,7 @@ def run_case(cands: list, peers: list, case: Case, rows: dict) -> None:
 def sweep(rows: dict, save) -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for name, cand in variants().items():
-        if name == "two_kernel":  # timed on every case already
+        if name in ("two_kernel", "bitcvt"):  # timed on every case / e4m3 caches only
             continue
         for cid in SWEEP_CASES:
             case = Case.from_id(cid)
@@ -250,6 +258,16 @@ def print_table(cases: list[Case], rows: dict, sweep: bool) -> None:
         print(f"{case.id:<46} {str(splits):>6} {n(s):>8} {n(fu):>7} {n(c):>7} {n(f):>7} "
               f"{r(s, cud):>6} {r(s, f):>6} {r(s, d):>6} {r(fu, cud):>7} {r(fu, fd):>7} "
               f"{r(s, plain):>6}  {checks}")
+    others = sorted({k for row in rows.values() for k, v in row.items()
+                     if isinstance(v, dict) and "gbps" in v and k in variants_names()
+                     and k not in ("two_kernel", *SWEEP)})
+    for name in others:  # --also variants beyond the two-kernel form: GB/s and / splitkv
+        print(f"\n{'case':<46} {name:>10} {'/splitkv':>8}")
+        for case in cases:
+            row = rows.get(case.id, {})
+            a, s = _g(row, name), _g(row, "splitkv")
+            if a is not None:
+                print(f"{case.id:<46} {a:>10.0f} {a / s if s else float('nan'):>8.3f}")
     if sweep:
         print(f"\n{'sweep case (GB/s/splits)':<40} " + " ".join(f"{k:>11}" for k in SWEEP))
         for cid in SWEEP_CASES:

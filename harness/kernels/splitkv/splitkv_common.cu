@@ -58,20 +58,46 @@ __device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
     asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
     return r;
 }
-// Two e4m3 values (the low 16 bits of x) as f16x2, the low half from the low byte,
-// exactly: by the cvt of sm_89+; before it, by moving the bits under fp16's (sign,
-// exponent and mantissa in place, the exponent's bias 15 for 7, subnormals included)
-// and multiplying by 2^8, exact since every e4m3 value is an fp16 normal.
-__device__ __forceinline__ unsigned e4m3x2_f16x2(unsigned x) {
-    unsigned r;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"((unsigned short)x));
-#else
-    const unsigned bits = ((x & 0x80u) << 8) | ((x & 0x7fu) << 7) | ((x & 0x8000u) << 16) |
-                          ((x & 0x7f00u) << 15);
-    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(bits), "r"(0x5c005c00u));  // x 256
+// Bytes of x (the low two) spread to the low byte of each 16-bit half: (b1 << 16) | b0.
+__device__ __forceinline__ unsigned spread_bytes(unsigned x) { return prmt(x, 0u, 0x4140u); }
+
+#ifndef SK_E4M3_CVT
+// 1: the hardware's e4m3 -> f16x2 cvt (sm_89+) for fp16 fragments, and from there
+// cvt to bf16 for bf16 ones; 0: bit moves and one multiply (e4m3x2_bits_*), which
+// compile for any architecture and keep the conversion units free.
+#define SK_E4M3_CVT 1
 #endif
+
+// Two e4m3 values (the low 16 bits of x) as f16x2, the low half from the low byte,
+// exactly: sign, exponent and mantissa moved into fp16's places, which reads the
+// exponent with fp16's bias (15) for e4m3's (7), then times 2^8. Every e4m3 value is an
+// fp16 normal and an e4m3 subnormal lands on an fp16 subnormal of the same mantissa, so
+// the product is exact.
+__device__ __forceinline__ unsigned e4m3x2_bits_f16x2(unsigned x) {
+    const unsigned y = spread_bytes(x);
+    const unsigned bits = ((y & 0x00800080u) << 8) | ((y & 0x007f007fu) << 7);
+    unsigned r;
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(bits), "r"(0x5c005c00u));  // x 2^8
     return r;
+}
+// The same as bf16x2: bf16's bias is 127, so the factor is 2^120 (by fma with -0: exact,
+// bf16 arithmetic keeps subnormals).
+__device__ __forceinline__ unsigned e4m3x2_bits_bf16x2(unsigned x) {
+    const unsigned y = spread_bytes(x);
+    const unsigned bits = ((y & 0x00800080u) << 8) | ((y & 0x007f007fu) << 4);
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
+        : "=r"(r) : "r"(bits), "r"(0x7b807b80u), "r"(0x80008000u));  // x 2^120 + (-0)
+    return r;
+}
+__device__ __forceinline__ unsigned e4m3x2_f16x2(unsigned x) {
+#if SK_E4M3_CVT && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned r;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"((unsigned short)x));
+    return r;
+#else
+    return e4m3x2_bits_f16x2(x);
+#endif
 }
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -123,25 +149,21 @@ template <> struct Mma<FA_DTYPE_BF16> {
         asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
         return r;
     }
-    // Through f16x2 (no e4m3 -> bf16 cvt on sm_90); every e4m3 value is exact in both.
+    // SK_E4M3_CVT: through f16x2 (no e4m3 -> bf16 cvt on sm_90), then cvt to bf16;
+    // every e4m3 value is exact in both.
     __device__ __forceinline__ static unsigned e4m3x2(unsigned x) {
+#if SK_E4M3_CVT && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         unsigned r;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         asm("{ .reg .b16 l, h, bl, bh;\n"
             "  mov.b32 {l, h}, %1;\n"
             "  cvt.rn.bf16.f16 bl, l;\n"
             "  cvt.rn.bf16.f16 bh, h;\n"
             "  mov.b32 %0, {bl, bh}; }\n"
             : "=r"(r) : "r"(e4m3x2_f16x2(x)));
-#else
-        asm("{ .reg .b16 l, h; .reg .f32 fl, fh;\n"
-            "  mov.b32 {l, h}, %1;\n"
-            "  cvt.f32.f16 fl, l;\n"
-            "  cvt.f32.f16 fh, h;\n"
-            "  cvt.rn.bf16x2.f32 %0, fh, fl; }\n"
-            : "=r"(r) : "r"(e4m3x2_f16x2(x)));
-#endif
         return r;
+#else
+        return e4m3x2_bits_bf16x2(x);
+#endif
     }
 };
 
