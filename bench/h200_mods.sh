@@ -64,10 +64,13 @@ for stage in "$@"; do
         --kernels "${PEERS:-flex_attention,sdpa_math,sdpa_flash,sdpa_efficient,sdpa_cudnn}" --device cuda \
         --no-progress --json "$OUT/peers-mods.json" --no-store ;;
     splitkv)
+      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i -E 'h100|h200|a100' | tr A-Z a-z)
       for s in ${SK_SECRETS:-0 1 2 3 4}; do
+        rec=()  # the run record (for results/) of secret 0
+        [ "$s" = 0 ] && rec=(--record "$OUT/${gpu:-gpu}-$(date -u +%Y%m%dT%H%M%SZ)-splitkv-mods.json")
         step "splitkv-$s" "${MODS_S:-240}" $FA run --grid mods --kernels splitkv \
           --device cuda --repeats 2 --secret "$s" --no-progress \
-          --json "$OUT/splitkv-mods-$s.json" --no-store
+          --json "$OUT/splitkv-mods-$s.json" "${rec[@]}" --no-store
       done
       step splitkv-serving "${MODS_S:-240}" $FA run --grid serving --kernels splitkv \
         --device cuda --secret 0 --no-progress --json "$OUT/splitkv-serving.json" --no-store
