@@ -4,12 +4,10 @@ second. Paged and varlen cases have no SDPA peer: they are compared with the con
 case of the same shape. The kernel's two-kernel form (the combine as a second kernel,
 `--also two_kernel`, the default) is checked and timed beside the shipped fused form;
 `--sweep` also times other variants (pipeline depth, split count, the partial kernel
-without its combine) on the longest caches. `--fp8 kv_head,kv_token` (the default) adds
-an e4m3 twin of every case with Nk >= 64k for each descale granularity (docs/fp8.md):
-no peer reads such a cache, so its GB/s is set against the same case's 2-byte cache
-(`/2byte`: the issue's "reads its cache at >= 0.9x the fp16 decode's GB/s").
+without its combine) on the longest caches. The grid's e4m3 caches (docs/fp8.md) have no
+peer that reads them: their GB/s is set against the same case's 2-byte cache (`/2byte`).
 
-    python bench/splitkv_decode.py [--cases GLOB[,GLOB]] [--sweep] [--fp8 LIST] [--json FILE]
+    python bench/splitkv_decode.py [--cases GLOB[,GLOB]] [--sweep] [--json FILE]
 
 GB/s counts the K and V bytes the sequences' query rows can see: B x Hkv x Nk x d x e
 twice for a dense or full-length paged cache (e the bytes of an element: 2, or 1 for
@@ -67,15 +65,6 @@ def plain_twin(case: Case) -> Case:
     """The same case with its K/V cache in the case dtype."""
     return dataclasses.replace(case, fp8=Fp8.NONE)
 
-
-def with_fp8(cases: list[Case], kinds: list[str]) -> list[Case]:
-    """`cases` and, after each with Nk >= 64k, its e4m3 twins."""
-    out = []
-    for c in cases:
-        out.append(c)
-        if c.seqlen_k >= 65536:
-            out += [dataclasses.replace(c, fp8=Fp8(k)) for k in kinds]
-    return out
 
 
 def variants() -> dict[str, CudaVariant]:
@@ -146,14 +135,11 @@ def main() -> int:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--also", default="two_kernel",
                     help="variants (see `variants`) checked and timed on every case too")
-    ap.add_argument("--fp8", default="kv_head,kv_token",
-                    help="e4m3 cache twins of the Nk >= 64k cases ('' for none)")
     ap.add_argument("--json")
     ap.add_argument("--table", metavar="JSON", help="print the table of an earlier --json")
     args = ap.parse_args()
     globs = args.cases.split(",")
-    cases = [c for c in with_fp8(decode(), [k for k in args.fp8.split(",") if k])
-             if any(fnmatch.fnmatch(c.id, g) for g in globs)]
+    cases = [c for c in decode() if any(fnmatch.fnmatch(c.id, g) for g in globs)]
     if args.table:
         rows = json.loads(Path(args.table).read_text())["rows"]
         print_table([c for c in cases if c.id in rows], rows, sweep=True)

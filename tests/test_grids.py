@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from harness.core.cases import Layout, MaskKind, make_inputs
+from harness.core.cases import Fp8, Layout, MaskKind, make_inputs
 from harness.core.grids import ANCHOR_PAIRS, GRIDS, ODD_HEAD_DIMS, get_grid
 from harness.core.reference import reference_for_case
 
@@ -61,12 +63,16 @@ def test_perf_and_decode_layouts():
         assert c.seqlen_q == c.seqlen_k and c.mask in (MaskKind.NONE, MaskKind.CAUSAL_BR)
     assert {c.seqlen_q for c in perf} == {512, 1024, 2048, 4096, 8192, 16384}
     decode = get_grid("decode")
-    assert len(decode) == 56
+    assert len(decode) == 80
     assert all(c.seqlen_q == 1 and c.heads == 32 and c.head_dim == 128 for c in decode)
     assert {c.kv_heads for c in decode} == {8, 32}
     assert max(c.seqlen_k for c in decode) == 131072
-    dense = [c for c in decode if c.layout is Layout.DENSE]
+    dense = [c for c in decode if c.layout is Layout.DENSE and c.fp8 is Fp8.NONE]
     assert len(dense) == 20 and all(c.batch == 1 for c in dense)
+    # Each e4m3 cache is the twin of a 2-byte case of the grid (its GB/s is set against it).
+    fp8 = [c for c in decode if c.fp8 is not Fp8.NONE]
+    assert len(fp8) == 24 and all(c.fp8.is_kv_cache and c.seqlen_k >= 65536 for c in fp8)
+    assert {dataclasses.replace(c, fp8=Fp8.NONE) for c in fp8} <= set(decode)
     paged = [c for c in decode if c.layout is Layout.PAGED]
     # Every paged case has the contiguous case of its shape beside it (paged vs contiguous).
     assert paged and all(c.full_lengths and c.page_size >= 64 for c in paged)

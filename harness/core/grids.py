@@ -8,10 +8,11 @@ combination gets its own seeded draw and the `seed` field stays 0.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from harness.core.cases import Case, Layout, MaskKind
+from harness.core.cases import Case, Fp8, Layout, MaskKind
 from harness.core.grid_full import (  # noqa: F401 - the full grid's names, re-exported
     ANCHOR_PAIRS,
     BATCHES,
@@ -130,13 +131,15 @@ DECODE_VARLEN_BATCH = 8
 
 
 def decode() -> list[Case]:
-    """The decoding grid (56 cases): one query row (Nq = 1), 32 query heads with 8 (GQA)
+    """The decoding grid (80 cases): one query row (Nq = 1), 32 query heads with 8 (GQA)
     or 32 (MHA) K/V heads, d = 128, fp16 and bf16: bandwidth-bound reads of the KV cache,
     where split-KV matters. Contiguous caches of batch 1 at Nk in {1k, 8k, 32k, 64k, 128k};
     then at Nk in {8k, 64k, 128k} the same caches paged (pages of 64 and 256 keys, every
     sequence at full length, so a paged case compares with the contiguous one of its
     shape) and a varlen decode batch of 8 caches of mixed lengths (empty, single-key, odd
-    and full ones)."""
+    and full ones). Then the long caches in float8 e4m3 (DECODE_FP8: docs/fp8.md), each
+    the twin of a case above: contiguous ones at 64k and 128k with per-head and per-token
+    descales, and those paged in pages of 64 with per-token descales."""
     cases = [Case(1, 32, kv, 1, nk, 128, dtype, MaskKind.NONE)
              for dtype in DTYPES for kv in (8, 32) for nk in DECODE_SEQLENS_K]
     for dtype in DTYPES:
@@ -146,7 +149,16 @@ def decode() -> list[Case]:
                                full_lengths=True) for ps in DECODE_PAGE_SIZES]
                 cases.append(Case(DECODE_VARLEN_BATCH, 32, kv, 1, nk, 128, dtype,
                                   layout=Layout.VARLEN))
-    return cases
+    twins = [dataclasses.replace(c, fp8=fp8) for c in cases if c.seqlen_k in DECODE_FP8_SEQLENS_K
+             for fp8 in DECODE_FP8.get((c.layout, c.page_size), ())]
+    return cases + twins
+
+
+# The e4m3 twins of the decode grid: (layout, page size) -> descale granularities, at
+# these cache lengths.
+DECODE_FP8_SEQLENS_K = (65536, 131072)
+DECODE_FP8: dict[tuple[Layout, int], tuple[Fp8, ...]] = {
+    (Layout.DENSE, 0): (Fp8.KV_HEAD, Fp8.KV_TOKEN), (Layout.PAGED, 64): (Fp8.KV_TOKEN,)}
 
 
 # Sliding windows (left, right) the serving grid meets: causal-style (left only), a
