@@ -17,7 +17,8 @@
 #           compute-sanitizer memcheck on its e4m3-cache cases
 # decode8:  bench/splitkv_decode.py on the e4m3-cache twins of the long decode caches and
 #           their 2-byte cases (DEC_CASES), no peers; the shipped kernel and DEC_ALSO
-#           (default bitcvt: the fragments converted by bit moves)
+#           (default bitcvt,stages8_5: the fragments converted by bit moves; 5 slices
+#           in flight per warp)
 # Set FA_HARNESS_COMMIT to the commit measured (the tree comes without .git). Logs and
 # JSON results go to $OUT. (Until both manifests declared the modifiers, the runs of
 # results/h100-20261207f-mods judged renamed copies that did.)
@@ -78,7 +79,7 @@ for stage in "$@"; do
         python3 -m harness.execution.sanitize_target --variant harness/kernels/splitkv \
         --cases "${SAN_SK:-b3h8k2-2x400-d64-fp16-causal_br-wl100-paged24-fp8_kv_token,b4h8k2-1x700-d128-bf16-none-varlen-fp8_kv_token,b5h6k2-16x1024-d64-bf16-causal_br-paged256-fp8_kv_token,b3h8-1x1000-d128-fp16-key_padding-fp8_kv_head}" --trusted ;;
     decode8)
-      step decode8 "${DEC_S:-300}" python3 bench/splitkv_decode.py --also "${DEC_ALSO:-bitcvt}" --no-peers \
+      step decode8 "${DEC_S:-300}" python3 bench/splitkv_decode.py --also "${DEC_ALSO:-bitcvt,stages8_5}" --no-peers \
         --cases "${DEC_CASES:-b1h32k8-1x65536-d128-*-none,b1h32k8-1x65536-d128-*-none-fp8*,b1h32k8-1x131072-d128-*-none,b1h32k8-1x131072-d128-*-none-fp8*,b1h32k8-1x131072-d128-fp16-none-paged64f*,b1h32-1x131072-d128-fp16-none,b1h32-1x131072-d128-fp16-none-fp8*}" \
         --json "$OUT/decode8.json" ;;
     *) echo "unknown stage $stage" ;;

@@ -71,7 +71,7 @@ def variants() -> dict[str, CudaVariant]:
     """The shipped configuration's neighbours: the combine as a second kernel (and that
     kernel left out, which leaves O unfinished: timing only), other pipeline depths
     (SK_STAGES, with the resident CTAs that shared memory allows), more or fewer splits,
-    an e4m3 cache converted by bit moves (SK_E4M3_CVT=0)."""
+    an e4m3 cache converted by bit moves (SK_E4M3_CVT=0) or with 5 slices in flight."""
     spec = load_variant_dir(KERNELS_ROOT / "splitkv")
 
     def v(name: str, base=spec, **kw) -> CudaVariant:
@@ -101,12 +101,15 @@ def variants() -> dict[str, CudaVariant]:
         "no_combine": v("no_combine", two, launches=two.launches[:-1]),
         # An e4m3 cache's fragments by bit moves and a multiply, not the cvt units.
         "bitcvt": v("bitcvt", compile_options=(*opts, "-DSK_E4M3_CVT=0")),
+        # An e4m3 cache with 5 slices in flight per warp (its slices are half the bytes:
+        # the shared memory of 3 stages of a 2-byte cache holds 5 and their descales).
+        "stages8_5": v("stages8_5", compile_options=(*opts, "-DSK_STAGES8=5")),
     }
 
 
 def variants_names() -> tuple[str, ...]:
     return ("two_kernel", "stages2", "stages4", "splits_x2", "splits_half", "no_combine",
-            "bitcvt")
+            "bitcvt", "stages8_5")
 
 
 def timed(cand, case: Case) -> dict:
@@ -195,7 +198,7 @@ def run_case(cands: list, peers: list, case: Case, rows: dict) -> None:
 def sweep(rows: dict, save) -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for name, cand in variants().items():
-        if name in ("two_kernel", "bitcvt"):  # timed on every case / e4m3 caches only
+        if name in ("two_kernel", "bitcvt", "stages8_5"):  # on every case given already
             continue
         for cid in SWEEP_CASES:
             case = Case.from_id(cid)

@@ -43,6 +43,7 @@ namespace sk {
 template <int DT, int D, bool KV8>
 __device__ __forceinline__ void partial(const FaParams& p) {
     using M = Mma<DT>;
+    constexpr int NS = KV8 ? NST8 : NST;    // K/V slices in flight per warp
     constexpr int ES = KV8 ? 1 : 2;         // bytes of a K/V element
     constexpr int RB = D * ES;              // bytes of a K/V row
     constexpr int KD = D / 16;              // k-steps of S = Q K^T
@@ -55,18 +56,18 @@ __device__ __forceinline__ void partial(const FaParams& p) {
     constexpr unsigned STAGE = kWarps * SLICE;
     constexpr unsigned Q_BYTES = ROWS * D * 2;
     // KV8 with per-token descales: the 16 K and 16 V descales of each warp's slice.
-    constexpr unsigned DS_BYTES = KV8 ? NST * kWarps * 2 * WK * 4 : 0;
+    constexpr unsigned DS_BYTES = KV8 ? NS * kWarps * 2 * WK * 4 : 0;
     static_assert(CPL * RPU == WK, "a slice must split evenly over the lanes");
-    static_assert(kWarps * ROWS * D * 4 <= NST * STAGE, "merge buffer must fit");
+    static_assert(kWarps * ROWS * D * 4 <= NS * STAGE, "merge buffer must fit");
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ float sMax[kWarps][ROWS], sSum[kWarps][ROWS];
 
     if (p.head_dim != D) __trap();
     if (KV8 != (p.fp8 == FA_FP8_KV)) __trap();  // the manifest picks the entry by the case
-    if (fa_dynamic_smem_bytes() < Q_BYTES + NST * STAGE + DS_BYTES) __trap();
+    if (fa_dynamic_smem_bytes() < Q_BYTES + NS * STAGE + DS_BYTES) __trap();
     const unsigned sQ = smem_u32(smem);
     const unsigned sKV = sQ + Q_BYTES;
-    const unsigned sDS = sKV + NST * STAGE;
+    const unsigned sDS = sKV + NS * STAGE;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, q4 = lane & 3;  // mma fragment row and column pair
@@ -239,16 +240,16 @@ __device__ __forceinline__ void partial(const FaParams& p) {
         cp_async_commit();
     }
 #pragma unroll
-    for (int st = 0; st < NST - 1; ++st) {
+    for (int st = 0; st < NS - 1; ++st) {
         int slot0;
         const int page = page_of(st, slot0);
         if (st < n_iter) issue(st, st, page, slot0);
         cp_async_commit();
     }
     int next_slot;
-    int next_page = page_of(NST - 1, next_slot);
+    int next_page = page_of(NS - 1, next_slot);
 
-    cp_async_wait<NST - 1>();  // Q landed (the oldest group)
+    cp_async_wait<NS - 1>();  // Q landed (the oldest group)
     __syncthreads();
     unsigned qf[KD][4];
 #pragma unroll
@@ -272,21 +273,21 @@ __device__ __forceinline__ void partial(const FaParams& p) {
     float m_run[2] = {neg_inf(), neg_inf()};
     float l_run[2] = {0.f, 0.f};
 
-    int buf = 0;  // stage buffer of slice `it`; slice it + NST - 1 goes to the one before it
+    int buf = 0;  // stage buffer of slice `it`; slice it + NS - 1 goes to the one before it
 #pragma unroll 1
     for (int it = 0; it < n_iter; ++it) {
-        if (it + NST - 1 < n_iter)
-            issue(it + NST - 1, buf == 0 ? NST - 1 : buf - 1, next_page, next_slot);
+        if (it + NS - 1 < n_iter)
+            issue(it + NS - 1, buf == 0 ? NS - 1 : buf - 1, next_page, next_slot);
         cp_async_commit();
-        next_page = page_of(it + NST, next_slot);
-        cp_async_wait<NST - 1>();
+        next_page = page_of(it + NS, next_slot);
+        cp_async_wait<NS - 1>();
         __syncwarp();  // every lane's copies of slice `it` are visible to the warp
 
         const unsigned sK = sKV + buf * STAGE + warp * SLICE;
         const unsigned sV = sK + TILE;
         const unsigned sD = sDS + (buf * kWarps + warp) * 32 * 4;
         const int j0 = (c_begin + it) * CHUNK + warp * WK;
-        buf = buf + 1 == NST ? 0 : buf + 1;
+        buf = buf + 1 == NS ? 0 : buf + 1;
 
         float s[2][4];
 #pragma unroll

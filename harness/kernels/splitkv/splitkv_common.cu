@@ -6,6 +6,9 @@
 #ifndef SK_STAGES
 #define SK_STAGES 3  // K/V slices in flight per warp (the manifest's `stages` tile)
 #endif
+#ifndef SK_STAGES8
+#define SK_STAGES8 SK_STAGES  // the same for an e4m3 cache, whose slices are half the bytes
+#endif
 #ifndef SK_FUSED_COMBINE
 // 1: the last CTA of each row chunk to finish combines the splits (a ticket counter per
 // row chunk in workspace[2], zero when allocated and reset by that CTA), no second kernel.
@@ -23,7 +26,9 @@ constexpr int ROWS = 16;          // query rows per CTA: the mma M
 constexpr int WK = 16;            // keys per warp per stage: one mma k-step of P V
 constexpr int CHUNK = kWarps * WK;  // keys per CTA chunk (the manifest's block_k)
 constexpr int NST = SK_STAGES;
+constexpr int NST8 = SK_STAGES8;
 static_assert(NST >= 2 && NST <= 6, "SK_STAGES out of range");
+static_assert(NST8 >= 2 && NST8 <= 8, "SK_STAGES8 out of range");
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
