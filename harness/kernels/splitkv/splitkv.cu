@@ -28,6 +28,11 @@
 // block_table, seqlens_k the cache lengths. A sequence's causal / window offset is
 // seqlens_k - seqlens_q (0 under FA_MASK_TOP_LEFT); dense cases use causal_offset.
 //
+// An e4m3 KV cache (FaParams.fp8 == FA_FP8_KV: the splitkv_partial8_* entries, KV8): the
+// same pipeline on one-byte slices (SK_STAGES8 of them in flight), each mma fragment of
+// K or V turned into Q's dtype exactly as it is loaded, descales applied in float32
+// (docs/fp8.md says how).
+//
 // Workspaces: [0] partial O fp32 (splits, B, H, Nq, d), [1] partial LSE fp32
 // (splits, B, H, Nq), indexed by (sequence, head, query position): a varlen sequence's
 // rows are < Nq (the longest), so the dense sizes hold every layout. [2] (fused combine)
