@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The score modifiers (softcap, ALiBi, sinks), d_v != d_qk and FP8 inputs on the GPU, in
 # stages, each bounded in time:
-#     bash bench/h200_mods.sh naive fa3 sanitize cost record peers   # any, in order
+#     bash bench/h200_mods.sh naive fa3 sanitize cost record peers splitkv sk-serving \
+#         sk-sanitize decode8   # any, in order
 # naive:    the shipped naive kernel (it declares all of them) on the mods grid under
 #           SECRETS secrets (default 0 1), 2 repeats (bitwise compared)
 # fa3:      the same for fa3_wgmma (softcap, ALiBi, sinks)
@@ -13,8 +14,9 @@
 # peers:    the peers that declare the modifiers (flex_attention compiled, the SDPA
 #           backends) on the mods grid, secret 0
 # splitkv:  the shipped splitkv (it declares fp8_kv) on the mods grid under SK_SECRETS
-#           (default 0-4), 2 repeats, and on the serving grid under secret 0; then
-#           compute-sanitizer memcheck on its e4m3-cache cases
+#           (default 0-4), 2 repeats (a run record of secret 0)
+# sk-serving: splitkv on the serving grid, secret 0
+# sk-sanitize: compute-sanitizer memcheck on splitkv's e4m3-cache cases
 # decode8:  bench/splitkv_decode.py on the e4m3-cache twins of the long decode caches and
 #           their 2-byte cases (DEC_CASES), no peers; the shipped kernel and DEC_ALSO
 #           (default bitcvt,stages8_5: the fragments converted by bit moves; 5 slices
@@ -72,9 +74,11 @@ for stage in "$@"; do
         step "splitkv-$s" "${MODS_S:-240}" $FA run --grid mods --kernels splitkv \
           --device cuda --repeats 2 --secret "$s" --no-progress \
           --json "$OUT/splitkv-mods-$s.json" "${rec[@]}" --no-store
-      done
+      done ;;
+    sk-serving)
       step splitkv-serving "${MODS_S:-240}" $FA run --grid serving --kernels splitkv \
-        --device cuda --secret 0 --no-progress --json "$OUT/splitkv-serving.json" --no-store
+        --device cuda --secret 0 --no-progress --json "$OUT/splitkv-serving.json" --no-store ;;
+    sk-sanitize)
       step sanitize-sk 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
         python3 -m harness.execution.sanitize_target --variant harness/kernels/splitkv \
         --cases "${SAN_SK:-b3h8k2-2x400-d64-fp16-causal_br-wl100-paged24-fp8_kv_token,b4h8k2-1x700-d128-bf16-none-varlen-fp8_kv_token,b5h6k2-16x1024-d64-bf16-causal_br-paged256-fp8_kv_token,b3h8-1x1000-d128-fp16-key_padding-fp8_kv_head}" --trusted ;;
