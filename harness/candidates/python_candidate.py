@@ -155,6 +155,9 @@ class PythonKernel:
     # (fp8_kv); such a kernel gets q_descale, k_descale, v_descale on every case.
     fp8: bool = False
     fp8_kv: bool = False
+    # A peer brought for comparison (an installed library's attention): a yardstick of
+    # the gate unless named on its command line, like the SDPA peers.
+    yardstick: bool = False
 
     def problems(self) -> list[str]:
         """What is wrong with the declaration (empty when it is valid)."""
@@ -340,16 +343,21 @@ def to_candidate(k: PythonKernel, origin: str) -> PythonCandidate:
                            tiles=dict(k.tiles),
                            meta={"origin": origin, "source_hash": source_hash(
                                (k.fn, k.prepare, k.backward, k.backward_prepare),
-                               extra=k.name)},
+                               extra=k.name), **({"yardstick": True} if k.yardstick else {})},
                            kernel=k,
                            origin=origin)
 
 
 def kernels_of(obj: Any, where: str) -> list[PythonKernel]:
-    """The PythonKernels an entry point or `module:attr` names (see the module doc)."""
+    """The PythonKernels an entry point or `module:attr` names (see the module doc). A
+    function may return none (an empty list: a peer whose library is not installed); an
+    empty list named directly is a mistake."""
+    called = False
     if not isinstance(obj, PythonKernel | list | tuple) and callable(obj):
-        obj = obj()
+        obj, called = obj(), True
     items = list(obj) if isinstance(obj, list | tuple) else [obj]
+    if called and isinstance(obj, list | tuple) and not items:
+        return []
     if not items or not all(isinstance(x, PythonKernel) for x in items):
         raise TypeError(f"{where} is not a PythonKernel (nor a list of them, nor a function "
                         f"returning one)")

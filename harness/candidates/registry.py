@@ -151,14 +151,15 @@ def owned(candidate: Candidate, named: Sequence[str] = (),
     yardstick (`yardsticks`: names or globs; None: `[tool.fa-harness] yardsticks` of the
     nearest pyproject.toml) never is, whatever else says so; otherwise named on the
     command line (`named`: names or globs), or its source is the team's (discovery's
-    `owned_by_team`). The SDPA peers are yardsticks unless named."""
+    `owned_by_team`). The SDPA peers and Python candidates declared `yardstick=True`
+    (the installed libraries' peers) are yardsticks unless named."""
     from harness.candidates.discovery import owned_by_team
 
     if declared_yardstick(candidate.name, yardsticks):
         return False
     if any(fnmatch.fnmatchcase(candidate.name, pat) for pat in named):
         return True
-    if candidate.kind in ("peer", "planted"):
+    if candidate.kind in ("peer", "planted") or (candidate.meta or {}).get("yardstick"):
         return False
     return owned_by_team(candidate.meta or {})
 

@@ -1,0 +1,125 @@
+"""The installed-library peers (harness.candidates.lib_peers) on the CPU: registered only
+where the library imports, and their argument mapping judged by the harness's own checks
+against a stand-in module that computes what the library's documentation says its
+function computes (FlashAttention 2's flash_attn_func: (B, N, H, d) tensors, causal and
+window bottom-right aligned, softcap on the scaled score, ALiBi -slope |i + Nk - Nq - j|,
+LSE +inf for a row that sees no key)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+import types
+
+import pytest
+import torch
+
+from harness.candidates import lib_peers
+from harness.candidates.python_candidate import to_candidate
+from harness.core.cases import Case, MaskKind
+from harness.core.check import check_case
+from harness.core.check_grad import check_backward_case
+from harness.core.results import Status
+
+M = MaskKind
+
+
+def _flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,  # noqa: ANN001
+                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                     deterministic=False, return_attn_probs=False):
+    """FlashAttention 2's flash_attn_func as its docstring states it, in float32."""
+    assert dropout_p == 0.0 and q.stride(-1) == 1 and k.stride(-1) == 1
+    b, nq, h, d = q.shape
+    nk, hk = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else d ** -0.5
+    qf = q.float().transpose(1, 2)
+    kf = k.float().transpose(1, 2).repeat_interleave(h // hk, dim=1)
+    vf = v.float().transpose(1, 2).repeat_interleave(h // hk, dim=1)
+    s = qf @ kf.transpose(-1, -2) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(nq)[:, None]
+    j = torch.arange(nk)[None, :]
+    off = nk - nq
+    if alibi_slopes is not None:
+        s = s - alibi_slopes.float()[None, :, None, None] * (i + off - j).abs()
+    left, right = window_size
+    if causal:
+        right = 0
+    vis = torch.ones(nq, nk, dtype=torch.bool)
+    if left >= 0:
+        vis &= j >= i + off - left
+    if right >= 0:
+        vis &= j <= i + off + right
+    s = s.masked_fill(~vis, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    out = (p @ vf).transpose(1, 2).to(q.dtype)
+    lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+    return (out, lse, None) if return_attn_probs else out
+
+
+@pytest.fixture
+def flash_attn(monkeypatch):
+    mod = types.ModuleType("flash_attn")
+    mod.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None)
+    mod.flash_attn_func = _flash_attn_func
+    monkeypatch.setitem(sys.modules, "flash_attn", mod)
+    (peer,) = lib_peers.flash_attn_candidates(device="cpu")
+    return to_candidate(peer, "test")
+
+
+def test_no_library_no_candidate(monkeypatch):
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    if lib_peers._importable("flash_attn"):
+        pytest.skip("flash_attn is installed here")
+    assert lib_peers.flash_attn_candidates() == []
+
+
+CASES = [
+    Case(2, 4, 4, 113, 203, 64, "float16", M.NONE),
+    Case(2, 4, 2, 203, 113, 64, "bfloat16", M.CAUSAL_BR),  # fully masked rows: LSE +inf
+    Case(2, 6, 2, 113, 203, 128, "float16", M.CAUSAL_BR, softcap=10.0),
+    Case(2, 4, 1, 113, 203, 64, "bfloat16", M.NONE, alibi=True),
+    Case(2, 4, 2, 113, 203, 64, "float16", M.CAUSAL_BR, window_left=48, alibi=True),
+    Case(2, 4, 4, 113, 203, 64, "float16", M.NONE, window_left=32, window_right=8),
+    Case(1, 4, 4, 113, 203, 96, "float16", M.NONE),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_the_peer_passes_the_harness_checks(flash_attn, case: Case):
+    assert flash_attn.supports(case) is None
+    res = check_case(flash_attn, case, device="cpu")
+    assert res.status is Status.PASSED, res.message
+
+
+@pytest.mark.parametrize("case, why", [
+    (Case(2, 4, 1, 113, 203, 64, "bfloat16", M.CAUSAL_TL), "causal_tl mask"),
+    (Case(3, 4, 2, 97, 130, 64, "float16", M.KEY_PADDING), "key_padding mask"),
+    (Case(2, 4, 4, 113, 203, 64, "float16", M.NONE, sinks=True), "sink"),
+    (Case(2, 4, 4, 113, 203, 192, "float16", M.NONE, head_dim_v=128), "d_v"),
+])
+def test_what_the_library_lacks_is_skipped_with_the_reason(flash_attn, case: Case, why: str):
+    res = check_case(flash_attn, case, device="cpu")
+    assert res.status is Status.SKIPPED and why in res.message, res.message
+
+
+def test_a_wrong_offset_is_refused_not_computed():
+    q = torch.zeros(1, 2, 3, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="offset"):
+        lib_peers.flash_attn_forward(q, q, q, mask_kind="causal_br", mask=None,
+                                     key_lengths=None, causal_offset=5, scale=0.125)
+
+
+def test_its_backward_through_autograd_passes(flash_attn):
+    case = Case(2, 4, 2, 113, 203, 64, "float16", M.CAUSAL_BR)
+    res = check_backward_case(flash_attn, case, device="cpu")
+    assert res.status is Status.PASSED, res.message
+
+
+def test_it_is_a_yardstick_unless_named(flash_attn):
+    from harness.candidates.registry import owned
+
+    assert not owned(flash_attn, yardsticks=())
+    assert owned(flash_attn, named=["flash_attn"], yardsticks=())
