@@ -182,9 +182,9 @@ __device__ __forceinline__ void partial(const FaParams& p) {
                 const bool ok = j >= cta_lo && j < cta_hi;
                 const int pg = ok ? __ldg(table + j / ps) : 0, slot = j % ps;
                 const long long ko = kbase + (long long)pg * p.k_batch_stride +
-                                     (long long)slot * p.k_row_stride + lch * 8;
+                                     (long long)slot * p.k_row_stride + lch * (16 / ES);
                 const long long vo = vbase + (long long)pg * p.v_batch_stride +
-                                     (long long)slot * p.v_row_stride + lch * 8;
+                                     (long long)slot * p.v_row_stride + lch * (16 / ES);
                 cp_async16(dk + swzb<RB>(row, lch), (const char*)p.k + (ok ? ES * ko : 0), ok ? 16 : 0);
                 cp_async16(dv + swzb<RB>(row, lch), (const char*)p.v + (ok ? ES * vo : 0), ok ? 16 : 0);
             }
@@ -232,10 +232,11 @@ __device__ __forceinline__ void partial(const FaParams& p) {
     // Q rows (zero for rows not ours), then the first slices: all in flight together.
     {
         const unsigned short* Q = (const unsigned short*)p.q;
+        constexpr int QCPR = D / 8;  // 16-byte chunks per Q row (2-byte elements)
 #pragma unroll
-        for (int u = 0; u < ROWS * CPR / kThreads; ++u) {
+        for (int u = 0; u < ROWS * QCPR / kThreads; ++u) {
             const int idx = u * kThreads + tid;
-            const int r = idx / CPR, ch = idx % CPR;
+            const int r = idx / QCPR, ch = idx % QCPR;
             const Row w = sRow[r];
             const long long qo = q_offset(p, sq, b, w.h, w.i, p.q_batch_stride,
                                           p.q_head_stride, p.q_row_stride);
