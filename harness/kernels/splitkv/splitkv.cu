@@ -68,7 +68,9 @@ __device__ __forceinline__ void partial(const FaParams& p) {
     __shared__ float sMax[kWarps][ROWS], sSum[kWarps][ROWS];
 
     if (p.head_dim != D) __trap();
-    if (KV8 != (p.fp8 == FA_FP8_KV)) __trap();  // the manifest picks the entry by the case
+    if constexpr (KV8) {  // the manifest picks the entry by the case (the 2-byte entries
+        if (p.fp8 != FA_FP8_KV) __trap();  // are left as they were: no test of theirs)
+    }
     if (fa_dynamic_smem_bytes() < Q_BYTES + NS * STAGE + DS_BYTES) __trap();
     const unsigned sQ = smem_u32(smem);
     const unsigned sKV = sQ + Q_BYTES;
@@ -147,7 +149,10 @@ __device__ __forceinline__ void partial(const FaParams& p) {
             v_scale = __ldg(p.v_descale + o);
         }
     }
-    const float sl2 = p.scale_log2 * k_scale;
+    // KV8: a per-head K descale is folded into the softmax scale (the 2-byte entries
+    // read p.scale_log2 where they use it, as they always did).
+    const float sl2_kv8 = p.scale_log2 * k_scale;
+#define SK_SL2 (KV8 ? sl2_kv8 : p.scale_log2)
 
     // Issue the copies of slice `it` (keys j0 .. j0 + 15 of chunk c_begin + it) into
     // stage buffer `buf`; keys outside [cta_lo, cta_hi) are zero-filled, never read.
@@ -185,8 +190,13 @@ __device__ __forceinline__ void partial(const FaParams& p) {
                                      (long long)slot * p.k_row_stride + lch * (16 / ES);
                 const long long vo = vbase + (long long)pg * p.v_batch_stride +
                                      (long long)slot * p.v_row_stride + lch * (16 / ES);
-                cp_async16(dk + swzb<RB>(row, lch), (const char*)p.k + (ok ? ES * ko : 0), ok ? 16 : 0);
-                cp_async16(dv + swzb<RB>(row, lch), (const char*)p.v + (ok ? ES * vo : 0), ok ? 16 : 0);
+                if constexpr (KV8) {
+                    cp_async16(dk + swzb<RB>(row, lch), (const char*)p.k + (ok ? ko : 0), ok ? 16 : 0);
+                    cp_async16(dv + swzb<RB>(row, lch), (const char*)p.v + (ok ? vo : 0), ok ? 16 : 0);
+                } else {
+                    cp_async16(dk + swz<D>(row, lch), (const unsigned short*)p.k + (ok ? ko : 0), ok ? 16 : 0);
+                    cp_async16(dv + swz<D>(row, lch), (const unsigned short*)p.v + (ok ? vo : 0), ok ? 16 : 0);
+                }
             }
             return;
         }
@@ -356,7 +366,7 @@ __device__ __forceinline__ void partial(const FaParams& p) {
             float mx = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m_run[r], mx * sl2);
+            const float m_new = fmaxf(m_run[r], mx * SK_SL2);
             // -inf guard: nothing visible yet -> subtract 0, so exp2(-inf) = 0, never NaN.
             m_use[r] = m_new == neg_inf() ? 0.f : m_new;
             alpha[r] = exp2f(m_run[r] - m_use[r]);
@@ -376,10 +386,10 @@ __device__ __forceinline__ void partial(const FaParams& p) {
         unsigned pf[4];
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
-            const float p0 = exp2f(fmaf(s[t][0], sl2, -m_use[0]));
-            const float p1 = exp2f(fmaf(s[t][1], sl2, -m_use[0]));
-            const float p2 = exp2f(fmaf(s[t][2], sl2, -m_use[1]));
-            const float p3 = exp2f(fmaf(s[t][3], sl2, -m_use[1]));
+            const float p0 = exp2f(fmaf(s[t][0], SK_SL2, -m_use[0]));
+            const float p1 = exp2f(fmaf(s[t][1], SK_SL2, -m_use[0]));
+            const float p2 = exp2f(fmaf(s[t][2], SK_SL2, -m_use[1]));
+            const float p3 = exp2f(fmaf(s[t][3], SK_SL2, -m_use[1]));
             l_run[0] += p0 + p1;
             l_run[1] += p2 + p3;
             // A fragment of P: keys 0-7 in a0 (row g), a1 (row g + 8); 8-15 in a2, a3.
@@ -473,7 +483,7 @@ __device__ __forceinline__ void partial(const FaParams& p) {
                 o = fmaf(e, sO[(k * ROWS + r) * D + c], o);
             }
         }
-        const float out = L > 0.f ? o / L * v_scale : 0.f;
+        const float out = L > 0.f ? (KV8 ? o / L * v_scale : o / L) : 0.f;
         const float lse = L > 0.f ? (mx + log2f(L)) * FA_LN2 : neg_inf();
         if (p.num_splits == 1) {
             unsigned short* O = (unsigned short*)p.o +
@@ -503,12 +513,13 @@ __device__ __forceinline__ void partial(const FaParams& p) {
         __syncthreads();
         if (sLast) {
             __threadfence();
-            combine_tile<DT, D>(p, sq, b, sRow);
+            combine_tile<DT, D, KV8>(p, sq, b, sRow);
         }
     }
 #endif
 }
 
+#undef SK_SL2
 }  // namespace sk
 
 #define SK_ENTRIES(SHORT, DT, D)                                                              \

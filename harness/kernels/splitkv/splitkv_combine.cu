@@ -7,8 +7,10 @@ namespace sk {
 
 // The combine of one row chunk's splits, by all threads of the CTA (SK_FUSED_COMBINE):
 // per row lse = logsumexp_s lse_s (a warp per row), then per (row, 4 dims)
-// O = sum_s exp(lse_s - lse) O_s with U partials in flight per thread.
-template <int DT, int D>
+// O = sum_s exp(lse_s - lse) O_s with U partials in flight per thread. TAG: one copy
+// per partial kernel (the 2-byte and the e4m3-cache ones), each with its own shared
+// scratch, so that the 2-byte entries' shared layout is the one they always had.
+template <int DT, int D, int TAG = 0>
 __device__ __forceinline__ void combine_tile(const FaParams& p, const Seq& sq, int b,
                                              const Row* rows) {
     constexpr int C4 = D / 4;
