@@ -280,12 +280,17 @@ def test_the_io_model_counts_a_byte_per_e4m3_element_and_the_scales():
 
 @pytest.mark.parametrize("case", [KV_HEAD, KV_TOKEN, PAGED_TOKEN, VARLEN_HEAD])
 def test_split_kv_launches_its_e4m3_cache_entries_for_an_fp8_cache_only(case: Case):
-    """The shipped splitkv declares fp8_kv and picks its entries by the size name fp8_kv:
-    the e4m3-cache entries for such a case, the 2-byte ones (as before) for its twin."""
+    """The shipped splitkv picks its entries by the size name fp8_kv: the e4m3-cache
+    entries for such a case, the 2-byte ones (as before) for its twin."""
     from harness.candidates.cuda_candidate import CudaVariant
     from harness.candidates.variants import KERNELS_ROOT, load_variant_dir
 
+    import dataclasses
+
     spec = load_variant_dir(KERNELS_ROOT / "splitkv")
+    # The manifest does not declare fp8_kv until its entries have passed on a GPU (its
+    # comment): the plan is the same either way.
+    spec = dataclasses.replace(spec, supports=dataclasses.replace(spec.supports, fp8_kv=True))
     cand = CudaVariant.from_spec(spec)
     assert cand.support.fp8_kv and not cand.support.fp8
     assert cand.supports(case) is None
@@ -296,3 +301,12 @@ def test_split_kv_launches_its_e4m3_cache_entries_for_an_fp8_cache_only(case: Ca
         plan = cand.plan(c, num_splits=3, sm_count=132)
         assert [p.entry for p in plan if all(p.grid)] == [entry], c.id  # zero grid: skipped
         assert f"FA_CHECK_ENTRY({entry});" in spec.full_source()  # compiled and checked
+
+
+def test_the_shipped_split_kv_skips_an_fp8_cache_until_its_entries_pass_on_a_gpu():
+    from harness.candidates.cuda_candidate import CudaVariant
+    from harness.candidates.variants import KERNELS_ROOT, load_variant_dir
+
+    cand = CudaVariant.from_spec(load_variant_dir(KERNELS_ROOT / "splitkv"))
+    assert "fp8_kv = false" in (KERNELS_ROOT / "splitkv" / "manifest.toml").read_text()
+    assert "fp8 KV cache not supported" in cand.supports(KV_TOKEN)
