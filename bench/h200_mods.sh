@@ -13,8 +13,9 @@
 # record:   a perf run record of fa3_wgmma and cuDNN (REC_KERNELS, REC_CASES), for results/
 # peers:    the peers that declare the modifiers (flex_attention compiled, the SDPA
 #           backends) on the mods grid, secret 0
-# splitkv:  the shipped splitkv (it declares fp8_kv) on the mods grid under SK_SECRETS
-#           (default 0-4), 2 repeats (a run record of secret 0)
+# splitkv:  the shipped splitkv on the mods grid under SK_SECRETS (default 0-4), 2
+#           repeats (a run record of secret 0); its e4m3-cache cases run once its
+#           manifest declares fp8_kv = true (set it in the copy sent to the GPU until then)
 # sk-serving: splitkv on the serving grid, secret 0
 # sk-sanitize: compute-sanitizer memcheck on splitkv's e4m3-cache cases
 # decode8:  bench/splitkv_decode.py on the e4m3-cache twins of the long decode caches and
