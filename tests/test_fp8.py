@@ -282,10 +282,10 @@ def test_the_io_model_counts_a_byte_per_e4m3_element_and_the_scales():
 def test_split_kv_launches_its_e4m3_cache_entries_for_an_fp8_cache_only(case: Case):
     """The shipped splitkv picks its entries by the size name fp8_kv: the e4m3-cache
     entries for such a case, the 2-byte ones (as before) for its twin."""
+    import dataclasses
+
     from harness.candidates.cuda_candidate import CudaVariant
     from harness.candidates.variants import KERNELS_ROOT, load_variant_dir
-
-    import dataclasses
 
     spec = load_variant_dir(KERNELS_ROOT / "splitkv")
     # The manifest does not declare fp8_kv until its entries have passed on a GPU (its
