@@ -15,7 +15,8 @@
 #           backends) on the mods grid, secret 0
 # splitkv:  the shipped splitkv on the mods grid under SK_SECRETS (default 0-4), 2
 #           repeats (a run record of secret 0); its e4m3-cache cases run once its
-#           manifest declares fp8_kv = true (set it in the copy sent to the GPU until then)
+#           manifest declares fp8_kv = true: until it does, SK_DECLARE_FP8=1 sets it in
+#           this tree (the copy sent to the GPU) before any stage runs
 # sk-serving: splitkv on the serving grid, secret 0
 # sk-sanitize: compute-sanitizer memcheck on splitkv's e4m3-cache cases
 # decode8:  bench/splitkv_decode.py on the e4m3-cache twins of the long decode caches and
@@ -35,6 +36,11 @@ mkdir -p "$FA_HARNESS_HOME"
 FA="python3 -m harness"
 
 source "$(dirname "$0")/step.sh"
+
+if [ "${SK_DECLARE_FP8:-0}" = 1 ]; then
+  sed -i 's/^fp8_kv = false$/fp8_kv = true/' harness/kernels/splitkv/manifest.toml
+  grep -q '^fp8_kv = true$' harness/kernels/splitkv/manifest.toml && echo "splitkv: fp8_kv declared in this tree"
+fi
 
 for stage in "$@"; do
   case $stage in
