@@ -48,7 +48,7 @@ def test_names_are_collected():
     ("batch & 1", "BitAnd"),
     ("not batch", "Not"),
     ("~batch", "Invert"),
-    ("batch < 2", "Compare"),
+    ("batch in (2, 3)", "operator In"),
     ("batch if heads else 1", "IfExp"),
     ("batch.real", "Attribute"),
     ("heads[0]", "Subscript"),

@@ -3,7 +3,8 @@
 A manifest says things like ``grid = ["ceil_div(seqlen_q, block_q)", "heads", "batch"]``.
 Those strings are parsed with :mod:`ast` and only a whitelist of node types is accepted:
 integer literals, known names, ``+ - * // / %`` (``/`` is integer division here: every size
-is an integer), unary minus, parentheses and the calls ``ceil_div``, ``min``, ``max``.
+is an integer), unary minus, parentheses, comparisons (``==``, ``!=``, ``<``, ``<=``, ``>``,
+``>=``: 1 when true, else 0) and the calls ``ceil_div``, ``min``, ``max``.
 Nothing is ever handed to ``eval``: a manifest is untrusted input (submissions use the
 same format), so an attribute access, a subscript or an unknown call is a parse error.
 """
@@ -22,11 +23,16 @@ from dataclasses import dataclass, field
 # launch table of entries compiled with the modifiers' code, apart from those without.
 # `fp8_qkv` is 1 when Q, K and V are float8 e4m3, `fp8_kv` when the K/V cache is (Q in
 # the case dtype), each else 0 (docs/fp8.md): entries built for e4m3 tiles, picked the
-# same way.
+# same way. `head_dim_v` is d_v, V's and O's head dim (= head_dim unless the case sets it).
 SIZE_NAMES: frozenset[str] = frozenset({
     "batch", "heads", "kv_heads", "group", "seqlen_q", "seqlen_k", "head_dim",
     "dtype_bytes", "num_splits", "sm_count", "causal", "score_mods", "fp8_qkv", "fp8_kv",
+    "head_dim_v",
 })
+
+# Comparisons, each 1 when it holds and 0 when not: a launch picked by head dim reads
+# `(head_dim == 256)` rather than a product of floor divisions.
+_COMPARE = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 
 FUNCTIONS: dict[str, int] = {"ceil_div": 2, "min": -2, "max": -2}  # -2: two or more args
 
@@ -112,6 +118,13 @@ def _check(node: ast.AST, src: str, names: set[str]) -> None:
         if not isinstance(node.op, (ast.USub, ast.UAdd)):
             raise ExprError(f"operator {type(node.op).__name__} not allowed in {src!r}")
         _check(node.operand, src, names)
+    elif isinstance(node, ast.Compare):
+        for op in node.ops:
+            if not isinstance(op, _COMPARE):
+                raise ExprError(f"operator {type(op).__name__} not allowed in {src!r}")
+        _check(node.left, src, names)
+        for c in node.comparators:
+            _check(c, src, names)
     elif isinstance(node, ast.Call):
         if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
             what = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
@@ -158,6 +171,15 @@ def _eval(node: ast.expr, env: Mapping[str, int], src: str) -> int:
         if abs(r) > MAX_VALUE:
             raise ExprError(f"value overflows 63 bits in {src!r}")
         return r
+    if isinstance(node, ast.Compare):
+        # Chained as Python chains them: a < b <= c is a < b and b <= c.
+        left = _eval(node.left, env, src)
+        for op, c in zip(node.ops, node.comparators, strict=True):
+            right = _eval(c, env, src)
+            if not _holds(op, left, right):
+                return 0
+            left = right
+        return 1
     if isinstance(node, ast.Call):
         args = [_eval(a, env, src) for a in node.args]
         fname = node.func.id  # type: ignore[attr-defined]
@@ -167,6 +189,20 @@ def _eval(node: ast.expr, env: Mapping[str, int], src: str) -> int:
             return -(-args[0] // args[1])
         return min(args) if fname == "min" else max(args)
     raise ExprError(f"cannot evaluate {src!r}")  # unreachable after _check
+
+
+def _holds(op: ast.cmpop, a: int, b: int) -> bool:
+    if isinstance(op, ast.Eq):
+        return a == b
+    if isinstance(op, ast.NotEq):
+        return a != b
+    if isinstance(op, ast.Lt):
+        return a < b
+    if isinstance(op, ast.LtE):
+        return a <= b
+    if isinstance(op, ast.Gt):
+        return a > b
+    return a >= b
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -31,7 +31,7 @@ from harness.candidates.manifest_fields import (
     _str,
     _tname,
 )
-from harness.candidates.manifest_supports import _backward_masks, _supports
+from harness.candidates.manifest_supports import _backward_head_dims, _backward_masks, _supports
 from harness.candidates.variant_spec import (
     ALGORITHMS,
     ALLOWED_OPTIONS,
@@ -349,4 +349,6 @@ def _backward(ctx: _Ctx, table: Any, names: frozenset[str], supports: SupportSpe
         launches=_launches(ctx, table["launch"], "backward.launch", names, supports),
         tensor_maps=_tensor_maps(ctx, table.get("tensor_map", []), names, "backward.tensor_map",
                                  TENSOR_MAP_TENSORS_BWD),
-        masks=_backward_masks(ctx, table["masks"], supports) if "masks" in table else None)
+        masks=_backward_masks(ctx, table["masks"], supports) if "masks" in table else None,
+        head_dims=(_backward_head_dims(ctx, table["head_dims"], supports)
+                   if "head_dims" in table else None))

@@ -72,7 +72,9 @@ def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
     mk_ = table.get("max_seqlen_k")
     layouts = _enum_list(ctx, table.get("layouts", ["dense"]), "supports.layouts", Layout,
                          "layout")
-    mods = {m: _bool(ctx, table.get(m, False), f"supports.{m}") for m in SCORE_MODS + FP8_AXES}
+    flags = tuple(m for m in SCORE_MODS + FP8_AXES if m != "head_dim_v")
+    mods = {m: _bool(ctx, table.get(m, False), f"supports.{m}") for m in flags}
+    mods["head_dim_v"], pairs = _head_dim_v(ctx, table.get("head_dim_v", False), head_dims)
     return SupportSpec(
         dtypes=dtypes, head_dims=head_dims, max_head_dim=max_head_dim, masks=tuple(masks),
         gqa=_bool(ctx, table["gqa"], "supports.gqa"),
@@ -83,8 +85,48 @@ def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
         decode_only=_bool(ctx, table.get("decode_only", False), "supports.decode_only"),
         layouts=tuple(layouts),
         window=_bool(ctx, table.get("window", False), "supports.window"),
+        head_dim_v_pairs=pairs,
         **mods,
     )
+
+
+def _head_dim_v(ctx: _Ctx, raw: Any, head_dims: tuple[int, ...] | None
+                ) -> tuple[bool, tuple[tuple[int, int], ...] | None]:
+    """`head_dim_v`: true (any d_v among the head dims), false, or the (d_qk, d_v) pairs
+    with d_v != d_qk the variant has entries for, e.g. [[192, 128]]: a kernel is built
+    for a few pairs, not for every combination of its head dims."""
+    if not isinstance(raw, list):
+        return _bool(ctx, raw, "supports.head_dim_v"), None
+    pairs: list[tuple[int, int]] = []
+    for i, item in enumerate(_bounded(ctx, raw, "supports.head_dim_v", 16, unique=True)):
+        where = f"supports.head_dim_v[{i}]"
+        if not isinstance(item, list) or len(item) != 2:
+            raise ctx.fail(where, f"must be a [d_qk, d_v] pair of integers, got {_tname(item)}")
+        dqk, dv = (_int(ctx, x, f"{where}[{j}]", 1) for j, x in enumerate(item))
+        if dqk == dv:
+            raise ctx.fail(where, f"d_v = d_qk = {dqk}: list only pairs that differ")
+        for d in (dqk, dv):
+            if head_dims is not None and d not in head_dims:
+                raise ctx.fail(where, f"{d} is not among supports.head_dims "
+                               f"({', '.join(map(str, head_dims))})")
+        pairs.append((dqk, dv))
+    return True, tuple(pairs)
+
+
+def _backward_head_dims(ctx: _Ctx, raw: Any, supports: SupportSpec) -> tuple[int, ...]:
+    """`[backward] head_dims`: the head dims the backward runs, among `supports.head_dims`
+    (a forward often gains a head dim before its backward does); its entries exist for
+    these only."""
+    if supports.head_dims is None:
+        raise ctx.fail("backward.head_dims", "needs supports.head_dims as a list (it is \"any\")")
+    dims = tuple(_int(ctx, d, f"backward.head_dims[{i}]", 1)
+                 for i, d in enumerate(_bounded(ctx, raw, "backward.head_dims",
+                                                len(supports.head_dims), unique=True)))
+    for i, d in enumerate(dims):
+        if d not in supports.head_dims:
+            raise ctx.fail(f"backward.head_dims[{i}]", f"{d} is not among supports.head_dims "
+                           f"({', '.join(map(str, supports.head_dims))})")
+    return dims
 
 
 def _backward_masks(ctx: _Ctx, raw: Any, supports: SupportSpec) -> tuple[MaskKind, ...]:

@@ -71,8 +71,9 @@ split as `prepare`):
 `out` and `lse` are the forward's (the harness gives the oracle's, rounded to the case
 dtype, and the LSE in the declared convention), `dout` the output gradient; none of them
 may be modified. `backward_masks=("none", "causal_br")` declares the mask kinds the backward runs (among
-`masks`; default: all of them): the backward of a case under another mask is skipped
-with the reason wherever backward cases are chosen. `autograd_backward(fn)` builds a `backward_prepare` from the forward `fn`
+`masks`; default: all of them), `backward_head_dims=(64, 128)` its head dims (among
+`head_dims`): the backward of another case is skipped with the reason wherever backward
+cases are chosen. `autograd_backward(fn)` builds a `backward_prepare` from the forward `fn`
 through torch.autograd (the forward runs in the prepare, the timed call is the backward
 alone): how the shipped flex_attention and the SDPA peers get theirs.
 
@@ -132,6 +133,8 @@ class PythonKernel:
     # The mask kinds the backward runs, among `masks` (None: all of the forward's); the
     # backward of a case under another mask is skipped with the reason.
     backward_masks: tuple[str, ...] | None = None
+    # The head dims the backward runs, among `head_dims` (None: the forward's).
+    backward_head_dims: tuple[int, ...] | None = None
     # Optional: supports(case) -> None, or the reason the case is skipped. Asked before
     # the declaration's own reasons, so that it can say why (flex_attention: why it reads
     # no paged cache) where the declaration would only say "not supported".
@@ -192,6 +195,15 @@ class PythonKernel:
             elif isinstance(self.backward_masks, str) or not self.backward_masks or bad_bwd:
                 out.append(f"backward_masks {self.backward_masks!r} must be a non-empty "
                            f"list among the forward's masks {list(self.masks)}")
+        if self.backward_head_dims is not None:
+            dims = self.backward_head_dims
+            if not self.has_backward:
+                out.append("backward_head_dims given without a backward")
+            elif (isinstance(dims, (str, int)) or not dims
+                  or any(not isinstance(d, int) or d <= 0 for d in dims)
+                  or (self.head_dims is not None and any(d not in self.head_dims for d in dims))):
+                out.append(f"backward_head_dims {dims!r} must be a non-empty list of head "
+                           f"dims among the forward's ({self.head_dims or 'any'})")
         known_layouts = {x.value for x in Layout}
         if "dense" not in self.layouts or any(x not in known_layouts for x in self.layouts):
             out.append(f"layouts {list(self.layouts)} must include 'dense' and be among "
@@ -335,6 +347,8 @@ def to_candidate(k: PythonKernel, origin: str) -> PythonCandidate:
                       backward_deterministic=k.backward_deterministic,
                       backward_masks=(None if k.backward_masks is None else
                                       frozenset(MaskKind(m) for m in k.backward_masks)),
+                      backward_head_dims=(None if k.backward_head_dims is None else
+                                          frozenset(k.backward_head_dims)),
                       layouts=frozenset(Layout(x) for x in k.layouts), window=k.window,
                       softcap=k.softcap, alibi=k.alibi, sinks=k.sinks,
                       head_dim_v=k.head_dim_v, fp8=k.fp8, fp8_kv=k.fp8_kv)

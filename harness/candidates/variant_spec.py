@@ -32,7 +32,7 @@ TOP_OPTIONAL = ("arch", "compile_options", "deterministic", "num_splits", "tiles
                 "timing", "timing_max_seqlen", "timing_min", "timing_cases", "backward",
                 "tensor_map", "flavor")
 BACKWARD_REQUIRED = ("launch",)
-BACKWARD_OPTIONAL = ("deterministic", "workspace", "tensor_map", "masks")
+BACKWARD_OPTIONAL = ("deterministic", "workspace", "tensor_map", "masks", "head_dims")
 # How the CI gate times a variant (harness.runs.plan): "full" every timing case it
 # supports (as the budget allows), "smoke" its two cheapest, "none" correctness only.
 TIMING_MODES = ("full", "smoke", "none")
@@ -146,6 +146,9 @@ class BackwardSpec:
     tensor_maps: tuple[TensorMapSpec, ...] = ()
     # The mask kinds it runs, among [supports] masks (None: all of them).
     masks: tuple[MaskKind, ...] | None = None
+    # The head dims it runs, among [supports] head_dims (None: all of them); its entries
+    # exist for these only.
+    head_dims: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,9 @@ class SupportSpec:
     alibi: bool = False
     sinks: bool = False
     head_dim_v: bool = False
+    # The (d_qk, d_v) pairs with d_v != d_qk it runs (None: any pair of head_dims, when
+    # head_dim_v is declared): `head_dim_v = [[192, 128]]` in the manifest.
+    head_dim_v_pairs: tuple[tuple[int, int], ...] | None = None
     fp8: bool = False  # e4m3 Q, K, V (FaParams.fp8 == FA_FP8_QKV, docs/fp8.md)
     fp8_kv: bool = False  # an e4m3 KV cache, Q in the case dtype (FA_FP8_KV)
 
@@ -258,9 +264,15 @@ class VariantSpec:
         return self.launches + (self.backward.launches if self.backward else ())
 
     def entry_names(self) -> list[str]:
+        """Every entry the module must hold: the forward's for each (dtype, head_dim), the
+        backward's for the head dims it declares."""
+        bwd = self.backward
         names: list[str] = []
         for dt, d in self.expansions():
-            for launch in self.all_launches:
+            launches = self.launches
+            if bwd is not None and (bwd.head_dims is None or d is None or d in bwd.head_dims):
+                launches += bwd.launches
+            for launch in launches:
                 n = launch.entry_name(dt, d if d is not None else 0)
                 if n not in names:
                     names.append(n)
@@ -306,12 +318,16 @@ class VariantSpec:
             layouts=frozenset(s.layouts),
             window=s.window,
             softcap=s.softcap, alibi=s.alibi, sinks=s.sinks, head_dim_v=s.head_dim_v,
+            head_dim_v_pairs=(frozenset(s.head_dim_v_pairs) if s.head_dim_v_pairs is not None
+                              else None),
             fp8=s.fp8, fp8_kv=s.fp8_kv,
             min_compute_capability=self.min_compute_capability,
             backward=self.backward is not None,
             backward_deterministic=bool(self.backward and self.backward.deterministic),
             backward_masks=(frozenset(self.backward.masks) if self.backward is not None
                             and self.backward.masks is not None else None),
+            backward_head_dims=(frozenset(self.backward.head_dims) if self.backward is not None
+                                and self.backward.head_dims is not None else None),
         )
 
     def workspace_bytes(self, env: Mapping[str, int]) -> int:
@@ -336,6 +352,7 @@ def size_env(case: Case, *, num_splits: int = 1, sm_count: int = 132,
         "score_mods": int(case.has_score_mods),
         "fp8_qkv": int(Fp8(case.fp8).quantizes_q),
         "fp8_kv": int(Fp8(case.fp8).is_kv_cache),
+        "head_dim_v": case.dv,
     }
     env.update(tiles or {})
     return env

@@ -46,6 +46,9 @@ class Support:
     # lags its forward (causal only, no key padding): the cases of a mask it does not
     # declare are skipped with the reason wherever backward cases are chosen.
     backward_masks: frozenset[MaskKind] | None = None
+    # The head dims its backward runs (None: the forward's `head_dims`): a forward gains
+    # a head dim (256) before its backward does.
+    backward_head_dims: frozenset[int] | None = None
     # Serving shapes (harness.core.serving): the layouts it reads (varlen: packed q/k/v
     # with cu_seqlens and seqused; paged: K/V pages behind a block table) and whether it
     # applies a sliding window.
@@ -60,6 +63,9 @@ class Support:
     # Cases whose V head dim d_v differs from d_qk (`Case.head_dim_v`; both must be among
     # `head_dims` when those are declared).
     head_dim_v: bool = False
+    # The (d_qk, d_v) pairs with d_v != d_qk it runs (None: any, when head_dim_v): a
+    # kernel built for an MLA prefill's 192 / 128 need not run 128 / 192.
+    head_dim_v_pairs: frozenset[tuple[int, int]] | None = None
     # FP8 e4m3 inputs with harness-owned descales (harness.core.fp8): Q, K and V
     # (`fp8`: cases qkv_tensor, qkv_head) or the KV cache with Q in the case dtype
     # (`fp8_kv`: kv_head, kv_token).
@@ -75,6 +81,11 @@ class Support:
             return "d_v != d_qk not supported (declares head_dim_v = false)"
         if self.head_dims is not None and case.dv not in self.head_dims:
             return f"head_dim_v {case.dv} not supported (declares {sorted(self.head_dims)})"
+        if (case.head_dim_v and self.head_dim_v_pairs is not None
+                and (case.head_dim, case.dv) not in self.head_dim_v_pairs):
+            pairs = ", ".join(f"{a}/{b}" for a, b in sorted(self.head_dim_v_pairs))
+            return (f"d_qk/d_v {case.head_dim}/{case.dv} not supported (declares "
+                    f"head_dim_v pairs {pairs})")
         if case.mask not in self.masks:
             return f"mask {case.mask.value} not supported"
         if case.layout not in self.layouts:
@@ -105,6 +116,11 @@ class Support:
             declared = ", ".join(m.value for m in MaskKind if m in self.backward_masks)
             return (f"its backward does not support mask {case.mask.value} (declares "
                     f"backward masks {declared})")
+        dims = self.backward_head_dims
+        if dims is not None and (case.head_dim not in dims or case.dv not in dims):
+            d = case.head_dim if case.head_dim not in dims else case.dv
+            return (f"its backward does not support head_dim {d} (declares backward "
+                    f"head dims {', '.join(map(str, sorted(dims)))})")
         return None
 
 
