@@ -186,6 +186,25 @@ __device__ __forceinline__ static void ss_n64(float* d, unsigned long long da,  
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])   \
         : "l"(da), "l"(db), "r"(acc));                                                                             \
 }                                                                                                                  \
+__device__ __forceinline__ static void ss_n112(float* d, unsigned long long da,                                    \
+                                            unsigned long long db, int acc) {                                      \
+    asm volatile(                                                                                                  \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %58, 0;\n"                                                               \
+        "wgmma.mma_async.sync.aligned.m64n112k16.f32." TY "." TY " {"                                              \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                                    \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"                          \
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"                          \
+        "%48, %49, %50, %51, %52, %53, %54, %55}, "                                                                \
+        "%56, %57, p, 1, 1, 0, 0;\n}\n"                                                                            \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),  \
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])   \
+        : "l"(da), "l"(db), "r"(acc));                                                                             \
+}                                                                                                                  \
 /* The same with both operands MN-major (imm-trans-a = imm-trans-b = 1): the backward's dQ. */                   \
 __device__ __forceinline__ static void ss_n64_tt(float* d, unsigned long long da,                                  \
                                                unsigned long long db, int acc) {                                   \
@@ -251,31 +270,48 @@ template <int D, int ROWS>
 __device__ __forceinline__ void load_tile(unsigned sbase, const void* tmap, unsigned bar,
                                           int row0, int head, int batch) {
     mbar_expect_tx(bar, ROWS * D * 2);
+    if constexpr (D <= 128) {
 #pragma unroll
-    for (int half = 0; half < D / 64; ++half)
-        tma_load(sbase + half * ROWS * 128, tmap, bar, half * 64, row0, head, batch);
+        for (int half = 0; half < D / 64; ++half)
+            tma_load(sbase + half * ROWS * 128, tmap, bar, half * 64, row0, head, batch);
+    } else {
+        // Rolled: three or four copies unrolled for each of Q, K and V made the producer's
+        // tile loop spill at its 40 registers (ptxas hoisted their addresses).
+#pragma unroll 1
+        for (int half = 0; half < D / 64; ++half)
+            tma_load(sbase + half * ROWS * 128, tmap, bar, half * 64, row0, head, batch);
+    }
 }
 
 // BN keys per K/V tile: 128 at d = 64, 176 at d = 128 (a longer tile amortizes each
-// consumer's softmax and turn-taking over more matmul work; 2 slots of 176 x 128 still fit).
+// consumer's softmax and turn-taking over more matmul work; 2 slots of 176 x 128 still fit),
+// 112 at d = 192 and 128 at d_qk = 192 / d_v = 128 (the longest multiple of 16 whose 2
+// slots of K and V fit beside the Q tile in 227 KB), 64 at d = 256: 80 would fit (FA3's
+// tile there), but its S and P beside O's 128 accumulators spilled at the consumers' 232
+// registers (ptxas, sm_90a), as did the plain and the modifiers' entries. DQK: the head
+// dim of Q and K (S = Q K^T); DV: of V and O (O += P V), 128 with DQK = 192 for an MLA
+// prefill.
 // MODS: the score modifiers' code (softcap, ALiBi, sinks) is compiled in: the fwdm entries,
 // which the manifest launches only for a case that has one (`score_mods`), so the plain
 // entries carry none of it (compiled into them, the d = 128 entries' two bodies spilled).
-template <int D, bool BF16, int STAGES, int BN, int NC, bool MODS>
+template <int DQK, int DV, bool BF16, int STAGES, int BN, int NC, bool MODS>
 __device__ __forceinline__ void fwd(const FaParams& p) {
     using M = Mma<BF16>;
+    static_assert(DQK % 64 == 0 && DV % 64 == 0 && BN % 16 == 0, "64-column halves, k16 steps");
+    static_assert(BN == 64 || BN == 112 || BN == 128 || BN == 176, "an S wgmma of that N");
     constexpr int BM = 64 * NC;   // query rows per CTA
     constexpr unsigned kConsumers = 128u * NC;   // consumer threads: arrivals per barrier
-    constexpr unsigned Q_BYTES = BM * D * 2;
-    constexpr unsigned KV_BYTES = BN * D * 2;
+    constexpr unsigned Q_BYTES = BM * DQK * 2;
+    constexpr unsigned K_BYTES = BN * DQK * 2;
+    constexpr unsigned V_BYTES = BN * DV * 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // The swizzle is a function of address bits, so the tiles need 1024-byte alignment;
     // the manifest asks for 1024 bytes more than the tiles use.
     const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const unsigned sQ = base;
     const unsigned sK0 = sQ + Q_BYTES;
-    const unsigned sV0 = sK0 + STAGES * KV_BYTES;
-    const unsigned bars = sV0 + STAGES * KV_BYTES;
+    const unsigned sV0 = sK0 + STAGES * K_BYTES;
+    const unsigned bars = sV0 + STAGES * V_BYTES;
     const unsigned bar_q = bars;
     // Slot s has four barriers: K_s and V_s full (the producer's copies landed), K_s and V_s
     // empty (every consumer is done reading). K and V are released separately: K_j as
@@ -363,15 +399,15 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             if (wk.n_tiles == 0) continue;
             mbar_wait(bar_qe, (nq & 1u) ^ 1u);
             ++nq;
-            load_tile<D, BM>(sQ, maps, bar_q, wk.q0, wk.h, wk.b);
+            load_tile<DQK, BM>(sQ, maps, bar_q, wk.q0, wk.h, wk.b);
             const int hk = wk.h / group;
             for (int j = 0; j < wk.n_tiles; ++j, ++kv) {
                 const unsigned s = kv % STAGES;
                 const unsigned ph = (kv / STAGES) & 1u;
                 mbar_wait(FA3_KEMPTY(s), ph ^ 1u);
-                load_tile<D, BN>(sK0 + s * KV_BYTES, maps + 128, FA3_KFULL(s), j * BN, hk, wk.b);
+                load_tile<DQK, BN>(sK0 + s * K_BYTES, maps + 128, FA3_KFULL(s), j * BN, hk, wk.b);
                 mbar_wait(FA3_VEMPTY(s), ph ^ 1u);
-                load_tile<D, BN>(sV0 + s * KV_BYTES, maps + 256, FA3_VFULL(s), j * BN, hk, wk.b);
+                load_tile<DV, BN>(sV0 + s * V_BYTES, maps + 256, FA3_VFULL(s), j * BN, hk, wk.b);
             }
         }
         __threadfence();   // this CTA's last take precedes its count as done
@@ -389,18 +425,21 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     const int lane = tid & 31;
     const int g = lane >> 2;
     const int q4 = lane & 3;
-    // At d = 128, a word per consumer thread past the tile slots, written and never read
+    // At d >= 128, a word per consumer thread past the tile slots, written and never read
     // (see its store).
     const unsigned sink = bar_te + 16u + 64u + 4u * (tid - 128);
 
     // S = Q K_j, issued (not waited for).
     auto issue_s = [&](float* sacc, unsigned sK) {
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
+        for (int kk = 0; kk < DQK / 16; ++kk) {
             const unsigned qa = sQ + (kk >> 2) * (BM * 128) + cw * (64 * 128) + (kk & 3) * 32;
             const unsigned ka = sK + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
-            if constexpr (BN == 128) M::ss_n128(sacc, sw128_desc(qa, 16), sw128_desc(ka, 16), kk > 0);
-            else M::ss_n176(sacc, sw128_desc(qa, 16), sw128_desc(ka, 16), kk > 0);
+            const unsigned long long dq = sw128_desc(qa, 16), dk = sw128_desc(ka, 16);
+            if constexpr (BN == 64) M::ss_n64(sacc, dq, dk, kk > 0);
+            else if constexpr (BN == 112) M::ss_n112(sacc, dq, dk, kk > 0);
+            else if constexpr (BN == 128) M::ss_n128(sacc, dq, dk, kk > 0);
+            else M::ss_n176(sacc, dq, dk, kk > 0);
         }
         wgmma_commit();
     };
@@ -423,7 +462,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 
     unsigned kv = 0;   // K/V tiles consumed so far (the producer's count)
     unsigned nq = 0;   // Q tiles consumed so far
-    float o[D / 2];
+    float o[DV / 2];
     unsigned pf[BN / 16][4];      // P of the previous tile, A-fragments of its PV
     // The last PV of a work tile is not issued at its end: it rides with the first S of
     // the next work tile (and its O is written under that S's softmax), so the tensor
@@ -435,13 +474,20 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     unsigned pend_slot = 0, pend_kv = 0;
     float pm[2], pl[2];
 
-    // O += P V_j, issued.
+    // O += P V_j, issued: one wgmma per 16 keys and per 128 of O's columns (a pair of
+    // V's 64-column halves, BN * 128 bytes apart: the descriptor's leading offset), then
+    // one of 64 for an odd half (d_v = 64, 192). A 128-column chunk's accumulators are
+    // o[64 c ...]: the 8-column groups of the whole row in order, as the epilogue reads.
     auto issue_pv = [&](unsigned sV) {
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             const unsigned va = sV + kk * (16 * 128);
-            if (D == 128) M::rs_n128(o, pf[kk], sw128_desc(va, BN * 128));
-            else M::rs_n64(o, pf[kk], sw128_desc(va, BN * 128));
+#pragma unroll
+            for (int c = 0; c < DV / 128; ++c)
+                M::rs_n128(o + 64 * c, pf[kk], sw128_desc(va + 2 * c * (BN * 128), BN * 128));
+            if constexpr (DV % 128 != 0)
+                M::rs_n64(o + 64 * (DV / 128), pf[kk],
+                          sw128_desc(va + 2 * (DV / 128) * (BN * 128), BN * 128));
         }
         wgmma_commit();
     };
@@ -477,7 +523,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             const float inv = lt > 0.f ? sc / lt : 0.f;
             unsigned* orow = (unsigned*)(og + 2 * (long long)row * p.o_row_stride);
 #pragma unroll
-            for (int t = 0; t < D / 8; ++t)
+            for (int t = 0; t < DV / 8; ++t)
                 orow[t * 4 + q4] = pack2<BF16>(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv);
             if (lseg && q4 == 0)
                 lseg[row] = lt > 0.f ? mt * FA_LN2 + logf(lt) : neg_inf();
@@ -488,10 +534,10 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         const unsigned ls = pend_kv % STAGES;
         mbar_wait(FA3_VFULL(ls), (pend_kv / STAGES) & 1u);
         wgmma_fence();
-        issue_pv(sV0 + ls * KV_BYTES);
+        issue_pv(sV0 + ls * V_BYTES);
         wgmma_wait<0>();
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
+        for (int i = 0; i < DV / 2; ++i) reg_fence(o[i]);
         mbar_arrive(FA3_VEMPTY(ls));
         epilogue(pend_slot, pl, pm);
         pend = false;
@@ -510,7 +556,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             float l0[2] = {0.f, 0.f};
             const float m0[2] = {neg_inf(), neg_inf()};
 #pragma unroll
-            for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+            for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
             epilogue(slot, l0, m0);   // O = 0, LSE = -inf
             continue;
         }
@@ -564,7 +610,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             // 1.018) over the 12 d = 64 shapes on an H100, where the softmax is most of a
             // consumer's work; at d = 128, 0.98-1.04x (median 0.996), so it keeps one chain
             // (results/notes/2026-12-06.md, third session).
-            constexpr int CH = D == 64 ? 2 : 1;
+            constexpr int CH = DQK == 64 ? 2 : 1;
             float mxc[2][CH];
 #pragma unroll
             for (int c = 0; c < CH; ++c) mxc[0][c] = mxc[1][c] = neg_inf();
@@ -640,8 +686,8 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
                 mbar_wait(FA3_VFULL(ls), (pend_kv / STAGES) & 1u);
                 wait_turn();
                 wgmma_fence();
-                issue_s(sacc, sK0 + s * KV_BYTES);
-                issue_pv(sV0 + ls * KV_BYTES);
+                issue_s(sacc, sK0 + s * K_BYTES);
+                issue_pv(sV0 + ls * V_BYTES);
                 if (!(cw == NC - 1 && n_tiles == 1))
                     pass_turn();
                 wgmma_wait<1>();
@@ -650,12 +696,12 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
                 mbar_arrive(FA3_KEMPTY(s));
                 if (n_tiles == 1) mbar_arrive(bar_qe);   // the tile's last S: Q is free
                 softmax(sacc, 0, alpha);
-                if constexpr (D == 128)   // the sink of the loop below, for the same reason
+                if constexpr (DQK >= 128)   // the sink of the loop below, for the same reason
                     asm volatile("st.shared.f32 [%0], %1;\n"
                                  :: "r"(sink), "f"(l_run[0] + l_run[1]) : "memory");
                 wgmma_wait<0>();
 #pragma unroll
-                for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
+                for (int i = 0; i < DV / 2; ++i) reg_fence(o[i]);
 #pragma unroll
                 for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
@@ -666,7 +712,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             } else {
                 wait_turn();
                 wgmma_fence();
-                issue_s(sacc, sK0 + s * KV_BYTES);
+                issue_s(sacc, sK0 + s * K_BYTES);
                 if (!(cw == NC - 1 && n_tiles == 1))
                     pass_turn();
                 wgmma_wait<0>();
@@ -677,7 +723,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
                 softmax(sacc, 0, alpha);
             }
 #pragma unroll
-            for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+            for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
             pack_p(sacc);
         }
 
@@ -690,8 +736,8 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             mbar_wait(FA3_VFULL(ps), ((kv + j - 1) / STAGES) & 1u);
             wait_turn();
             wgmma_fence();
-            issue_s(sacc, sK0 + s * KV_BYTES);
-            issue_pv(sV0 + ps * KV_BYTES);
+            issue_s(sacc, sK0 + s * K_BYTES);
+            issue_pv(sV0 + ps * V_BYTES);
             if (!(cw == NC - 1 && j == n_tiles - 1))
                 pass_turn();
             wgmma_wait<1>();          // S_j has landed; the PV may still run
@@ -707,19 +753,21 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             // H200 against the kernel without it: 0.996-1.017x (median 1.008) at d = 128;
             // at d = 64, where the PV is short and the exponentials dominate, 0.979-1.011x
             // (median 0.987), so d = 64 goes without (results/notes/2026-12-04.md, night).
-            if constexpr (D == 128)
+            // At d = 192 and 256 it is kept as at 128 (their PV is longer still; not
+            // measured without it).
+            if constexpr (DQK >= 128)
                 asm volatile("st.shared.f32 [%0], %1;\n"
                              :: "r"(sink), "f"(l_run[0] + l_run[1]) : "memory");
             wgmma_wait<0>();
 #pragma unroll
-            for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
+            for (int i = 0; i < DV / 2; ++i) reg_fence(o[i]);
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) reg_fence_u(pf[kk][e]);
             mbar_arrive(FA3_VEMPTY(ps));
 #pragma unroll
-            for (int t = 0; t < D / 8; ++t) {
+            for (int t = 0; t < DV / 8; ++t) {
                 o[4 * t] *= alpha[0];
                 o[4 * t + 1] *= alpha[0];
                 o[4 * t + 2] *= alpha[1];
@@ -747,20 +795,35 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 }  // namespace fa3wg
 
 // The block (the manifest's [[launch]] block) is 128 * (NC + 1) threads.
-#define FA3WG_ENTRY(NAME, D, BF16, STAGES, BN, NC, MODS)                                    \
+#define FA3WG_ENTRY(NAME, DQK, DV, BF16, STAGES, BN, NC, MODS)                              \
     extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) NAME(FaParams p) { \
-        fa3wg::fwd<D, BF16, STAGES, BN, NC, MODS>(p);                                       \
+        fa3wg::fwd<DQK, DV, BF16, STAGES, BN, NC, MODS>(p);                                 \
     }
 
-FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d64, 64, false, 3, 128, 2, false)
-FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d128, 128, false, 2, 176, 2, false)
-FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d64, 64, true, 3, 128, 2, false)
-FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d128, 128, true, 2, 176, 2, false)
+FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d64, 64, 64, false, 3, 128, 2, false)
+FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d128, 128, 128, false, 2, 176, 2, false)
+FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d64, 64, 64, true, 3, 128, 2, false)
+FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d128, 128, 128, true, 2, 176, 2, false)
+// d = 192 and 256: 112- and 64-key tiles, under every mask.
+FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d192, 192, 192, false, 2, 112, 2, false)
+FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d192, 192, 192, true, 2, 112, 2, false)
+FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d256, 256, 256, false, 2, 64, 2, false)
+FA3WG_ENTRY(fa3_wgmma_fwd_bf16_d256, 256, 256, true, 2, 64, 2, false)
+// d_qk = 192, d_v = 128 (the manifest's fourth launch table).
+FA3WG_ENTRY(fa3_wgmma_fwdv_fp16_d192v128, 192, 128, false, 2, 128, 2, false)
+FA3WG_ENTRY(fa3_wgmma_fwdv_bf16_d192v128, 192, 128, true, 2, 128, 2, false)
 // Under a causal mask of at most 3072 keys (the manifest's second launch table).
-FA3WG_ENTRY(fa3_wgmma_fwdc_fp16_d128, 128, false, 2, 128, 2, false)
-FA3WG_ENTRY(fa3_wgmma_fwdc_bf16_d128, 128, true, 2, 128, 2, false)
-// With score modifiers (the third table): 128-key tiles at both head dims.
-FA3WG_ENTRY(fa3_wgmma_fwdm_fp16_d64, 64, false, 3, 128, 2, true)
-FA3WG_ENTRY(fa3_wgmma_fwdm_bf16_d64, 64, true, 3, 128, 2, true)
-FA3WG_ENTRY(fa3_wgmma_fwdm_fp16_d128, 128, false, 2, 128, 2, true)
-FA3WG_ENTRY(fa3_wgmma_fwdm_bf16_d128, 128, true, 2, 128, 2, true)
+FA3WG_ENTRY(fa3_wgmma_fwdc_fp16_d128, 128, 128, false, 2, 128, 2, false)
+FA3WG_ENTRY(fa3_wgmma_fwdc_bf16_d128, 128, 128, true, 2, 128, 2, false)
+// With score modifiers (the third table): 128-key tiles at d = 64 and 128, and the
+// plain entries' tiles at the larger head dims.
+FA3WG_ENTRY(fa3_wgmma_fwdm_fp16_d64, 64, 64, false, 3, 128, 2, true)
+FA3WG_ENTRY(fa3_wgmma_fwdm_bf16_d64, 64, 64, true, 3, 128, 2, true)
+FA3WG_ENTRY(fa3_wgmma_fwdm_fp16_d128, 128, 128, false, 2, 128, 2, true)
+FA3WG_ENTRY(fa3_wgmma_fwdm_bf16_d128, 128, 128, true, 2, 128, 2, true)
+FA3WG_ENTRY(fa3_wgmma_fwdm_fp16_d192, 192, 192, false, 2, 112, 2, true)
+FA3WG_ENTRY(fa3_wgmma_fwdm_bf16_d192, 192, 192, true, 2, 112, 2, true)
+FA3WG_ENTRY(fa3_wgmma_fwdm_fp16_d256, 256, 256, false, 2, 64, 2, true)
+FA3WG_ENTRY(fa3_wgmma_fwdm_bf16_d256, 256, 256, true, 2, 64, 2, true)
+FA3WG_ENTRY(fa3_wgmma_fwdvm_fp16_d192v128, 192, 128, false, 2, 128, 2, true)
+FA3WG_ENTRY(fa3_wgmma_fwdvm_bf16_d192v128, 192, 128, true, 2, 128, 2, true)
