@@ -2,11 +2,12 @@
 # The score modifiers (softcap, ALiBi, sinks), d_v != d_qk and FP8 inputs on the GPU, in
 # stages, each bounded in time:
 #     bash bench/h200_mods.sh naive fa3 sanitize cost record peers splitkv sk-serving \
-#         sk-sanitize decode8   # any, in order
+#         sk-sanitize decode8 dims dims-record   # any, in order
 # naive:    the shipped naive kernel (it declares all of them) on the mods grid under
 #           SECRETS secrets (default 0 1), 2 repeats (bitwise compared)
-# fa3:      the same for fa3_wgmma (softcap, ALiBi, sinks)
-# sanitize: compute-sanitizer memcheck on both, small cases of each modifier
+# fa3:      the same for fa3_wgmma (softcap, ALiBi, sinks; d = 192, 256, 192/128)
+# sanitize: compute-sanitizer memcheck on both, small cases of each modifier (and of
+#           fa3_wgmma's larger head dims)
 # cost:     what the modifiers cost fa3_wgmma: bench/ab_interleaved.py, fa3_wgmma on the
 #           perf grid's COST_CASES plain and with sc30, alibi, sink (COST_KERNELS; AB_DIR
 #           adds bench/ab_prepare.py's copies, e.g. the kernel at an earlier commit)
@@ -23,8 +24,12 @@
 #           their 2-byte cases (DEC_CASES), no peers; the shipped kernel and DEC_ALSO
 #           (default bitcvt,stages8_5: the fragments converted by bit moves; 5 slices
 #           in flight per warp)
+# dims:     bench/ab_interleaved.py on the perf-dims grid (d = 192, 256, 192/128):
+#           fa3_wgmma against cuDNN (DIMS_KERNELS, DIMS_CASES), the d = 256 target
+# dims-record: a perf-dims run record of fa3_wgmma and cuDNN, for results/
 # Set FA_HARNESS_COMMIT to the commit measured (the tree comes without .git). Logs and
-# JSON results go to $OUT. (Until both manifests declared the modifiers, the runs of
+# JSON results go to $OUT. FA3_DECLARE_DIMS=1 declares fa3_wgmma's d = 192, 256 and
+# 192/128 entries in this tree first (the fa3, sanitize and dims stages run them). (Until both manifests declared the modifiers, the runs of
 # results/h100-20261207f-mods judged renamed copies that did.)
 set -uo pipefail
 OUT=${OUT:-/tmp/h200-mods}
@@ -42,6 +47,8 @@ if [ "${SK_DECLARE_FP8:-0}" = 1 ]; then
   grep -q '^fp8_kv = true$' harness/kernels/splitkv/manifest.toml && echo "splitkv: fp8_kv declared in this tree"
 fi
 
+if [ "${FA3_DECLARE_DIMS:-0}" = 1 ]; then bash "$(dirname "$0")/declare_fa3_dims.sh" .; fi
+
 for stage in "$@"; do
   case $stage in
     naive|fa3)
@@ -54,7 +61,7 @@ for stage in "$@"; do
     sanitize)
       step sanitize-fa3 180 compute-sanitizer --tool memcheck --error-exitcode 9 \
         python3 -m harness.execution.sanitize_target --variant harness/kernels/fa3_wgmma \
-        --cases "${SAN_FA3:-b2h4k2-203x113-d64-bf16-causal_br-sc10,b2h4k1-113x203-d64-bf16-causal_tl-alibi,b3h4k2-97x130-d64-fp16-key_padding-sink,b2h6k2-113x203-d128-fp16-causal_br-sc20-alibi-sink}" --trusted
+        --cases "${SAN_FA3:-b2h4k2-203x113-d64-bf16-causal_br-sc10,b2h4k1-113x203-d64-bf16-causal_tl-alibi,b3h4k2-97x130-d64-fp16-key_padding-sink,b2h6k2-113x203-d128-fp16-causal_br-sc20-alibi-sink,b2h4k2-203x113-d192-bf16-causal_br,b1h4k1-128x217-d256-fp16-key_padding,b2h4k2-113x203-d256-bf16-none-sc30-sink,b2h4k2-203x113-d192v128-bf16-causal_br,b2h4-113x203-d192v128-fp16-none-sink}" --trusted
       step sanitize 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
         python3 -m harness.execution.sanitize_target --variant harness/kernels/naive \
         --cases "${SAN_CASES:-b2h4k2-203x113-d64-bf16-causal_br-sc10,b2h4k1-113x203-d64-bf16-causal_tl-alibi,b3h4k2-97x130-d64-fp16-key_padding-sink,b2h4k2-203x113-d192v128-bf16-causal_br,b1h8k2-1x239-d128-bf16-none-sc20-alibi-sink}" --trusted ;;
@@ -93,6 +100,16 @@ for stage in "$@"; do
       step decode8 "${DEC_S:-300}" python3 bench/splitkv_decode.py --also "${DEC_ALSO:-bitcvt,stages8_5}" --no-peers \
         --cases "${DEC_CASES:-b1h32k8-1x65536-d128-*-none,b1h32k8-1x65536-d128-*-none-fp8*,b1h32k8-1x131072-d128-*-none,b1h32k8-1x131072-d128-*-none-fp8*,b1h32k8-1x131072-d128-fp16-none-paged64f*,b1h32-1x131072-d128-fp16-none,b1h32-1x131072-d128-fp16-none-fp8*}" \
         --json "$OUT/decode8.json" ;;
+    dims)
+      step dims "${DIMS_S:-300}" python3 bench/ab_interleaved.py --grid perf-dims \
+        --kernels "${DIMS_KERNELS:-sdpa_cudnn,fa3_wgmma,sdpa_flash}" --baseline sdpa_cudnn \
+        --cases "${DIMS_CASES:-*-4096x4096-*-bf16-*,*-16384x16384-*-bf16-*}" \
+        --rounds "${DIMS_ROUNDS:-3}" --min-time "${MIN_TIME:-0.1}" ;;
+    dims-record)
+      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i -E 'h100|h200|a100' | tr A-Z a-z)
+      step dims-record "${REC_S:-300}" $FA run --grid perf-dims --kernels "${REC_KERNELS:-fa3_wgmma,sdpa_cudnn}" \
+        --cases "${DIMS_REC_CASES:-*}" --baseline sdpa_cudnn \
+        --no-progress --record "$OUT/${gpu:-gpu}-$(date -u +%Y%m%dT%H%M%SZ)-perf-dims.json" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -31,9 +31,11 @@ def _build(variant: str, target: str = "sm_90"):
 
 
 def _sass(variant: str, target: str = "sm_90") -> dict[str, str]:
+    """Every kernel of the variant's module: its declared entries and those built ahead of
+    their declaration (fa3_wgmma's d = 192 and 256), which must meet the same bar."""
     spec, res = _build(variant, target)
     return {name: text for name, text in sass_by_function(res.cubin).items()
-            if name in spec.entry_names()}
+            if name in spec.entry_names() or name.startswith(f"{variant}_")}
 
 
 @needs_tools
@@ -124,7 +126,7 @@ def test_fa3_wgmma_d64_row_max_runs_in_two_chains():
 def test_fa3_wgmma_runs_on_warpgroup_mma_without_local_memory():
     spec = load_variant_dir(KERNELS_ROOT / "fa3_wgmma")
     sass = _sass("fa3_wgmma")
-    assert set(sass) == set(spec.entry_names())
+    assert set(spec.entry_names()) <= set(sass)
     forward = {n: t for n, t in sass.items() if re.search(r"_fwd[cv]?_", n)}
     main = {n: t for n, t in sass.items() if "_bwd_main_" in n}
     # fp16/bf16 x d = 64/128/192/256, the 128-key causal entries at d = 128 and the

@@ -22,9 +22,9 @@ from harness.cli.errors import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="check (and on a GPU, time) candidates over a case grid")
     p.add_argument("--grid", default="smoke",
-                   help="smoke | full | perf | decode | perf-bwd | serving | mods (default "
-                        "smoke; perf-bwd times the candidates' backward; mods: "
-                        "docs/score-mods.md)")
+                   help="smoke | full | perf | decode | perf-bwd | perf-dims | serving | mods "
+                        "(default smoke; perf-bwd times the candidates' backward; perf-dims "
+                        "times d = 192, 256 and 192/128; mods: docs/score-mods.md)")
     p.add_argument("--backward", action="store_true",
                    help="judge (and on a timing grid, time) each candidate's backward "
                         "(dQ, dK, dV) instead of its forward; candidates without one skip")

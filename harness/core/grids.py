@@ -104,6 +104,28 @@ def perf() -> list[Case]:
     return cases
 
 
+# The larger head dims of today's models, timed: d = 192 and 256, and d_qk = 192 with
+# d_v = 128 (an MLA prefill's), as (d_qk, d_v).
+PERF_DIMS = ((192, 192), (256, 256), (192, 128))
+PERF_DIMS_SEQLENS = (1024, 4096, 16384)
+
+
+def perf_dims() -> list[Case]:
+    """The larger head dims' throughput grid (36 cases): the perf grid's layout (B * N =
+    16384 tokens, heads = 2048 // d_qk, causal bottom-right or not, fp16 and bf16) at
+    N = 1k, 4k, 16k for d = 192, 256 and d_qk = 192 / d_v = 128. Timed when named (not
+    one of the gate's default grids)."""
+    cases = []
+    for dtype in DTYPES:
+        for dqk, dv in PERF_DIMS:
+            heads = PERF_MODEL_DIM // dqk
+            for n in PERF_DIMS_SEQLENS:
+                for mask in (MaskKind.NONE, MaskKind.CAUSAL_BR):
+                    cases.append(Case(PERF_TOKENS // n, heads, heads, n, n, dqk, dtype, mask,
+                                      head_dim_v=dv))
+    return cases
+
+
 PERF_BWD_SEQLENS = (1024, 2048, 4096, 8192, 16384)
 
 
@@ -207,12 +229,12 @@ def serving_grid() -> list[Case]:
 
 GRIDS: dict[str, Callable[[], list[Case]]] = {
     "smoke": smoke, "full": full, "perf": perf, "decode": decode, "perf-bwd": perf_bwd,
-    "serving": serving_grid, "mods": mods,
+    "serving": serving_grid, "mods": mods, "perf-dims": perf_dims,
 }
 # The pass a grid's cases are run through: "fwd" unless named here.
 GRID_PASS: dict[str, str] = {"perf-bwd": "bwd"}
 # Grids whose cases are timed (the others are correctness only).
-TIMING_GRIDS = ("perf", "decode", "perf-bwd")
+TIMING_GRIDS = ("perf", "decode", "perf-bwd", "perf-dims")
 
 
 def grid_pass(name: str) -> str:
