@@ -2,7 +2,7 @@
 # The score modifiers (softcap, ALiBi, sinks), d_v != d_qk and FP8 inputs on the GPU, in
 # stages, each bounded in time:
 #     bash bench/h200_mods.sh naive fa3 sanitize cost record peers splitkv sk-serving \
-#         sk-sanitize decode8 dims dims-record   # any, in order
+#         sk-sanitize decode8 dims dims-record fp8 fp8-sanitize   # any, in order
 # naive:    the shipped naive kernel (it declares all of them) on the mods grid under
 #           SECRETS secrets (default 0 1), 2 repeats (bitwise compared)
 # fa3:      the same for fa3_wgmma (softcap, ALiBi, sinks; d = 192, 256, 192/128)
@@ -27,9 +27,14 @@
 # dims:     bench/ab_interleaved.py on the perf-dims grid (d = 192, 256, 192/128):
 #           fa3_wgmma against cuDNN (DIMS_KERNELS, DIMS_CASES), the d = 256 target
 # dims-record: a perf-dims run record of fa3_wgmma and cuDNN, for results/
+# fp8:      fa3_wgmma's e4m3 forward timed against its own fp16 / bf16 one on the perf
+#           grid's d = 128 cases (FP8_CASES; bench/ab_interleaved.py, NAME@fp8_qkv_*:
+#           the same case with e4m3 Q, K, V), each checked first
+# fp8-sanitize: compute-sanitizer memcheck on fa3_wgmma's e4m3 cases
 # Set FA_HARNESS_COMMIT to the commit measured (the tree comes without .git). Logs and
-# JSON results go to $OUT. FA3_DECLARE_DIMS=1 declares fa3_wgmma's d = 192, 256 and
-# 192/128 entries in this tree first (the fa3, sanitize and dims stages run them). (Until both manifests declared the modifiers, the runs of
+# JSON results go to $OUT. FA3_DECLARE="dims fp8" declares fa3_wgmma's d = 192, 256,
+# 192/128 and e4m3 entries in this tree first (bench/declare_fa3.sh; the fa3, sanitize,
+# dims and fp8 stages run them). (Until both manifests declared the modifiers, the runs of
 # results/h100-20261207f-mods judged renamed copies that did.)
 set -uo pipefail
 OUT=${OUT:-/tmp/h200-mods}
@@ -47,7 +52,8 @@ if [ "${SK_DECLARE_FP8:-0}" = 1 ]; then
   grep -q '^fp8_kv = true$' harness/kernels/splitkv/manifest.toml && echo "splitkv: fp8_kv declared in this tree"
 fi
 
-if [ "${FA3_DECLARE_DIMS:-0}" = 1 ]; then bash "$(dirname "$0")/declare_fa3_dims.sh" .; fi
+# fa3_wgmma's entries built ahead of a GPU run: FA3_DECLARE="dims fp8" declares them here.
+if [ -n "${FA3_DECLARE:-}" ]; then bash "$(dirname "$0")/declare_fa3.sh" . $FA3_DECLARE; fi
 
 for stage in "$@"; do
   case $stage in
@@ -110,6 +116,15 @@ for stage in "$@"; do
       step dims-record "${REC_S:-300}" $FA run --grid perf-dims --kernels "${REC_KERNELS:-fa3_wgmma,sdpa_cudnn}" \
         --cases "${DIMS_REC_CASES:-*}" --baseline sdpa_cudnn \
         --no-progress --record "$OUT/${gpu:-gpu}-$(date -u +%Y%m%dT%H%M%SZ)-perf-dims.json" ;;
+    fp8)
+      step fp8 "${FP8_S:-300}" python3 bench/ab_interleaved.py --grid perf \
+        --kernels "${FP8_KERNELS:-fa3_wgmma,fa3_wgmma@fp8_qkv_head,fa3_wgmma@fp8_qkv_tensor,sdpa_cudnn}" \
+        --baseline fa3_wgmma --cases "${FP8_CASES:-*-4096x4096-d128-bf16-*,*-16384x16384-d128-*}" \
+        --rounds "${FP8_ROUNDS:-3}" --min-time "${MIN_TIME:-0.1}" ;;
+    fp8-sanitize)
+      step sanitize-fp8 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        python3 -m harness.execution.sanitize_target --variant harness/kernels/fa3_wgmma \
+        --cases "${SAN_FP8:-b2h4k2-203x113-d128-bf16-causal_br-fp8_qkv_head,b1h4k1-128x217-d128-fp16-key_padding-fp8_qkv_tensor,b2h4-300x300-d128-bf16-none-sc30-sink-fp8_qkv_tensor}" --trusted ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -1,6 +1,6 @@
-"""fa3_wgmma's forward at d = 192, 256 and d_qk = 192 / d_v = 128: entries built but not
-declared until a GPU run judges them. Declared the way the GPU run declares them
-(bench/declare_fa3_dims.sh on a copy of the folder), the manifest loads, every case of
+"""fa3_wgmma's forward at d = 192, 256 and d_qk = 192 / d_v = 128, and on e4m3 Q, K, V at
+d = 128: entries built but not declared until a GPU run judges them. Declared the way the GPU run declares them
+(bench/declare_fa3.sh on a copy of the folder), the manifest loads, every case of
 the larger head dims runs exactly one launch whose tensor maps' boxes match the
 kernel's tiles and whose shared memory fits the H100's 227 KB, the d = 64 / 128 cases
 plan as they do undeclared, and the backward stays at d = 64 and 128. No GPU."""
@@ -32,7 +32,7 @@ def declared(tmp_path_factory) -> CudaVariant:
     root = tmp_path_factory.mktemp("tree")
     shutil.copytree(KERNELS_ROOT / "fa3_wgmma", root / "harness" / "kernels" / "fa3_wgmma")
     shutil.copytree(KERNELS_ROOT / "include", root / "harness" / "kernels" / "include")
-    out = subprocess.run(["bash", str(ROOT / "bench" / "declare_fa3_dims.sh"), str(root)],
+    out = subprocess.run(["bash", str(ROOT / "bench" / "declare_fa3.sh"), str(root), "dims", "fp8"],
                          capture_output=True, text=True, check=True)
     assert "declared" in out.stdout
     spec = load_variant_dir(root / "harness" / "kernels" / "fa3_wgmma")
@@ -95,3 +95,24 @@ def test_declared_the_d64_d128_cases_plan_as_undeclared(declared):
     for case in cases:
         assert declared.supports(case) is None
         assert _launches(declared, case) == _launches(plain, case), case.id
+
+
+def test_declared_fp8_cases_run_the_e4m3_entries_at_d128_only(declared):
+    spec = declared.spec
+    fp8 = [c for c in get_grid("mods") if c.fp8.quantizes_q]
+    ran = [c for c in fp8 if declared.supports(c) is None]
+    assert ran and all(c.head_dim == 128 for c in ran)
+    assert any(c.has_score_mods for c in ran) and any(not c.has_score_mods for c in ran)
+    for c in fp8:
+        if c.head_dim != 128 and c.mask is not M.RANDOM:
+            assert declared.supports(c) == ("fp8 q/k/v not supported at head_dim "
+                                            f"{c.head_dim} (declares fp8 at 128)"), c.id
+    for case in ran + [Case.from_id("b1h16-16384x16384-d128-bf16-causal_br-fp8_qkv_head")]:
+        (p,) = _launches(declared, case)
+        assert p.entry == f"fa3_wgmma_fwd8{'m' if case.has_score_mods else ''}_{case.id.split('-')[3]}_d128"
+        # Q tile + 2 x (K, V staging, V^T) of 128 x 128 bytes + 3 KB
+        assert p.shared_mem == 128 * 128 + 2 * 3 * 128 * 128 + 3072 <= SMEM_OPTIN
+        env = size_env(case, tiles=spec.tiles)
+        boxes = {m.tensor: (m.box_rows.evaluate(env), m.box_cols.evaluate(env))
+                 for m in spec.tensor_maps}
+        assert boxes == {"q": (128, 128), "k": (128, 128), "v": (128, 128)}, case.id

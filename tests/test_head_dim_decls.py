@@ -179,3 +179,31 @@ def test_a_variant_declares_the_dv_pairs_it_runs(tmp_path):
 def test_bad_dv_pairs_name_the_field(tmp_path, value, fragment):
     msg = _error(tmp_path, _pairs(value))
     assert fragment in msg and "\n" not in msg, msg
+
+
+# --- fp8 at some head dims ------------------------------------------------------------
+def _fp8(value: str) -> str:
+    return HEAD.replace("head_dims = [64]", f"head_dims = [64, 128]\nfp8 = {value}")
+
+
+def test_a_variant_declares_the_head_dims_of_its_fp8_inputs(tmp_path):
+    s = load_variant_dir(_variant(tmp_path, _fp8("[128]"))).to_support()
+    assert s.fp8 and s.fp8_head_dims == frozenset({128})
+    assert s.reason_unsupported(Case.from_id("b2h4k2-13x21-d128-fp16-none-fp8_qkv_head")) is None
+    assert s.reason_unsupported(Case.from_id("b2h4k2-13x21-d64-fp16-none-fp8_qkv_head")) == (
+        "fp8 q/k/v not supported at head_dim 64 (declares fp8 at 128)")
+    assert s.reason_unsupported(Case.from_id("b2h4k2-13x21-d64-fp16-none")) is None
+    every = load_variant_dir(_variant(tmp_path / "t", _fp8("true"))).to_support()
+    assert every.fp8_head_dims is None
+    assert every.reason_unsupported(Case.from_id("b2h4k2-13x21-d64-fp16-none-fp8_qkv_head")) is None
+
+
+@pytest.mark.parametrize("value,fragment", [
+    ("[256]", "supports.fp8[0]: 256 is not among supports.head_dims (64, 128)"),
+    ("[]", "supports.fp8: must not be empty"),
+    ('["128"]', "supports.fp8[0]"),
+    ('"yes"', "supports.fp8"),
+])
+def test_bad_fp8_head_dims_name_the_field(tmp_path, value, fragment):
+    msg = _error(tmp_path, _fp8(value))
+    assert fragment in msg and "\n" not in msg, msg

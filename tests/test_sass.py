@@ -49,10 +49,12 @@ def test_fa3_wgmma_keeps_its_wgmma_in_flight():
     assert serialized == [], serialized
     # The same seen in the SASS, whatever ptxas says: a serialized wgmma is followed by its
     # own wait (WARPGROUP.DEPBAR); in flight, one wait retires a group of them.
+    # (QGMMA: the e4m3 entries' 8-bit warpgroup MMA.)
     for name, text in _sass("fa3_wgmma").items():
         ops = opcode_counts(text)
         waits = sum(n for op, n in ops.items() if op.startswith("WARPGROUP.DEPBAR"))
-        assert waits <= count(text, "HGMMA") // 4, (name, waits, count(text, "HGMMA"))
+        mmas = count(text, "HGMMA") + count(text, "QGMMA")
+        assert waits <= mmas // 4, (name, waits, mmas)
 
 
 @needs_tools
@@ -67,7 +69,7 @@ def test_fa3_wgmma_softmax_runs_under_its_own_pv():
     for name, text in _sass("fa3_wgmma").items():
         if "_fwd" not in name or name.endswith("d64"):
             continue
-        keys = 128 if re.search(r"_fwd(c|m_\w+_d128)", name) else _fwd_tile(name)
+        keys = 128 if re.search(r"_fwd(c|8|m_\w+_d128)", name) else _fwd_tile(name)
         lines = [ln for ln in text.splitlines() if "WARPGROUP.DEPBAR" in ln or "MUFU.EX2" in ln]
         starts = [i for i, ln in enumerate(lines) if "DEPBAR.LE gsb0, 0x1" in ln]
         assert starts, (name, "no wait that leaves one wgmma group in flight")
@@ -144,6 +146,15 @@ def test_fa3_wgmma_runs_on_warpgroup_mma_without_local_memory():
         assert count(text, "HGMMA") >= d // 16 + 8, (name, ops)
         assert count(text, "USETMAXREG") == 2, name   # producer gives, consumers take
         assert any(op.startswith("HGMMA.64x128x16.F32") for op in ops), name
+    fp8 = {n: t for n, t in sass.items() if "_fwd8" in n}
+    assert len(fp8) == 4   # fp16 / bf16 output, without and with the modifiers
+    for name, text in fp8.items():
+        # S and PV on 8-bit warpgroup MMAs, k32 steps: 4 of each per 128-key tile
+        ops = opcode_counts(text)
+        assert ops["QGMMA.64x128x32.F32.E4M3.E4M3"] >= 8, (name, ops)
+        e4m3 = sum(n for op, n in ops.items() if op.startswith("F2FP.SATFINITE.E4M3"))
+        assert e4m3 >= 16, (name, "P to e4m3 in registers")
+        assert count(text, "USETMAXREG") == 2, name
     for name, text in main.items():
         ops = opcode_counts(text)
         d = 128 if name.endswith("d128") else 64

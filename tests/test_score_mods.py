@@ -205,12 +205,12 @@ def test_the_backward_of_modified_cases_is_skipped_with_the_reason():
 
 def test_the_mods_grid_holds_every_modifier_and_mask():
     cases = get_grid("mods")
-    assert len(cases) == len(set(cases)) == 72
+    assert len(cases) == len(set(cases)) == 74
     assert {c.mask for c in cases} == set(MaskKind)
     assert any(c.softcap and c.alibi and c.sinks for c in cases)
     assert any(c.has_window for c in cases) and any(c.kv_heads == 1 for c in cases)
     assert all(Case.from_id(c.id) == c for c in cases)
-    assert sum(c.has_score_mods for c in cases) == 36
+    assert sum(c.has_score_mods for c in cases) == 37
     assert {c.fp8.value for c in cases} == {"none", "qkv_tensor", "qkv_head", "kv_head",
                                             "kv_token"}
     assert {c.dist.value for c in cases} == {"normal", "outliers", "large"}

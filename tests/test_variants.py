@@ -14,6 +14,7 @@ from harness.candidates.cuda_candidate import (
     PlannedLaunch,
     load_variants,
 )
+from harness.candidates.tensor_map import TensorMapError, elem_bytes
 from harness.candidates.variants import (
     KERNELS_ROOT,
     VariantError,
@@ -503,7 +504,8 @@ def test_a_variant_declares_the_score_modifiers_and_dv_it_runs(tmp_path):
 def test_a_variant_declares_the_fp8_inputs_it_reads(tmp_path):
     """FaParams carries an fp8 case's descales: a variant declaring fp8 runs e4m3 Q, K, V
     cases, one declaring fp8_kv e4m3 caches; the others are skipped with the reason. A
-    variant with tensor maps cannot declare them (the descriptors are 2-byte ones)."""
+    variant with tensor maps may declare them: an e4m3 tensor's map has 1-byte elements,
+    so a box of 128 columns fits the 128-byte swizzle (2-byte ones need 64)."""
     m = good_manifest()
     m["supports"].update(fp8=True)
     cand = CudaVariant.from_spec(load_variant_dir(write_variant(tmp_path, m)))
@@ -514,6 +516,12 @@ def test_a_variant_declares_the_fp8_inputs_it_reads(tmp_path):
     m["supports"].update(fp8=False, fp8_kv=True)
     kv = CudaVariant.from_spec(load_variant_dir(write_variant(tmp_path / "kv", m)))
     assert kv.supports(cache) is None and "fp8 q/k/v not supported" in kv.supports(qkv)
-    m["tensor_map"] = [{"tensor": "q", "box_rows": 64, "box_cols": 64, "swizzle": 128}]
-    msg = load_error(tmp_path / "tm", m, folder="v")
-    assert ": supports.fp8_kv: " in msg and "tensor maps of e4m3" in msg
+    m["tensor_map"] = [{"tensor": "q", "box_rows": 64, "box_cols": "64 * (1 + fp8_qkv)",
+                        "swizzle": 128}]
+    m["supports"].update(fp8=True)
+    tm = CudaVariant.from_spec(load_variant_dir(write_variant(tmp_path / "tm", m, folder="v")))
+    (tensor, box), = tm.tensor_map_boxes(qkv, num_splits=1, sm_count=132)
+    assert (tensor, box.cols) == ("q", 128)
+    box.check(elem_bytes("q", frozenset("qkv"), 2))      # e4m3 Q: 128 bytes a row
+    with pytest.raises(TensorMapError, match="wider than its 128-byte swizzle"):
+        box.check(elem_bytes("q", frozenset("kv"), 2))   # Q in fp16 (a cache case)

@@ -208,11 +208,6 @@ def _build_spec(data: dict[str, Any], path: Path, folder: Path, *, expect_name: 
 
     workspaces = _workspaces(ctx, data.get("workspace", []), "workspace", names)
     tensor_maps = _tensor_maps(ctx, data.get("tensor_map", []), names)
-    if (supports.fp8 or supports.fp8_kv) and "tensor_map" in data:
-        # The descriptors are encoded for the case dtype's 2-byte elements.
-        raise ctx.fail("supports.fp8" if supports.fp8 else "supports.fp8_kv",
-                       "not with [[tensor_map]]: tensor maps of e4m3 tensors are not "
-                       "encoded yet")
     launches = _launches(ctx, data["launch"], "launch", names, supports)
     backward = None
     if "backward" in data:

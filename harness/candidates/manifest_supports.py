@@ -72,9 +72,10 @@ def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
     mk_ = table.get("max_seqlen_k")
     layouts = _enum_list(ctx, table.get("layouts", ["dense"]), "supports.layouts", Layout,
                          "layout")
-    flags = tuple(m for m in SCORE_MODS + FP8_AXES if m != "head_dim_v")
+    flags = tuple(m for m in SCORE_MODS + FP8_AXES if m not in ("head_dim_v", "fp8"))
     mods = {m: _bool(ctx, table.get(m, False), f"supports.{m}") for m in flags}
     mods["head_dim_v"], pairs = _head_dim_v(ctx, table.get("head_dim_v", False), head_dims)
+    mods["fp8"], fp8_dims = _fp8(ctx, table.get("fp8", False), head_dims)
     return SupportSpec(
         dtypes=dtypes, head_dims=head_dims, max_head_dim=max_head_dim, masks=tuple(masks),
         gqa=_bool(ctx, table["gqa"], "supports.gqa"),
@@ -86,8 +87,24 @@ def _supports(ctx: _Ctx, table: Any) -> SupportSpec:
         layouts=tuple(layouts),
         window=_bool(ctx, table.get("window", False), "supports.window"),
         head_dim_v_pairs=pairs,
+        fp8_head_dims=fp8_dims,
         **mods,
     )
+
+
+def _fp8(ctx: _Ctx, raw: Any, head_dims: tuple[int, ...] | None
+         ) -> tuple[bool, tuple[int, ...] | None]:
+    """`fp8`: true (e4m3 Q, K, V at every head dim), false, or the head dims it runs them
+    at, e.g. [128], among `head_dims`."""
+    if not isinstance(raw, list):
+        return _bool(ctx, raw, "supports.fp8"), None
+    dims = tuple(_int(ctx, d, f"supports.fp8[{i}]", 1)
+                 for i, d in enumerate(_bounded(ctx, raw, "supports.fp8", 64, unique=True)))
+    for i, d in enumerate(dims):
+        if head_dims is not None and d not in head_dims:
+            raise ctx.fail(f"supports.fp8[{i}]", f"{d} is not among supports.head_dims "
+                           f"({', '.join(map(str, head_dims))})")
+    return True, dims
 
 
 def _head_dim_v(ctx: _Ctx, raw: Any, head_dims: tuple[int, ...] | None

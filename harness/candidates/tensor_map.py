@@ -12,7 +12,8 @@ rest of the parameter block (harness.candidates.cuda_candidate).
 Every tensor is (batch, heads, rows, head_dim) with a unit stride on head_dim; its map is
 4-D, innermost first: (head_dim, rows, heads, batch). A box is `box_cols` x `box_rows`
 (x 1 x 1); rows past the tensor's end read as zeros, which is how a tile that overhangs
-the sequence is filled.
+the sequence is filled. An e4m3 tensor (an FP8 case's Q, K, V or cache) is described with
+1-byte elements, so its box's `box_cols` are bytes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import torch
 
 TENSOR_MAP_BYTES = 128
 SWIZZLES = {0: 0, 32: 1, 64: 2, 128: 3}   # bytes -> CUtensorMapSwizzle
-_DTYPES = {torch.float16: 6, torch.bfloat16: 9}  # CUtensorMapDataType
+# CUtensorMapDataType: e4m3 tensors (FP8 cases) as bytes (UINT8): TMA only moves them.
+_DTYPES = {torch.float16: 6, torch.bfloat16: 9, torch.float8_e4m3fn: 0}
 _L2_PROMOTION_128B = 2
 _INTERLEAVE_NONE = 0
 _OOB_FILL_ZERO = 0
@@ -99,6 +101,12 @@ def encode(t: torch.Tensor, box: Box) -> bytes:
         raise TensorMapError(f"cuTensorMapEncodeTiled refused the map (CUresult {rc}) for "
                              f"sizes {sizes}, strides {strides}, box {box.cols} x {box.rows}")
     return raw.raw[off:off + TENSOR_MAP_BYTES]
+
+
+def elem_bytes(tensor: str, fp8_tensors: frozenset[str], case_bytes: int) -> int:
+    """Bytes per element of `tensor` ("q", "k", ...): 1 when the case holds it in e4m3
+    (`fp8_tensors`), else the case dtype's."""
+    return 1 if tensor in fp8_tensors else case_bytes
 
 
 def device_maps(tensors: list[torch.Tensor], boxes: list[Box]) -> torch.Tensor:

@@ -185,6 +185,7 @@ class SupportSpec:
     # head_dim_v is declared): `head_dim_v = [[192, 128]]` in the manifest.
     head_dim_v_pairs: tuple[tuple[int, int], ...] | None = None
     fp8: bool = False  # e4m3 Q, K, V (FaParams.fp8 == FA_FP8_QKV, docs/fp8.md)
+    fp8_head_dims: tuple[int, ...] | None = None  # `fp8 = [128]`: at those head dims only
     fp8_kv: bool = False  # an e4m3 KV cache, Q in the case dtype (FA_FP8_KV)
 
 
@@ -321,6 +322,7 @@ class VariantSpec:
             head_dim_v_pairs=(frozenset(s.head_dim_v_pairs) if s.head_dim_v_pairs is not None
                               else None),
             fp8=s.fp8, fp8_kv=s.fp8_kv,
+            fp8_head_dims=frozenset(s.fp8_head_dims) if s.fp8_head_dims is not None else None,
             min_compute_capability=self.min_compute_capability,
             backward=self.backward is not None,
             backward_deterministic=bool(self.backward and self.backward.deterministic),

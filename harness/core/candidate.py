@@ -71,6 +71,9 @@ class Support:
     # (`fp8_kv`: kv_head, kv_token).
     fp8: bool = False
     fp8_kv: bool = False
+    # The head dims its e4m3 Q, K, V cases run at (None: all of `head_dims`): an FP8
+    # kernel is often built for fewer head dims than its 2-byte one.
+    fp8_head_dims: frozenset[int] | None = None
 
     def reason_unsupported(self, case: Case) -> str | None:
         if case.dtype not in self.dtypes:
@@ -98,6 +101,10 @@ class Support:
                 return f"score modifier {mod} not supported (declares {mod} = false)"
         if case.fp8.quantizes_q and not self.fp8:
             return "fp8 q/k/v not supported (declares fp8 = false)"
+        if (case.fp8.quantizes_q and self.fp8_head_dims is not None
+                and case.head_dim not in self.fp8_head_dims):
+            return (f"fp8 q/k/v not supported at head_dim {case.head_dim} (declares fp8 at "
+                    f"{', '.join(map(str, sorted(self.fp8_head_dims)))})")
         if case.fp8.is_kv_cache and not self.fp8_kv:
             return "fp8 KV cache not supported (declares fp8_kv = false)"
         if not self.gqa and case.kv_heads != case.heads:

@@ -64,6 +64,11 @@ FP8_QKV_SHAPES: tuple[tuple, ...] = (
      {"softcap": 20.0, "sinks": True}),
     (2, 4, 4, 70, 150, 64, "float16", MaskKind.RANDOM, Fp8.QKV_TENSOR,
      {"dist": Dist.OUTLIERS}),
+    # d = 128 over several Q blocks and key tiles, and with the modifiers: an FP8 kernel
+    # built for d = 128 only (fa3_wgmma's) meets each of its entries here.
+    (2, 4, 1, 300, 517, 128, "bfloat16", MaskKind.CAUSAL_BR, Fp8.QKV_HEAD, {}),
+    (1, 8, 2, 257, 700, 128, "float16", MaskKind.NONE, Fp8.QKV_TENSOR,
+     {"softcap": 20.0, "sinks": True}),
 )
 # e4m3 KV caches with per-head and per-token descales, Q in the dtype: decode rows over a
 # dense cache (one row, and four under a causal mask: speculative decoding), paged caches

@@ -264,11 +264,18 @@ template <bool BF16> __device__ __forceinline__ unsigned pack2(float lo, float h
     return r;
 }
 
-// The producer's copies of one (ROWS x D) tile: one TMA box per 64-column half, each half
-// a swizzled (ROWS x 128 bytes) region.
-template <int D, int ROWS>
+// The producer's copies of one (ROWS x D) tile of EB-byte elements: one TMA box per 128
+// bytes of a row (a 64-column half of fp16 / bf16, 128 columns of e4m3), each a swizzled
+// (ROWS x 128 bytes) region.
+template <int D, int ROWS, int EB = 2>
 __device__ __forceinline__ void load_tile(unsigned sbase, const void* tmap, unsigned bar,
                                           int row0, int head, int batch) {
+    if constexpr (EB == 1) {
+        static_assert(D == 128, "one 128-byte box per row");
+        mbar_expect_tx(bar, ROWS * D);
+        tma_load(sbase, tmap, bar, 0, row0, head, batch);
+        return;
+    }
     mbar_expect_tx(bar, ROWS * D * 2);
     if constexpr (D <= 128) {
 #pragma unroll
@@ -290,20 +297,27 @@ __device__ __forceinline__ void load_tile(unsigned sbase, const void* tmap, unsi
 // tile there), but its S and P beside O's 128 accumulators spilled at the consumers' 232
 // registers (ptxas, sm_90a), as did the plain and the modifiers' entries. DQK: the head
 // dim of Q and K (S = Q K^T); DV: of V and O (O += P V), 128 with DQK = 192 for an MLA
-// prefill.
+// prefill. FP8: e4m3 Q, K and V (fa3_wgmma_fp8.cu): the matmuls on 8-bit wgmma, a V^T slot
+// per stage written by the producer's other warps, P to e4m3 in registers, the descales
+// folded into the softmax scale (Q's and K's) and into O (V's).
 // MODS: the score modifiers' code (softcap, ALiBi, sinks) is compiled in: the fwdm entries,
 // which the manifest launches only for a case that has one (`score_mods`), so the plain
 // entries carry none of it (compiled into them, the d = 128 entries' two bodies spilled).
-template <int DQK, int DV, bool BF16, int STAGES, int BN, int NC, bool MODS>
+template <int DQK, int DV, bool BF16, int STAGES, int BN, int NC, bool MODS, bool FP8 = false>
 __device__ __forceinline__ void fwd(const FaParams& p) {
     using M = Mma<BF16>;
     static_assert(DQK % 64 == 0 && DV % 64 == 0 && BN % 16 == 0, "64-column halves, k16 steps");
     static_assert(BN == 64 || BN == 112 || BN == 128 || BN == 176, "an S wgmma of that N");
+    static_assert(!FP8 || (DQK == 128 && DV == 128 && BN == 128), "FP8: d = 128, 128-key tiles");
     constexpr int BM = 64 * NC;   // query rows per CTA
     constexpr unsigned kConsumers = 128u * NC;   // consumer threads: arrivals per barrier
-    constexpr unsigned Q_BYTES = BM * DQK * 2;
-    constexpr unsigned K_BYTES = BN * DQK * 2;
-    constexpr unsigned V_BYTES = BN * DV * 2;
+    constexpr unsigned EB = FP8 ? 1 : 2;   // bytes per element of Q, K, V
+    constexpr unsigned Q_BYTES = BM * DQK * EB;
+    constexpr unsigned K_BYTES = BN * DQK * EB;
+    constexpr unsigned V_BYTES = BN * DV * EB;   // FP8: V's staging slot
+    constexpr unsigned VT_BYTES = FP8 ? BN * DV : 0;   // FP8: V^T's slot
+    constexpr int NT = 96;   // FP8: the transposing threads (the producer's warps 1-3)
+    constexpr int KS_PV = FP8 ? BN / 32 : BN / 16;   // k-steps of P V
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // The swizzle is a function of address bits, so the tiles need 1024-byte alignment;
     // the manifest asks for 1024 bytes more than the tiles use.
@@ -311,7 +325,8 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     const unsigned sQ = base;
     const unsigned sK0 = sQ + Q_BYTES;
     const unsigned sV0 = sK0 + STAGES * K_BYTES;
-    const unsigned bars = sV0 + STAGES * V_BYTES;
+    const unsigned sVT0 = sV0 + STAGES * V_BYTES;
+    const unsigned bars = sVT0 + STAGES * VT_BYTES;
     const unsigned bar_q = bars;
     // Slot s has four barriers: K_s and V_s full (the producer's copies landed), K_s and V_s
     // empty (every consumer is done reading). K and V are released separately: K_j as
@@ -336,6 +351,13 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     const unsigned bar_tf = bar_qe + 8u;    // tile slot 0 / 1 written
     const unsigned bar_te = bar_tf + 16u;   // tile slot 0 / 1 read by every consumer
     volatile int* tile_slot = (volatile int*)(smem_raw + (bar_te + 16u - smem_u32(smem_raw)));
+    // FP8, past the consumers' words: V's staging slot s full (TMA) and empty (read by the
+    // transposers), and a word per slot saying whether it holds a tile (1) or the end (0).
+    // V_s "full" is then V^T's: written by the NT transposers.
+    const unsigned fp8x = bar_te + 16u + 64u + 1024u;
+#define FA3_VSFULL(s) (fp8x + 8u * (unsigned)(s))
+#define FA3_VSEMPTY(s) (fp8x + 8u * (STAGES + (unsigned)(s)))
+    volatile int* vjob = (volatile int*)(smem_raw + (fp8x + 16u * STAGES - smem_u32(smem_raw)));
     int* sched = (int*)p.workspace[0];
 
     const int tid = threadIdx.x;
@@ -370,15 +392,39 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         }
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(FA3_KFULL(s), 1);
-            mbar_init(FA3_VFULL(s), 1);
+            mbar_init(FA3_VFULL(s), FP8 ? NT : 1);
             mbar_init(FA3_KEMPTY(s), kConsumers);
             mbar_init(FA3_VEMPTY(s), kConsumers);
+            if constexpr (FP8) {
+                mbar_init(FA3_VSFULL(s), 1);
+                mbar_init(FA3_VSEMPTY(s), NT);
+            }
         }
     }
     __syncthreads();
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(Layout<NC>::kProducerRegs));
+        if constexpr (FP8) {
+            // Warps 1-3 transpose each V tile from its staging slot into its V^T slot, in
+            // the order the copies were issued, until the copier says there is no more.
+            if (tid >= 32) {
+                for (unsigned i = 0;; ++i) {
+                    const unsigned s = i % STAGES;
+                    const unsigned ph = (i / STAGES) & 1u;
+                    mbar_wait(FA3_VSFULL(s), ph);
+                    if (vjob[s] == 0) break;
+                    mbar_wait(FA3_VEMPTY(s), ph ^ 1u);   // the consumers' last PV on V^T_s
+                    fp8_transpose_v<DV, BN, NT>(sV0 + s * V_BYTES, sVT0 + s * VT_BYTES, tid - 32);
+                    // The writes are read by wgmma (the async proxy), and the staging
+                    // slot is written next by TMA: order both behind these accesses.
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    mbar_arrive(FA3_VSEMPTY(s));
+                    mbar_arrive(FA3_VFULL(s));
+                }
+                return;
+            }
+        }
         if (tid != 0) return;   // one thread issues every copy
         const char* maps = (const char*)p.tensor_maps;   // Q, K, V (manifest order)
         unsigned kv = 0;        // K/V tiles issued so far: the ring's slot and phase
@@ -399,16 +445,31 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             if (wk.n_tiles == 0) continue;
             mbar_wait(bar_qe, (nq & 1u) ^ 1u);
             ++nq;
-            load_tile<DQK, BM>(sQ, maps, bar_q, wk.q0, wk.h, wk.b);
+            load_tile<DQK, BM, EB>(sQ, maps, bar_q, wk.q0, wk.h, wk.b);
             const int hk = wk.h / group;
             for (int j = 0; j < wk.n_tiles; ++j, ++kv) {
                 const unsigned s = kv % STAGES;
                 const unsigned ph = (kv / STAGES) & 1u;
                 mbar_wait(FA3_KEMPTY(s), ph ^ 1u);
-                load_tile<DQK, BN>(sK0 + s * K_BYTES, maps + 128, FA3_KFULL(s), j * BN, hk, wk.b);
-                mbar_wait(FA3_VEMPTY(s), ph ^ 1u);
-                load_tile<DV, BN>(sV0 + s * V_BYTES, maps + 256, FA3_VFULL(s), j * BN, hk, wk.b);
+                load_tile<DQK, BN, EB>(sK0 + s * K_BYTES, maps + 128, FA3_KFULL(s), j * BN, hk,
+                                       wk.b);
+                if constexpr (FP8) {
+                    mbar_wait(FA3_VSEMPTY(s), ph ^ 1u);
+                    vjob[s] = 1;
+                    load_tile<DV, BN, EB>(sV0 + s * V_BYTES, maps + 256, FA3_VSFULL(s), j * BN,
+                                          hk, wk.b);
+                } else {
+                    mbar_wait(FA3_VEMPTY(s), ph ^ 1u);
+                    load_tile<DV, BN>(sV0 + s * V_BYTES, maps + 256, FA3_VFULL(s), j * BN, hk,
+                                      wk.b);
+                }
             }
+        }
+        if constexpr (FP8) {   // the transposers' end: a slot that holds no tile
+            const unsigned s = kv % STAGES;
+            mbar_wait(FA3_VSEMPTY(s), ((kv / STAGES) & 1u) ^ 1u);
+            vjob[s] = 0;
+            mbar_arrive(FA3_VSFULL(s));
         }
         __threadfence();   // this CTA's last take precedes its count as done
         if (atomicAdd(sched + 1, 1) == (int)gridDim.x - 1) {
@@ -431,15 +492,22 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 
     // S = Q K_j, issued (not waited for).
     auto issue_s = [&](float* sacc, unsigned sK) {
+        if constexpr (FP8) {   // k32 steps along the one 128-byte row of Q and of K
 #pragma unroll
-        for (int kk = 0; kk < DQK / 16; ++kk) {
-            const unsigned qa = sQ + (kk >> 2) * (BM * 128) + cw * (64 * 128) + (kk & 3) * 32;
-            const unsigned ka = sK + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
-            const unsigned long long dq = sw128_desc(qa, 16), dk = sw128_desc(ka, 16);
-            if constexpr (BN == 64) M::ss_n64(sacc, dq, dk, kk > 0);
-            else if constexpr (BN == 112) M::ss_n112(sacc, dq, dk, kk > 0);
-            else if constexpr (BN == 128) M::ss_n128(sacc, dq, dk, kk > 0);
-            else M::ss_n176(sacc, dq, dk, kk > 0);
+            for (int kk = 0; kk < DQK / 32; ++kk)
+                Mma8::ss8_n128(sacc, sw128_desc(sQ + cw * (64 * 128) + kk * 32, 16),
+                               sw128_desc(sK + kk * 32, 16), kk > 0);
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < DQK / 16; ++kk) {
+                const unsigned qa = sQ + (kk >> 2) * (BM * 128) + cw * (64 * 128) + (kk & 3) * 32;
+                const unsigned ka = sK + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
+                const unsigned long long dq = sw128_desc(qa, 16), dk = sw128_desc(ka, 16);
+                if constexpr (BN == 64) M::ss_n64(sacc, dq, dk, kk > 0);
+                else if constexpr (BN == 112) M::ss_n112(sacc, dq, dk, kk > 0);
+                else if constexpr (BN == 128) M::ss_n128(sacc, dq, dk, kk > 0);
+                else M::ss_n176(sacc, dq, dk, kk > 0);
+            }
         }
         wgmma_commit();
     };
@@ -463,7 +531,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     unsigned kv = 0;   // K/V tiles consumed so far (the producer's count)
     unsigned nq = 0;   // Q tiles consumed so far
     float o[DV / 2];
-    unsigned pf[BN / 16][4];      // P of the previous tile, A-fragments of its PV
+    unsigned pf[KS_PV][4];        // P of the previous tile, A-fragments of its PV
     // The last PV of a work tile is not issued at its end: it rides with the first S of
     // the next work tile (and its O is written under that S's softmax), so the tensor
     // cores do not idle through a work tile's tail and the next one's head; at N = 2048
@@ -473,27 +541,35 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     bool pend = false;
     unsigned pend_slot = 0, pend_kv = 0;
     float pm[2], pl[2];
+    float pend_vd = 1.f;   // FP8: the pending work tile's V descale
 
     // O += P V_j, issued: one wgmma per 16 keys and per 128 of O's columns (a pair of
     // V's 64-column halves, BN * 128 bytes apart: the descriptor's leading offset), then
     // one of 64 for an odd half (d_v = 64, 192). A 128-column chunk's accumulators are
     // o[64 c ...]: the 8-column groups of the whole row in order, as the epilogue reads.
     auto issue_pv = [&](unsigned sV) {
+        if constexpr (FP8) {   // B = V^T_s (K-major, keys along its rows), k32 steps
+            const unsigned vt = sVT0 + (sV - sV0) / V_BYTES * VT_BYTES;
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            const unsigned va = sV + kk * (16 * 128);
+            for (int kk = 0; kk < KS_PV; ++kk)
+                Mma8::rs8_n128(o, pf[kk], sw128_desc(vt + kk * 32, 16));
+        } else {
 #pragma unroll
-            for (int c = 0; c < DV / 128; ++c)
-                M::rs_n128(o + 64 * c, pf[kk], sw128_desc(va + 2 * c * (BN * 128), BN * 128));
-            if constexpr (DV % 128 != 0)
-                M::rs_n64(o + 64 * (DV / 128), pf[kk],
-                          sw128_desc(va + 2 * (DV / 128) * (BN * 128), BN * 128));
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                const unsigned va = sV + kk * (16 * 128);
+#pragma unroll
+                for (int c = 0; c < DV / 128; ++c)
+                    M::rs_n128(o + 64 * c, pf[kk], sw128_desc(va + 2 * c * (BN * 128), BN * 128));
+                if constexpr (DV % 128 != 0)
+                    M::rs_n64(o + 64 * (DV / 128), pf[kk],
+                              sw128_desc(va + 2 * (DV / 128) * (BN * 128), BN * 128));
+            }
         }
         wgmma_commit();
     };
     // O / l and the LSE of the work tile in tile slot `eslot` (the slot is released once
     // its fields are read).
-    auto epilogue = [&](unsigned eslot, float* l, const float* m) {
+    auto epilogue = [&](unsigned eslot, float* l, const float* m, float vd) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -520,7 +596,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
                 sc = l[r] > 0.f ? exp2f(m[r] - mt) : 0.f;
                 lt = l[r] * sc + exp2f(zl - mt);
             }
-            const float inv = lt > 0.f ? sc / lt : 0.f;
+            const float inv = lt > 0.f ? (FP8 ? sc * vd : sc) / lt : 0.f;
             unsigned* orow = (unsigned*)(og + 2 * (long long)row * p.o_row_stride);
 #pragma unroll
             for (int t = 0; t < DV / 8; ++t)
@@ -539,7 +615,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 #pragma unroll
         for (int i = 0; i < DV / 2; ++i) reg_fence(o[i]);
         mbar_arrive(FA3_VEMPTY(ls));
-        epilogue(pend_slot, pl, pm);
+        epilogue(pend_slot, pl, pm, pend_vd);
         pend = false;
     };
 
@@ -557,12 +633,24 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             const float m0[2] = {neg_inf(), neg_inf()};
 #pragma unroll
             for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
-            epilogue(slot, l0, m0);   // O = 0, LSE = -inf
+            epilogue(slot, l0, m0, 1.f);   // O = 0, LSE = -inf
             continue;
         }
 
         float m_run[2] = {neg_inf(), neg_inf()};
         float l_run[2] = {0.f, 0.f};
+        // The softmax scale in the accumulator's units: with FP8, S = Q K^T of the e4m3
+        // values, so Q's and K's descales join it (every modifier below is written in
+        // those units, through scl and sl2); V's multiplies O in the epilogue.
+        float scl = p.scale, sl2 = p.scale_log2, vd = 1.f;
+        if constexpr (FP8) {
+            const int h = ts[2], b = ts[3], hk = h / group;
+            const float dqk = p.q_descale[b * p.qd_batch_stride + h * p.qd_head_stride]
+                              * p.k_descale[b * p.kd_batch_stride + hk * p.kd_head_stride];
+            scl *= dqk;
+            sl2 *= dqk;
+            vd = p.v_descale[b * p.kd_batch_stride + hk * p.kd_head_stride];
+        }
         // Mask tile j, update the running max and sum, P_j = exp(...) in place of S_j (fp32);
         // alpha rescales O, which the caller applies once the previous PV has retired, and
         // then packs P_j into the A-fragments (the previous tile's are free by then).
@@ -572,13 +660,13 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             // The score modifiers (FaParams' doc) before the mask, in the accumulator's
             // units (s / scale: the exponentials multiply by scale_log2).
             if (MODS && p.softcap > 0.f) {
-                const float k2 = 2.f * p.scale_log2 / p.softcap;
-                const float cs = p.softcap / p.scale;
+                const float k2 = 2.f * sl2 / p.softcap;
+                const float cs = p.softcap / scl;
 #pragma unroll
                 for (int i = 0; i < BN / 2; ++i) sacc[i] = cs * tanh_k2(sacc[i], k2);
             }
             if (MODS && p.alibi_slopes != nullptr) {   // -slope |i + o - j|, over scale likewise
-                const float sl = p.alibi_slopes[ts[2]] / p.scale;
+                const float sl = p.alibi_slopes[ts[2]] / scl;
                 const int diag = q0 + cw * 64 + warp * 16 + g
                                  + fa_seq_offset(p, p.seqlen_q, p.seqlen_k) - n0 - q4 * 2;
 #pragma unroll
@@ -630,7 +718,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             for (int r = 0; r < 2; ++r) {
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                const float m_new = fmaxf(m_run[r], mx[r] * p.scale_log2);
+                const float m_new = fmaxf(m_run[r], mx[r] * sl2);
                 m_use[r] = (m_new == neg_inf()) ? 0.f : m_new;   // the -inf guard
                 alpha[r] = exp2f(m_run[r] - m_use[r]);
                 m_run[r] = m_new;
@@ -644,10 +732,10 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             }
 #pragma unroll
             for (int t = 0; t < BN / 8; ++t) {
-                const float p0 = exp2f(fmaf(sacc[4 * t], p.scale_log2, -m_use[0]));
-                const float p1 = exp2f(fmaf(sacc[4 * t + 1], p.scale_log2, -m_use[0]));
-                const float p2 = exp2f(fmaf(sacc[4 * t + 2], p.scale_log2, -m_use[1]));
-                const float p3 = exp2f(fmaf(sacc[4 * t + 3], p.scale_log2, -m_use[1]));
+                const float p0 = exp2f(fmaf(sacc[4 * t], sl2, -m_use[0]));
+                const float p1 = exp2f(fmaf(sacc[4 * t + 1], sl2, -m_use[0]));
+                const float p2 = exp2f(fmaf(sacc[4 * t + 2], sl2, -m_use[1]));
+                const float p3 = exp2f(fmaf(sacc[4 * t + 3], sl2, -m_use[1]));
                 ls[0][t % CH] += p0 + p1;
                 ls[1][t % CH] += p2 + p3;
                 sacc[4 * t] = p0;
@@ -664,10 +752,21 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             }
         };
         auto pack_p = [&](const float* sacc) {
+            if constexpr (FP8) {   // 32 keys a step, in V^T's column order (fa3_wgmma_fp8.cu)
 #pragma unroll
-            for (int t = 0; t < BN / 8; ++t) {
-                pf[t >> 1][(t & 1) * 2 + 0] = pack2<BF16>(sacc[4 * t], sacc[4 * t + 1]);
-                pf[t >> 1][(t & 1) * 2 + 1] = pack2<BF16>(sacc[4 * t + 2], sacc[4 * t + 3]);
+                for (int c = 0; c < KS_PV; ++c) {
+                    const float* a = sacc + 16 * c;
+                    pf[c][0] = pack4_e4m3(a[0], a[1], a[4], a[5]);      // row g
+                    pf[c][1] = pack4_e4m3(a[2], a[3], a[6], a[7]);      // row g + 8
+                    pf[c][2] = pack4_e4m3(a[8], a[9], a[12], a[13]);    // row g, +16
+                    pf[c][3] = pack4_e4m3(a[10], a[11], a[14], a[15]);  // row g + 8, +16
+                }
+            } else {
+#pragma unroll
+                for (int t = 0; t < BN / 8; ++t) {
+                    pf[t >> 1][(t & 1) * 2 + 0] = pack2<BF16>(sacc[4 * t], sacc[4 * t + 1]);
+                    pf[t >> 1][(t & 1) * 2 + 1] = pack2<BF16>(sacc[4 * t + 2], sacc[4 * t + 3]);
+                }
             }
         };
 
@@ -703,11 +802,11 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 #pragma unroll
                 for (int i = 0; i < DV / 2; ++i) reg_fence(o[i]);
 #pragma unroll
-                for (int kk = 0; kk < BN / 16; ++kk)
+                for (int kk = 0; kk < KS_PV; ++kk)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) reg_fence_u(pf[kk][e]);
                 mbar_arrive(FA3_VEMPTY(ls));
-                epilogue(pend_slot, pl, pm);
+                epilogue(pend_slot, pl, pm, pend_vd);
                 pend = false;
             } else {
                 wait_turn();
@@ -762,7 +861,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 #pragma unroll
             for (int i = 0; i < DV / 2; ++i) reg_fence(o[i]);
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
+            for (int kk = 0; kk < KS_PV; ++kk)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) reg_fence_u(pf[kk][e]);
             mbar_arrive(FA3_VEMPTY(ps));
@@ -783,6 +882,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         pm[1] = m_run[1];
         pl[0] = l_run[0];
         pl[1] = l_run[1];
+        pend_vd = vd;
         kv += n_tiles;
         ++nq;
     }
@@ -790,6 +890,8 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 #undef FA3_VFULL
 #undef FA3_KEMPTY
 #undef FA3_VEMPTY
+#undef FA3_VSFULL
+#undef FA3_VSEMPTY
 }
 
 }  // namespace fa3wg
@@ -798,6 +900,11 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 #define FA3WG_ENTRY(NAME, DQK, DV, BF16, STAGES, BN, NC, MODS)                              \
     extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) NAME(FaParams p) { \
         fa3wg::fwd<DQK, DV, BF16, STAGES, BN, NC, MODS>(p);                                 \
+    }
+// e4m3 Q, K and V at d = 128: 2 stages of 128-key tiles, 2 consumer warpgroups.
+#define FA3WG_ENTRY8(NAME, BF16, MODS)                                                    \
+    extern "C" __global__ void __launch_bounds__(384, 1) NAME(FaParams p) {              \
+        fa3wg::fwd<128, 128, BF16, 2, 128, 2, MODS, true>(p);                              \
     }
 
 FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d64, 64, 64, false, 3, 128, 2, false)
@@ -827,3 +934,8 @@ FA3WG_ENTRY(fa3_wgmma_fwdm_fp16_d256, 256, 256, false, 2, 64, 2, true)
 FA3WG_ENTRY(fa3_wgmma_fwdm_bf16_d256, 256, 256, true, 2, 64, 2, true)
 FA3WG_ENTRY(fa3_wgmma_fwdvm_fp16_d192v128, 192, 128, false, 2, 128, 2, true)
 FA3WG_ENTRY(fa3_wgmma_fwdvm_bf16_d192v128, 192, 128, true, 2, 128, 2, true)
+// e4m3 Q, K and V (the manifest's eighth and ninth tables), O in fp16 / bf16.
+FA3WG_ENTRY8(fa3_wgmma_fwd8_fp16_d128, false, false)
+FA3WG_ENTRY8(fa3_wgmma_fwd8_bf16_d128, true, false)
+FA3WG_ENTRY8(fa3_wgmma_fwd8m_fp16_d128, false, true)
+FA3WG_ENTRY8(fa3_wgmma_fwd8m_bf16_d128, true, true)
