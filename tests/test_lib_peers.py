@@ -123,3 +123,96 @@ def test_it_is_a_yardstick_unless_named(flash_attn):
 
     assert not owned(flash_attn, yardsticks=())
     assert owned(flash_attn, named=["flash_attn"], yardsticks=())
+
+
+# --- flashinfer ------------------------------------------------------------------------
+def _single_prefill_return_lse(q, k, v, scale_q=None, scale_k=None, scale_v=None,  # noqa: ANN001
+                               o_dtype=None, custom_mask=None, causal=False, kv_layout="NHD",
+                               pos_encoding_mode="NONE", sm_scale=None, window_left=-1,
+                               logits_soft_cap=None, return_lse=True):
+    """flashinfer.single_prefill_with_kv_cache_return_lse as its documentation states it, in
+    float32: q (qo_len, H, d_qk); k, v (Hkv, kv_len, d) in HND; per-head FP8 scales; causal
+    aligned bottom-right (append attention); window_left keys back from the diagonal; the
+    soft cap on the scaled logits; LSE in base 2."""
+    assert kv_layout == "HND" and custom_mask is None and pos_encoding_mode == "NONE"
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+    nq, h, d = q.shape
+    hk, nk = k.shape[0], k.shape[1]
+    assert nk > 0
+    qf, kf, vf = q.float(), k.float(), v.float()
+    if scale_q is not None:
+        qf = qf * scale_q[None, :, None]
+        kf = kf * scale_k[:, None, None]
+        vf = vf * scale_v[:, None, None]
+    scale = sm_scale if sm_scale is not None else d ** -0.5
+    qf = qf.transpose(0, 1)
+    kf = kf.repeat_interleave(h // hk, dim=0)
+    vf = vf.repeat_interleave(h // hk, dim=0)
+    s = qf @ kf.transpose(-1, -2) * scale
+    if logits_soft_cap:
+        s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
+    i = torch.arange(nq)[:, None]
+    j = torch.arange(nk)[None, :]
+    vis = torch.ones(nq, nk, dtype=torch.bool)
+    if causal:
+        vis &= j <= i + nk - nq
+    if window_left >= 0:
+        vis &= j >= i + nk - nq - window_left
+    s = s.masked_fill(~vis, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    out = (p @ vf).transpose(0, 1).to(o_dtype or q.dtype)
+    return out, (lse / 0.6931471805599453).transpose(0, 1)
+
+
+@pytest.fixture
+def flashinfer(monkeypatch):
+    mod = types.ModuleType("flashinfer")
+    mod.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)
+    mod.single_prefill_with_kv_cache_return_lse = _single_prefill_return_lse
+    monkeypatch.setitem(sys.modules, "flashinfer", mod)
+    (peer,) = lib_peers.flashinfer_candidates(device="cpu")
+    return to_candidate(peer, "test")
+
+
+def test_no_flashinfer_no_candidate(monkeypatch):
+    monkeypatch.delitem(sys.modules, "flashinfer", raising=False)
+    if lib_peers._importable("flashinfer"):
+        pytest.skip("flashinfer is installed here")
+    assert lib_peers.flashinfer_candidates() == []
+
+
+FI_CASES = [
+    Case(2, 4, 4, 113, 203, 64, "float16", M.NONE),
+    Case(2, 4, 2, 203, 113, 128, "bfloat16", M.CAUSAL_BR),  # rows seeing no key: LSE -inf
+    Case(3, 4, 2, 97, 130, 64, "float16", M.KEY_PADDING),    # an entry with no key
+    Case(2, 6, 2, 113, 203, 128, "float16", M.CAUSAL_BR, softcap=10.0),
+    Case(2, 4, 2, 113, 203, 64, "bfloat16", M.CAUSAL_BR, window_left=48),
+    Case(2, 4, 4, 113, 203, 192, "bfloat16", M.NONE, head_dim_v=128),
+    Case(1, 4, 1, 64, 150, 256, "float16", M.CAUSAL_BR),
+    Case(2, 4, 2, 113, 203, 128, "bfloat16", M.CAUSAL_BR, fp8="qkv_head"),
+    Case(2, 4, 4, 70, 150, 128, "float16", M.NONE, fp8="qkv_tensor"),
+]
+
+
+@pytest.mark.parametrize("case", FI_CASES, ids=lambda c: c.id)
+def test_the_flashinfer_peer_passes_the_harness_checks(flashinfer, case: Case):
+    assert flashinfer.supports(case) is None
+    res = check_case(flashinfer, case, device="cpu")
+    assert res.status is Status.PASSED, res.message
+
+
+@pytest.mark.parametrize("case, why", [
+    (Case(2, 4, 1, 113, 203, 64, "bfloat16", M.CAUSAL_TL), "causal_tl mask"),
+    (Case(2, 4, 4, 64, 150, 64, "bfloat16", M.RANDOM), "random mask"),
+    (Case(2, 4, 4, 113, 203, 64, "float16", M.NONE, alibi=True), "alibi"),
+    (Case(2, 4, 4, 113, 203, 64, "float16", M.NONE, sinks=True), "sink"),
+    (Case(2, 4, 4, 113, 203, 64, "float16", M.NONE, window_left=32, window_right=8),
+     "left window under the causal mask"),
+    (Case(2, 4, 4, 113, 203, 96, "float16", M.NONE), "head dims 96/96"),
+    (Case(2, 4, 4, 113, 203, 128, "float16", M.NONE, head_dim_v=192), "128/192"),
+    (Case(1, 8, 2, 1, 239, 128, "bfloat16", M.NONE, fp8="kv_head"), "e4m3 cache"),
+])
+def test_what_flashinfer_lacks_is_skipped_with_the_reason(flashinfer, case: Case, why: str):
+    res = check_case(flashinfer, case, device="cpu")
+    assert res.status is Status.SKIPPED and why in res.message, res.message

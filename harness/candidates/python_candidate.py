@@ -48,7 +48,7 @@ modified case is not checked yet (skipped with the reason). A kernel declaring
 then (..., d_v) wide (the scale stays 1/sqrt(d_qk)). FP8 (harness.core.fp8): a kernel
 declaring `fp8=True` (e4m3 q, k, v) or `fp8_kv=True` (an e4m3 KV cache, q in the dtype)
 gets the keywords `q_descale`, `k_descale`, `v_descale` (float32, None where a tensor is
-not e4m3); its out stays in the case dtype. The backward of fp8 cases is not checked.
+not e4m3) and `out_dtype` (the case dtype, torch's); its out is in that dtype. The backward of fp8 cases is not checked.
 
 It is registered by an entry point in the group `fa_harness.candidates` (its value
 names a `PythonKernel`, a list of them, or a function of no arguments returning either)

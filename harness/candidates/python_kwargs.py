@@ -25,4 +25,6 @@ def mod_args(k: PythonKernel, case: Case, inputs: Inputs) -> dict[str, Any]:
         kw["sinks"] = inputs.sinks
     if k.fp8 or k.fp8_kv:
         kw.update({name: getattr(inputs, name) for name in DESCALE_NAMES})
+        # the case dtype, which an e4m3 q no longer says (the result is in it)
+        kw["out_dtype"] = case.torch_dtype
     return kw
