@@ -205,7 +205,7 @@ def _dequantizing(q, k, v, *, mask_kind, mask, key_lengths, causal_offset, scale
 
     out, _ = attention_naive(value(q, kw.get("q_descale")), value(k, kw.get("k_descale")),
                              value(v, kw.get("v_descale")), causal=mask_kind != "none")
-    return out.to(torch.float16)
+    return out.to(kw.get("out_dtype", torch.float16))
 
 
 def test_python_candidates_declaring_fp8_get_the_descales():
@@ -219,7 +219,7 @@ def test_python_candidates_declaring_fp8_get_the_descales():
     assert res.status is Status.SKIPPED and "fp8" in res.message and not seen
     res = check_case(fp8, case, device="cpu")
     assert res.status is Status.PASSED, res.message
-    assert seen.pop() == ["k_descale", "q_descale", "v_descale"]
+    assert seen.pop() == ["k_descale", "out_dtype", "q_descale", "v_descale"]
     plain_case = Case(2, 4, 2, 64, 96, 64, "float16", M.CAUSAL_BR)
     assert check_case(fp8, plain_case, device="cpu").status is Status.PASSED
 
