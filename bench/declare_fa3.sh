@@ -4,7 +4,7 @@
 #     bash bench/declare_fa3.sh TREE dims fp8
 # dims: d = 192, 256 and d_qk = 192 / d_v = 128 (`head_dims`, `head_dim_v`; the first
 #       `head_dims` line is [supports]', [backward] keeps 64 and 128)
-# fp8:  e4m3 Q, K and V at d = 128 (`fp8 = [128]`)
+# fp8:  e4m3 Q, K and V at d = 64 and 128 (`fp8 = [64, 128]`)
 # Exit 1 when the manifest no longer has the line to change (or an unknown word).
 set -euo pipefail
 m=$1/harness/kernels/fa3_wgmma/manifest.toml
@@ -15,8 +15,8 @@ for what in "$@"; do
       sed -i '0,/^head_dims = \[64, 128\]$/s//head_dims = [64, 128, 192, 256]\nhead_dim_v = [[192, 128]]/' "$m"
       grep -q '^head_dim_v = \[\[192, 128\]\]$' "$m" || { echo "fa3_wgmma: dims not declared ($m)" >&2; exit 1; } ;;
     fp8)
-      sed -i '0,/^masks = /s//fp8 = [128]\nmasks = /' "$m"
-      grep -q '^fp8 = \[128\]$' "$m" || { echo "fa3_wgmma: fp8 not declared ($m)" >&2; exit 1; } ;;
+      sed -i '0,/^masks = /s//fp8 = [64, 128]\nmasks = /' "$m"
+      grep -q '^fp8 = \[64, 128\]$' "$m" || { echo "fa3_wgmma: fp8 not declared ($m)" >&2; exit 1; } ;;
     *) echo "declare_fa3.sh: unknown $what (dims, fp8)" >&2; exit 1 ;;
   esac
   echo "fa3_wgmma: $what declared in $m"

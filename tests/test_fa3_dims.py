@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.candidates.cuda_candidate import CudaVariant
+from harness.candidates.tensor_map import Box
 from harness.candidates.variant_spec import size_env
 from harness.candidates.variants import KERNELS_ROOT, load_variant_dir
 from harness.core.cases import Case, MaskKind
@@ -97,22 +98,25 @@ def test_declared_the_d64_d128_cases_plan_as_undeclared(declared):
         assert _launches(declared, case) == _launches(plain, case), case.id
 
 
-def test_declared_fp8_cases_run_the_e4m3_entries_at_d128_only(declared):
-    spec = declared.spec
+def test_declared_fp8_cases_run_the_e4m3_entries(declared):
     fp8 = [c for c in get_grid("mods") if c.fp8.quantizes_q]
     ran = [c for c in fp8 if declared.supports(c) is None]
-    assert ran and all(c.head_dim == 128 for c in ran)
+    assert {c.head_dim for c in ran} == {64, 128}
     assert any(c.has_score_mods for c in ran) and any(not c.has_score_mods for c in ran)
-    for c in fp8:
-        if c.head_dim != 128 and c.mask is not M.RANDOM:
-            assert declared.supports(c) == ("fp8 q/k/v not supported at head_dim "
-                                            f"{c.head_dim} (declares fp8 at 128)"), c.id
+    assert [c.mask for c in fp8 if c not in ran] == [M.RANDOM]
+    assert declared.supports(Case.from_id("b1h2-64x64-d256-bf16-none-fp8_qkv_head")) == (
+        "fp8 q/k/v not supported at head_dim 256 (declares fp8 at 64, 128)")
     for case in ran + [Case.from_id("b1h16-16384x16384-d128-bf16-causal_br-fp8_qkv_head")]:
+        d = case.head_dim
         (p,) = _launches(declared, case)
-        assert p.entry == f"fa3_wgmma_fwd8{'m' if case.has_score_mods else ''}_{case.id.split('-')[3]}_d128"
-        # Q tile + 3 x (K, V staging, V^T) of 128 x 128 bytes + 3 KB
-        assert p.shared_mem == 128 * 128 + 3 * 3 * 128 * 128 + 3072 <= SMEM_OPTIN
-        env = size_env(case, tiles=spec.tiles)
-        boxes = {m.tensor: (m.box_rows.evaluate(env), m.box_cols.evaluate(env))
-                 for m in spec.tensor_maps}
-        assert boxes == {"q": (128, 128), "k": (128, 128), "v": (128, 128)}, case.id
+        mods = "m" if case.has_score_mods else ""
+        assert p.entry == f"fa3_wgmma_fwd8{mods}_{case.id.split('-')[3]}_d{d}"
+        # Q tile + 3 x (K, V staging, V^T) of 128 rows of d bytes + 3 KB
+        assert p.shared_mem == 128 * d + 3 * 3 * 128 * d + 3072 <= SMEM_OPTIN
+        boxes = dict(declared.tensor_map_boxes(case, num_splits=1, sm_count=132))
+        # rows of d bytes; Q and K in the swizzle of that width, V's staging unswizzled
+        # at d = 64 (the transposers read it)
+        assert boxes == {"q": Box(128, d, d), "k": Box(128, d, d),
+                         "v": Box(128, d, 128 if d == 128 else 0)}, case.id
+        for box in boxes.values():
+            box.check(1)

@@ -49,12 +49,13 @@ def test_fa3_wgmma_keeps_its_wgmma_in_flight():
     assert serialized == [], serialized
     # The same seen in the SASS, whatever ptxas says: a serialized wgmma is followed by its
     # own wait (WARPGROUP.DEPBAR); in flight, one wait retires a group of them.
-    # (QGMMA: the e4m3 entries' 8-bit warpgroup MMA.)
+    # (QGMMA: the e4m3 entries' 8-bit warpgroup MMA; at d = 64 their groups are the
+    # smallest, an S of 2 k32 steps and a PV of 4, issued together: 6 MMAs per 2 waits.)
     for name, text in _sass("fa3_wgmma").items():
         ops = opcode_counts(text)
         waits = sum(n for op, n in ops.items() if op.startswith("WARPGROUP.DEPBAR"))
         mmas = count(text, "HGMMA") + count(text, "QGMMA")
-        assert waits <= mmas // 4, (name, waits, mmas)
+        assert waits <= mmas // 3, (name, waits, mmas)
 
 
 @needs_tools
@@ -147,11 +148,15 @@ def test_fa3_wgmma_runs_on_warpgroup_mma_without_local_memory():
         assert count(text, "USETMAXREG") == 2, name   # producer gives, consumers take
         assert any(op.startswith("HGMMA.64x128x16.F32") for op in ops), name
     fp8 = {n: t for n, t in sass.items() if "_fwd8" in n}
-    assert len(fp8) == 4   # fp16 / bf16 output, without and with the modifiers
+    # fp16 / bf16 output, without and with the modifiers, at d = 64 and 128
+    assert len(fp8) == 8
     for name, text in fp8.items():
-        # S and PV on 8-bit warpgroup MMAs, k32 steps: 4 of each per 128-key tile
+        # S (k32 steps along d) and PV (4 k32 steps per 128-key tile, N = d) on 8-bit
+        # warpgroup MMAs
         ops = opcode_counts(text)
-        assert ops["QGMMA.64x128x32.F32.E4M3.E4M3"] >= 8, (name, ops)
+        d = 128 if name.endswith("d128") else 64
+        assert ops["QGMMA.64x128x32.F32.E4M3.E4M3"] >= d // 32, (name, ops)
+        assert ops[f"QGMMA.64x{d}x32.F32.E4M3.E4M3"] >= 4, (name, ops)
         e4m3 = sum(n for op, n in ops.items() if op.startswith("F2FP.SATFINITE.E4M3"))
         assert e4m3 >= 16, (name, "P to e4m3 in registers")
         assert count(text, "USETMAXREG") == 2, name

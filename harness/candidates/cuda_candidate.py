@@ -172,7 +172,8 @@ class CudaVariant(Candidate):
         if not maps:
             return []
         env = self.env(case, num_splits=num_splits, sm_count=sm_count)
-        return [(m.tensor, Box(m.box_rows.evaluate(env), m.box_cols.evaluate(env), m.swizzle))
+        return [(m.tensor, Box(m.box_rows.evaluate(env), m.box_cols.evaluate(env),
+                             m.swizzle.evaluate(env)))
                 for m in maps]
 
     def workspace_sizes(self, case: Case, *, num_splits: int, sm_count: int) -> list[int]:

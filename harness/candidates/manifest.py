@@ -303,9 +303,12 @@ def _tensor_maps(ctx: _Ctx, raw: Any, names: frozenset[str], key: str = "tensor_
         tensor = _str(ctx, m["tensor"], f"{where}.tensor")
         if tensor not in tensors:
             raise ctx.fail(f"{where}.tensor", f"{tensor!r} is not one of {', '.join(tensors)}")
-        swizzle = _int(ctx, m.get("swizzle", 128), f"{where}.swizzle", 0)
-        if swizzle not in (0, 32, 64, 128):
-            raise ctx.fail(f"{where}.swizzle", f"{swizzle} must be 0, 32, 64 or 128 (bytes)")
+        # An integer is checked here; an expression (a swizzle by head dim or by e4m3
+        # rows) when a case gives it a value (tensor_map.Box.check: the launch is refused).
+        raw_swizzle = m.get("swizzle", 128)
+        swizzle = _expr(ctx, raw_swizzle, f"{where}.swizzle", names)
+        if isinstance(raw_swizzle, int) and raw_swizzle not in (0, 32, 64, 128):
+            raise ctx.fail(f"{where}.swizzle", f"{raw_swizzle} must be 0, 32, 64 or 128 (bytes)")
         maps.append(TensorMapSpec(tensor, _expr(ctx, m["box_rows"], f"{where}.box_rows", names),
                                   _expr(ctx, m["box_cols"], f"{where}.box_cols", names), swizzle))
     return tuple(maps)

@@ -119,7 +119,7 @@ class TensorMapSpec:
     tensor: str      # q | k | v | o
     box_rows: Expr   # rows of the tensor one copy moves
     box_cols: Expr   # head_dim columns one copy moves
-    swizzle: int     # shared-memory swizzle span in bytes: 0, 32, 64 or 128
+    swizzle: Expr    # shared-memory swizzle span in bytes: 0, 32, 64 or 128
 
 
 @dataclass(frozen=True)

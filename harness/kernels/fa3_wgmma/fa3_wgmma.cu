@@ -121,6 +121,20 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
     return d;
 }
 
+// The descriptor of a K-major tile whose rows are ROWB bytes, as TMA wrote it: the 128-byte
+// swizzle for rows of 128 bytes (sw128_desc), the 64-byte one (layout type 2; 8 rows of 64
+// bytes, 512 bytes apart) for the e4m3 rows of d = 64.
+template <int ROWB> __device__ __forceinline__ unsigned long long kmajor_desc(unsigned addr) {
+    static_assert(ROWB == 64 || ROWB == 128, "rows of 64 or 128 bytes");
+    if constexpr (ROWB == 128) return sw128_desc(addr, 16);
+    unsigned long long d = 0;
+    d |= (unsigned long long)((addr & 0x3FFFF) >> 4);
+    d |= 1ull << 16;                               // leading offset: unused here
+    d |= (unsigned long long)(512 >> 4) << 32;     // 8 rows of 64 bytes
+    d |= 2ull << 62;
+    return d;
+}
+
 template <bool BF16> struct Mma;
 
 // The wrappers of one element type TY ("f16" or "bf16"), spliced into the asm strings.
@@ -270,8 +284,8 @@ template <bool BF16> __device__ __forceinline__ unsigned pack2(float lo, float h
 template <int D, int ROWS, int EB = 2>
 __device__ __forceinline__ void load_tile(unsigned sbase, const void* tmap, unsigned bar,
                                           int row0, int head, int batch) {
-    if constexpr (EB == 1) {
-        static_assert(D == 128, "one 128-byte box per row");
+    if constexpr (EB == 1) {   // rows of 64 or 128 bytes: one box
+        static_assert(D == 64 || D == 128, "one box per row");
         mbar_expect_tx(bar, ROWS * D);
         tma_load(sbase, tmap, bar, 0, row0, head, batch);
         return;
@@ -308,7 +322,8 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     using M = Mma<BF16>;
     static_assert(DQK % 64 == 0 && DV % 64 == 0 && BN % 16 == 0, "64-column halves, k16 steps");
     static_assert(BN == 64 || BN == 112 || BN == 128 || BN == 176, "an S wgmma of that N");
-    static_assert(!FP8 || (DQK == 128 && DV == 128 && BN == 128), "FP8: d = 128, 128-key tiles");
+    static_assert(!FP8 || (DQK == DV && (DQK == 64 || DQK == 128) && BN == 128),
+                  "FP8: d = 64 or 128, 128-key tiles");
     constexpr int BM = 64 * NC;   // query rows per CTA
     constexpr unsigned kConsumers = 128u * NC;   // consumer threads: arrivals per barrier
     constexpr unsigned EB = FP8 ? 1 : 2;   // bytes per element of Q, K, V
@@ -492,11 +507,11 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 
     // S = Q K_j, issued (not waited for).
     auto issue_s = [&](float* sacc, unsigned sK) {
-        if constexpr (FP8) {   // k32 steps along the one 128-byte row of Q and of K
+        if constexpr (FP8) {   // k32 steps along the one row of Q and of K (DQK bytes)
 #pragma unroll
             for (int kk = 0; kk < DQK / 32; ++kk)
-                Mma8::ss8_n128(sacc, sw128_desc(sQ + cw * (64 * 128) + kk * 32, 16),
-                               sw128_desc(sK + kk * 32, 16), kk > 0);
+                Mma8::ss8_n128(sacc, kmajor_desc<DQK>(sQ + cw * (64 * DQK) + kk * 32),
+                               kmajor_desc<DQK>(sK + kk * 32), kk > 0);
         } else {
 #pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk) {
@@ -551,8 +566,10 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         if constexpr (FP8) {   // B = V^T_s (K-major, keys along its rows), k32 steps
             const unsigned vt = sVT0 + (sV - sV0) / V_BYTES * VT_BYTES;
 #pragma unroll
-            for (int kk = 0; kk < KS_PV; ++kk)
-                Mma8::rs8_n128(o, pf[kk], sw128_desc(vt + kk * 32, 16));
+            for (int kk = 0; kk < KS_PV; ++kk) {
+                if constexpr (DV == 128) Mma8::rs8_n128(o, pf[kk], sw128_desc(vt + kk * 32, 16));
+                else Mma8::rs8_n64(o, pf[kk], sw128_desc(vt + kk * 32, 16));
+            }
         } else {
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk) {
@@ -901,12 +918,13 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
     extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) NAME(FaParams p) { \
         fa3wg::fwd<DQK, DV, BF16, STAGES, BN, NC, MODS>(p);                                 \
     }
-// e4m3 Q, K and V at d = 128: 3 stages of 128-key tiles (one more than the 2-byte entries
-// keep at d = 128: a V tile is transposed between its copy and its PV, and the third slot
-// gives that a whole step more; not yet measured against 2), 2 consumer warpgroups.
-#define FA3WG_ENTRY8(NAME, BF16, MODS)                                                    \
+// e4m3 Q, K and V at d = 64 and 128: 3 stages of 128-key tiles (one more than the 2-byte
+// entries keep at d = 128: a V tile is transposed between its copy and its PV, and the
+// third slot gives that a whole step more; not yet measured against 2), 2 consumer
+// warpgroups.
+#define FA3WG_ENTRY8(NAME, D, BF16, MODS)                                                 \
     extern "C" __global__ void __launch_bounds__(384, 1) NAME(FaParams p) {              \
-        fa3wg::fwd<128, 128, BF16, 3, 128, 2, MODS, true>(p);                              \
+        fa3wg::fwd<D, D, BF16, 3, 128, 2, MODS, true>(p);                                  \
     }
 
 FA3WG_ENTRY(fa3_wgmma_fwd_fp16_d64, 64, 64, false, 3, 128, 2, false)
@@ -936,8 +954,12 @@ FA3WG_ENTRY(fa3_wgmma_fwdm_fp16_d256, 256, 256, false, 2, 64, 2, true)
 FA3WG_ENTRY(fa3_wgmma_fwdm_bf16_d256, 256, 256, true, 2, 64, 2, true)
 FA3WG_ENTRY(fa3_wgmma_fwdvm_fp16_d192v128, 192, 128, false, 2, 128, 2, true)
 FA3WG_ENTRY(fa3_wgmma_fwdvm_bf16_d192v128, 192, 128, true, 2, 128, 2, true)
-// e4m3 Q, K and V (the manifest's eighth and ninth tables), O in fp16 / bf16.
-FA3WG_ENTRY8(fa3_wgmma_fwd8_fp16_d128, false, false)
-FA3WG_ENTRY8(fa3_wgmma_fwd8_bf16_d128, true, false)
-FA3WG_ENTRY8(fa3_wgmma_fwd8m_fp16_d128, false, true)
-FA3WG_ENTRY8(fa3_wgmma_fwd8m_bf16_d128, true, true)
+// e4m3 Q, K and V (the manifest's last four tables), O in fp16 / bf16.
+FA3WG_ENTRY8(fa3_wgmma_fwd8_fp16_d128, 128, false, false)
+FA3WG_ENTRY8(fa3_wgmma_fwd8_bf16_d128, 128, true, false)
+FA3WG_ENTRY8(fa3_wgmma_fwd8m_fp16_d128, 128, false, true)
+FA3WG_ENTRY8(fa3_wgmma_fwd8m_bf16_d128, 128, true, true)
+FA3WG_ENTRY8(fa3_wgmma_fwd8_fp16_d64, 64, false, false)
+FA3WG_ENTRY8(fa3_wgmma_fwd8_bf16_d64, 64, true, false)
+FA3WG_ENTRY8(fa3_wgmma_fwd8m_fp16_d64, 64, false, true)
+FA3WG_ENTRY8(fa3_wgmma_fwd8m_bf16_d64, 64, true, true)

@@ -92,13 +92,14 @@ __device__ __forceinline__ int fp8_key_of_column(int pos) {
 }
 
 // One tile's V^T from its staging copy, by the NT threads tt = 0 .. NT - 1: the staging
-// slot is V as TMA wrote it (BN rows of D bytes, 128-byte swizzle: 16-byte chunk c of row
-// r at chunk c ^ (r % 8)); V^T is D rows of BN = 128 bytes with the same swizzle, so that
-// the wgmma descriptors read it as they read K. Each step moves a 4 x 4 block: 4 keys'
-// words of 4 columns in, 4 words of 4 keys out (one per column), by byte permutes.
+// slot is V as TMA wrote it (BN rows of D bytes: at D = 128 with the 128-byte swizzle,
+// 16-byte chunk c of row r at chunk c ^ (r % 8); at D = 64 unswizzled); V^T is D rows of
+// BN = 128 bytes with the 128-byte swizzle, so that the wgmma descriptors read it as they
+// read K at d = 128. Each step moves a 4 x 4 block: 4 keys' words of 4 columns in, 4 words
+// of 4 keys out (one per column), by byte permutes.
 template <int D, int BN, int NT>
 __device__ __forceinline__ void fp8_transpose_v(unsigned stage, unsigned vt, int tt) {
-    static_assert(BN == 128 && D == 128, "one 128-byte swizzled row per key and per column");
+    static_assert(BN == 128 && (D == 128 || D == 64), "128 keys; rows of 64 or 128 bytes");
     constexpr int WORDS = D / 4;   // 4-byte words of a key's row
 #pragma unroll 1
     for (int blk = tt; blk < (BN / 4) * WORDS; blk += NT) {
@@ -108,8 +109,9 @@ __device__ __forceinline__ void fp8_transpose_v(unsigned stage, unsigned vt, int
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int key = fp8_key_of_column(p0 + i);
-            const unsigned a = stage + key * 128 + ((((unsigned)j >> 2) ^ (key & 7)) << 4)
-                               + ((j & 3) << 2);
+            const unsigned a = D == 128 ? stage + key * 128 + ((((unsigned)j >> 2) ^ (key & 7)) << 4)
+                                              + ((j & 3) << 2)
+                                        : stage + key * D + 4 * j;
             asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(w[i]) : "r"(a));
         }
         unsigned t01, t23, u01, u23, out[4];
