@@ -59,12 +59,18 @@ def _flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,  
     return (out, lse, None) if return_attn_probs else out
 
 
+def _stand_in(monkeypatch, name: str, **functions) -> None:  # noqa: ANN001
+    """Module `name`, importable, holding `functions`: the library as documented."""
+    mod = types.ModuleType(name)
+    mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    for attr, fn in functions.items():
+        setattr(mod, attr, fn)
+    monkeypatch.setitem(sys.modules, name, mod)
+
+
 @pytest.fixture
 def flash_attn(monkeypatch):
-    mod = types.ModuleType("flash_attn")
-    mod.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None)
-    mod.flash_attn_func = _flash_attn_func
-    monkeypatch.setitem(sys.modules, "flash_attn", mod)
+    _stand_in(monkeypatch, "flash_attn", flash_attn_func=_flash_attn_func)
     (peer,) = lib_peers.flash_attn_candidates(device="cpu")
     return to_candidate(peer, "test")
 
@@ -167,10 +173,8 @@ def _single_prefill_return_lse(q, k, v, scale_q=None, scale_k=None, scale_v=None
 
 @pytest.fixture
 def flashinfer(monkeypatch):
-    mod = types.ModuleType("flashinfer")
-    mod.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)
-    mod.single_prefill_with_kv_cache_return_lse = _single_prefill_return_lse
-    monkeypatch.setitem(sys.modules, "flashinfer", mod)
+    _stand_in(monkeypatch, "flashinfer",
+              single_prefill_with_kv_cache_return_lse=_single_prefill_return_lse)
     (peer,) = lib_peers.flashinfer_candidates(device="cpu")
     return to_candidate(peer, "test")
 

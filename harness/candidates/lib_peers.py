@@ -54,6 +54,16 @@ def _importable(module: str) -> bool:
         return False
 
 
+def _on_cuda(device: str, library: str) -> Callable[[], str | None]:
+    """The `available` of a peer whose library runs on CUDA only (`device` "cpu" is for
+    tests, against a stand-in)."""
+    def available() -> str | None:
+        if device == "cuda" and not torch.cuda.is_available():
+            return f"needs a CUDA GPU ({library} runs on CUDA only)"
+        return None
+    return available
+
+
 def flash_attn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask_kind: str,
                        mask: Any, key_lengths: Any, causal_offset: int, scale: float,
                        window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
@@ -96,18 +106,13 @@ def flash_attn_candidates(device: str | None = None) -> list[PythonKernel]:
         return []
     device = device or "cuda"
 
-    def available() -> str | None:
-        if device == "cuda" and not torch.cuda.is_available():
-            return "needs a CUDA GPU (flash_attn runs on CUDA only)"
-        return None
-
     return [PythonKernel(
         name="flash_attn", fn=flash_attn_forward, device=device,  # type: ignore[arg-type]
         dtypes=("float16", "bfloat16"), head_dims=None, masks=("none", "causal_br"),
         gqa=True, lse="+inf", deterministic=True, algorithm="fa2",
         description="FlashAttention 2 (flash_attn.flash_attn_func), an installed library: "
                     "causal bottom-right, sliding windows, softcap, ALiBi, GQA",
-        available=available, supports=flash_attn_supports, window=True,
+        available=_on_cuda(device, "flash_attn"), supports=flash_attn_supports, window=True,
         softcap=True, alibi=True, yardstick=True,
         # dQ by atomics in the library's backward: not bitwise repeatable
         backward_prepare=autograd_backward(flash_attn_forward), backward_deterministic=False,
@@ -198,11 +203,6 @@ def flashinfer_candidates(device: str | None = None) -> list[PythonKernel]:
         return []
     device = device or "cuda"
 
-    def available() -> str | None:
-        if device == "cuda" and not torch.cuda.is_available():
-            return "needs a CUDA GPU (flashinfer runs on CUDA only)"
-        return None
-
     return [PythonKernel(
         name="flashinfer", fn=_flashinfer_forward, prepare=flashinfer_prepare,
         device=device,  # type: ignore[arg-type]
@@ -212,5 +212,5 @@ def flashinfer_candidates(device: str | None = None) -> list[PythonKernel]:
         description="FlashInfer (single_prefill_with_kv_cache_return_lse per batch entry), "
                     "an installed library: causal bottom-right, key padding, left windows, "
                     "softcap, GQA, d 192/128, e4m3 Q/K/V with per-head scales",
-        available=available, supports=flashinfer_supports, window=True, softcap=True,
+        available=_on_cuda(device, "flashinfer"), supports=flashinfer_supports, window=True, softcap=True,
         head_dim_v=True, fp8=True, yardstick=True)]
