@@ -1,5 +1,5 @@
 """`fa-harness run`: the correctness suite over every candidate this machine can run,
-then (perf/decode grids, on a GPU) the timing run.
+then (a timing grid: perf, decode, perf-bwd, perf-dims; on a GPU) the timing run.
 
 Every run is stored in the results database (--db, else $FA_HARNESS_DB, else the default
 SQLite file; --no-store to skip). Without a terminal (a CI log) it prints one line per
