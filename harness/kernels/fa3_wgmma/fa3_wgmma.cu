@@ -658,16 +658,20 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
         float l_run[2] = {0.f, 0.f};
         // The softmax scale in the accumulator's units: with FP8, S = Q K^T of the e4m3
         // values, so Q's and K's descales join it (every modifier below is written in
-        // those units, through scl and sl2); V's multiplies O in the epilogue.
-        float scl = p.scale, sl2 = p.scale_log2, vd = 1.f;
+        // those units, through FA3_SCALE and FA3_SCALE_LOG2); V's multiplies O in the
+        // epilogue. The 2-byte entries read p.scale and p.scale_log2 where they use them,
+        // as before the e4m3 entries existed: the same machine code (bench/sass_same.py).
+        float scl8 = p.scale, sl28 = p.scale_log2, vd = 1.f;
         if constexpr (FP8) {
             const int h = ts[2], b = ts[3], hk = h / group;
             const float dqk = p.q_descale[b * p.qd_batch_stride + h * p.qd_head_stride]
                               * p.k_descale[b * p.kd_batch_stride + hk * p.kd_head_stride];
-            scl *= dqk;
-            sl2 *= dqk;
+            scl8 *= dqk;
+            sl28 *= dqk;
             vd = p.v_descale[b * p.kd_batch_stride + hk * p.kd_head_stride];
         }
+#define FA3_SCALE (FP8 ? scl8 : p.scale)
+#define FA3_SCALE_LOG2 (FP8 ? sl28 : p.scale_log2)
         // Mask tile j, update the running max and sum, P_j = exp(...) in place of S_j (fp32);
         // alpha rescales O, which the caller applies once the previous PV has retired, and
         // then packs P_j into the A-fragments (the previous tile's are free by then).
@@ -677,13 +681,13 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             // The score modifiers (FaParams' doc) before the mask, in the accumulator's
             // units (s / scale: the exponentials multiply by scale_log2).
             if (MODS && p.softcap > 0.f) {
-                const float k2 = 2.f * sl2 / p.softcap;
-                const float cs = p.softcap / scl;
+                const float k2 = 2.f * FA3_SCALE_LOG2 / p.softcap;
+                const float cs = p.softcap / FA3_SCALE;
 #pragma unroll
                 for (int i = 0; i < BN / 2; ++i) sacc[i] = cs * tanh_k2(sacc[i], k2);
             }
             if (MODS && p.alibi_slopes != nullptr) {   // -slope |i + o - j|, over scale likewise
-                const float sl = p.alibi_slopes[ts[2]] / scl;
+                const float sl = p.alibi_slopes[ts[2]] / FA3_SCALE;
                 const int diag = q0 + cw * 64 + warp * 16 + g
                                  + fa_seq_offset(p, p.seqlen_q, p.seqlen_k) - n0 - q4 * 2;
 #pragma unroll
@@ -735,7 +739,7 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             for (int r = 0; r < 2; ++r) {
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                const float m_new = fmaxf(m_run[r], mx[r] * sl2);
+                const float m_new = fmaxf(m_run[r], mx[r] * FA3_SCALE_LOG2);
                 m_use[r] = (m_new == neg_inf()) ? 0.f : m_new;   // the -inf guard
                 alpha[r] = exp2f(m_run[r] - m_use[r]);
                 m_run[r] = m_new;
@@ -749,10 +753,10 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
             }
 #pragma unroll
             for (int t = 0; t < BN / 8; ++t) {
-                const float p0 = exp2f(fmaf(sacc[4 * t], sl2, -m_use[0]));
-                const float p1 = exp2f(fmaf(sacc[4 * t + 1], sl2, -m_use[0]));
-                const float p2 = exp2f(fmaf(sacc[4 * t + 2], sl2, -m_use[1]));
-                const float p3 = exp2f(fmaf(sacc[4 * t + 3], sl2, -m_use[1]));
+                const float p0 = exp2f(fmaf(sacc[4 * t], FA3_SCALE_LOG2, -m_use[0]));
+                const float p1 = exp2f(fmaf(sacc[4 * t + 1], FA3_SCALE_LOG2, -m_use[0]));
+                const float p2 = exp2f(fmaf(sacc[4 * t + 2], FA3_SCALE_LOG2, -m_use[1]));
+                const float p3 = exp2f(fmaf(sacc[4 * t + 3], FA3_SCALE_LOG2, -m_use[1]));
                 ls[0][t % CH] += p0 + p1;
                 ls[1][t % CH] += p2 + p3;
                 sacc[4 * t] = p0;
@@ -909,6 +913,8 @@ __device__ __forceinline__ void fwd(const FaParams& p) {
 #undef FA3_VEMPTY
 #undef FA3_VSFULL
 #undef FA3_VSEMPTY
+#undef FA3_SCALE
+#undef FA3_SCALE_LOG2
 }
 
 }  // namespace fa3wg
