@@ -14,7 +14,7 @@ from harness.candidates.cuda_candidate import (
     PlannedLaunch,
     load_variants,
 )
-from harness.candidates.tensor_map import TensorMapError, elem_bytes
+from harness.candidates.tensor_map import TensorMapError
 from harness.candidates.variants import (
     KERNELS_ROOT,
     VariantError,
@@ -25,6 +25,7 @@ from harness.candidates.variants import (
     size_env,
 )
 from harness.core.cases import Case, MaskKind
+from harness.core.fp8 import stored_bytes
 
 DATA = Path(__file__).parent / "data" / "bad_variants"
 SHIPPED = ("fa1", "fa2_simt", "naive", "splitkv", "template")
@@ -522,6 +523,6 @@ def test_a_variant_declares_the_fp8_inputs_it_reads(tmp_path):
     tm = CudaVariant.from_spec(load_variant_dir(write_variant(tmp_path / "tm", m, folder="v")))
     (tensor, box), = tm.tensor_map_boxes(qkv, num_splits=1, sm_count=132)
     assert (tensor, box.cols) == ("q", 128)
-    box.check(elem_bytes("q", frozenset("qkv"), 2))      # e4m3 Q: 128 bytes a row
+    box.check(stored_bytes(qkv)[0])        # e4m3 Q: 128 bytes a row
     with pytest.raises(TensorMapError, match="wider than its 128-byte swizzle"):
-        box.check(elem_bytes("q", frozenset("kv"), 2))   # Q in fp16 (a cache case)
+        box.check(stored_bytes(cache)[0])  # Q in fp16 (a cache case)

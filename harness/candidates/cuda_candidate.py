@@ -33,11 +33,11 @@ from harness.candidates.launch_state import (
 )
 from harness.candidates.nvcc import arch_for, unsupported_reason
 from harness.candidates.params import build_params
-from harness.candidates.tensor_map import Box, TensorMapError, device_maps, elem_bytes
+from harness.candidates.tensor_map import Box, TensorMapError, device_maps
 from harness.candidates.variants import LoadError, VariantSpec, load_specs, size_env
 from harness.core.candidate import Candidate
 from harness.core.cases import Case, GradInputs, Inputs
-from harness.core.fp8 import Fp8
+from harness.core.fp8 import stored_bytes
 
 WORKSPACE_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16,
                           "bfloat16": torch.bfloat16, "int32": torch.int32}
@@ -297,11 +297,11 @@ class CudaVariant(Candidate):
             if why is not None:
                 raise LaunchRefused(f"{self.name}: launch refused, {why}")
         boxes = self.tensor_map_boxes(case, num_splits=num_splits, sm_count=limits.sm_count)
-        fp8 = Fp8(case.fp8)
-        e4m3 = frozenset("qkv" if fp8.quantizes_q else "kv" if fp8.is_kv_cache else "")
+        q_bytes, kv_bytes, _ = stored_bytes(case)   # 1 for an e4m3 tensor
         for tensor, box in boxes:
             try:
-                box.check(elem_bytes(tensor, e4m3, case.torch_dtype.itemsize))
+                box.check({"q": q_bytes, "k": kv_bytes, "v": kv_bytes}.get(
+                    tensor, case.torch_dtype.itemsize))
             except TensorMapError as e:
                 raise LaunchRefused(f"{self.name}: launch refused, tensor map of {tensor}: "
                                     f"{e}") from None

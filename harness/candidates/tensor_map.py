@@ -103,12 +103,6 @@ def encode(t: torch.Tensor, box: Box) -> bytes:
     return raw.raw[off:off + TENSOR_MAP_BYTES]
 
 
-def elem_bytes(tensor: str, fp8_tensors: frozenset[str], case_bytes: int) -> int:
-    """Bytes per element of `tensor` ("q", "k", ...): 1 when the case holds it in e4m3
-    (`fp8_tensors`), else the case dtype's."""
-    return 1 if tensor in fp8_tensors else case_bytes
-
-
 def device_maps(tensors: list[torch.Tensor], boxes: list[Box]) -> torch.Tensor:
     """The maps of `tensors` (one box each) in one uint8 device tensor, 128 bytes apart.
     torch's allocator aligns blocks to at least 256 bytes, so each map is 64-byte aligned
