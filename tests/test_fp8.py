@@ -310,3 +310,36 @@ def test_the_shipped_split_kv_skips_an_fp8_cache_until_its_entries_pass_on_a_gpu
     cand = CudaVariant.from_spec(load_variant_dir(KERNELS_ROOT / "splitkv"))
     assert "fp8_kv = false" in (KERNELS_ROOT / "splitkv" / "manifest.toml").read_text()
     assert "fp8 KV cache not supported" in cand.supports(KV_TOKEN)
+
+
+def test_e4m3_scores_on_a_cpu_are_the_float32_product():
+    from harness.core.fp8 import e4m3_scores
+
+    a = torch.randn(2, 3, 37, 64).to(torch.float8_e4m3fn).float()
+    b = torch.randn(2, 3, 53, 64).to(torch.float8_e4m3fn).float()
+    assert torch.equal(e4m3_scores(a, b), a @ b.transpose(-1, -2))
+
+
+def test_e4m3_scores_hand_the_fp8_gemm_what_it_takes(monkeypatch):
+    """The tensor-core path's shapes, padding and layouts, against a stand-in for
+    torch._scaled_mm that checks cuBLASLt's conditions (sizes in multiples of 16, the
+    second operand column-major, unit scales) and multiplies exactly."""
+    from harness.core import fp8 as fp8mod
+
+    calls = []
+
+    def scaled_mm(x, y, *, scale_a, scale_b, out_dtype, use_fast_accum):  # noqa: ANN001
+        assert x.dtype == y.dtype == torch.float8_e4m3fn and out_dtype == torch.float32
+        assert x.shape[1] % 16 == 0 and y.shape[0] % 16 == 0 and y.shape[1] % 16 == 0
+        assert x.is_contiguous() and y.stride(0) == 1 and use_fast_accum
+        assert scale_a.item() == scale_b.item() == 1.0
+        calls.append(x.shape)
+        return x.float() @ y.float()
+
+    monkeypatch.setattr(fp8mod, "tensor_core_fp8", lambda device: True)
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm, raising=False)
+    a = torch.randn(1, 3, 37, 72).to(torch.float8_e4m3fn).float()   # B broadcast, d 72
+    b = torch.randn(2, 3, 53, 72).to(torch.float8_e4m3fn).float()
+    got = fp8mod.e4m3_scores(a, b)
+    assert got.shape == (2, 3, 37, 53) and len(calls) == 6
+    assert torch.equal(got, (a @ b.transpose(-1, -2)))

@@ -160,3 +160,40 @@ def fp8_problems(case: Case) -> list[str]:
         return ["fp8 q/k/v (qkv_tensor, qkv_head) is for the dense layout only; serving "
                 "layouts take an fp8 KV cache (kv_head, kv_token)"]
     return []
+
+
+def tensor_core_fp8(device: torch.device) -> bool:
+    """Whether `device` has FP8 tensor cores (CUDA sm_89 and later) that torch reaches."""
+    import torch
+
+    return (device.type == "cuda" and hasattr(torch, "_scaled_mm")
+            and torch.cuda.get_device_capability(device) >= (8, 9))
+
+
+def e4m3_scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b^T in float32 for e4m3 values held in float32, a (..., M, d) and b (..., N, d)
+    (leading dims broadcast), accumulated as the straightforward FP8 kernel accumulates
+    them. On a GPU with FP8 tensor cores that is on them: cuBLASLt's FP8 GEMM with fast
+    accumulation, the tensor core's own accumulator over the whole reduction, as a kernel
+    issuing its MMAs in a chain has it (it keeps fewer bits than float32 does:
+    bench/fp8_accum_probe.py measures how many). Elsewhere in float32 on CUDA cores, where
+    every product of two e4m3 values is exact and only the sums round."""
+    import torch
+
+    if not tensor_core_fp8(a.device):
+        return a @ b.transpose(-1, -2)
+    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    m, n, d = a.shape[-2], b.shape[-2], a.shape[-1]
+
+    def flat8(t: torch.Tensor, rows: int) -> torch.Tensor:
+        # cuBLASLt's FP8 GEMM takes sizes in multiples of 16: zeros pad them (a zero adds
+        # nothing to a dot product), in float32 before the exact cast to e4m3
+        t = torch.nn.functional.pad(t.expand(*lead, rows, d), (0, -d % 16, 0, -rows % 16))
+        return t.reshape(-1, *t.shape[-2:]).to(e4m3())
+
+    one = torch.ones((), device=a.device)
+    out = torch.stack([torch._scaled_mm(x.contiguous(), y.contiguous().t(), scale_a=one,
+                                        scale_b=one, out_dtype=torch.float32,
+                                        use_fast_accum=True)
+                       for x, y in zip(flat8(a, m), flat8(b, n), strict=True)])
+    return out[:, :m, :n].reshape(*lead, m, n)

@@ -54,7 +54,7 @@ from functools import partial
 import torch
 
 from harness.core.cases import Case, Dist, Fp8, Inputs, MaskKind
-from harness.core.fp8 import dequantized, e4m3
+from harness.core.fp8 import dequantized, e4m3, e4m3_scores
 
 # Bytes the per-block working set may use. The float64 oracle keeps about three
 # (B, H, rows, Nk) float64 tensors alive at once (scores, probabilities, their exp), plus
@@ -360,9 +360,11 @@ def naive_for_case(case: Case, inputs: Inputs) -> tuple[torch.Tensor, torch.Tens
       float32 from the dequantized inputs instead would make the yardstick's error the
       output's rounding alone, and every FP8 kernel whose PV product runs on e4m3 P (the
       point of FP8) would fail a rule meant to allow the error of its precision."""
-    if case.fp8.quantizes_q:
-        q, k, v, flags = _problem(case, dequantized(inputs, torch.float32))
-        return attention_naive_fp8(q, k, v, out_dtype=case.torch_dtype, **flags)
+    if case.fp8.quantizes_q:   # dense only: q and k are the e4m3 values, V dequantized
+        _, _, v, flags = _problem(case, dequantized(inputs, torch.float32))
+        return attention_naive_fp8(inputs.q.float(), inputs.k.float(), v,
+                                   out_dtype=case.torch_dtype,
+                                   descales=(inputs.q_descale, inputs.k_descale), **flags)
     if case.fp8 is not Fp8.NONE:
         inputs = dequantized(inputs, case.torch_dtype)
     q, k, v, flags = _problem(case, inputs)
@@ -371,10 +373,13 @@ def naive_for_case(case: Case, inputs: Inputs) -> tuple[torch.Tensor, torch.Tens
 
 def _fp8_naive_block(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor,
                      vis: torch.Tensor | None, scale: float, mods: BlockMods | None = None,
+                     descale: Callable[[int], torch.Tensor] | None = None,
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    # Products of e4m3 values are exact in float32, so S accumulated in float32 from the
-    # dequantized values is the kernel's S (Q8 K8^T times d_q d_k) to float32 rounding.
-    s = _modified((qg @ kg.transpose(-1, -2)) * scale, mods)
+    # dequantized q and k: S in float32; e4m3 q and k: Q8 K8^T as an FP8 kernel's MMAs
+    # accumulate it, times d_q d_k
+    s = (qg @ kg.transpose(-1, -2) if descale is None
+         else e4m3_scores(qg, kg) * descale(qg.shape[2]))
+    s = _modified(s * scale, mods)
     if vis is not None:
         s = s.masked_fill(~vis, -math.inf)
     sink = None if mods is None or mods.sink is None else mods.sink.float()
@@ -398,14 +403,30 @@ def attention_naive_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                         window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                         alibi_slopes: torch.Tensor | None = None,
                         sinks: torch.Tensor | None = None,
+                        descales: tuple[torch.Tensor, torch.Tensor] | None = None,
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """The straightforward FP8 attention kernel (FlashAttention-3's FP8 forward without
-    its tiling): q, k, v are the dequantized e4m3 inputs in float32; S and the softmax in
-    float32, P = exp(S - m) rounded to e4m3 for the P V product (accumulated in float32,
-    V's descale applied with it), O divided by l (summed before the rounding) and rounded
-    to `out_dtype`; lse float32. Same conventions as `attention_ref`."""
+    its tiling), in float32: q, k, v the dequantized e4m3 inputs, or with `descales`
+    (d_q, d_k as harness.core.fp8 hands them) q and k the e4m3 values themselves, S = Q K^T
+    then as FP8 tensor cores accumulate it where the device has them (`e4m3_scores`),
+    times d_q d_k. The softmax in float32, P = exp(S - m) rounded to e4m3 for the P V
+    product (accumulated in float32, V's descale applied with it), O divided by l (summed
+    before the rounding) and rounded to `out_dtype`; lse float32. Same conventions as
+    `attention_ref`."""
+    block_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] = _fp8_naive_block
+    if descales is not None:
+        hkv, group = k.shape[1], q.shape[1] // k.shape[1]
+        dq, dk = (d.float()[..., None] for d in descales)   # (B|1, heads|1, 1, 1)
+
+        def descale(grouped_rows: int) -> torch.Tensor:
+            if dq.shape[1] == 1:   # one Q descale per tensor: no grouping to follow
+                return dq * dk
+            rows = grouped_rows // group
+            return grouped(dq.expand(dq.shape[0], dq.shape[1], rows, 1), hkv, group, rows) * dk
+
+        block_fn = partial(_fp8_naive_block, descale=descale)
     return _blocked_attention(q, k, v, causal=causal, causal_align=causal_align, mask=mask,
                               scale=scale, block_rows=block_rows, elem_bytes=4,
-                              block_fn=_fp8_naive_block, out_dtype=out_dtype,
+                              block_fn=block_fn, out_dtype=out_dtype,
                               lse_dtype=torch.float32, window=window, softcap=softcap,
                               alibi_slopes=alibi_slopes, sinks=sinks)
