@@ -120,3 +120,17 @@ def test_declared_fp8_cases_run_the_e4m3_entries(declared):
                          "v": Box(128, d, 128 if d == 128 else 0)}, case.id
         for box in boxes.values():
             box.check(1)
+
+
+def test_the_timing_buffers_of_a_dv_case_are_dv_wide(declared):
+    """The buffers the timing path hands a kernel (perf.output_buffers) pass the launch's
+    own shape checks for every perf-dims case: a d_v case's O is d_v wide there too, as in
+    the check (the first GPU timing of d_qk = 192 / d_v = 128 stopped at a 192-wide O)."""
+    from harness.candidates.params import build_params
+    from harness.core.cases import make_inputs
+    from harness.measure.perf import output_buffers
+
+    case = Case(1, 2, 2, 128, 128, 192, "bfloat16", M.NONE, head_dim_v=128)
+    out, lse = output_buffers(declared, case, "cpu")
+    assert out.shape == (1, 2, 128, 128) and lse.shape == (1, 2, 128)
+    build_params(case, make_inputs(case, "cpu"), out, lse, [], 1)

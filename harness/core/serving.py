@@ -182,7 +182,7 @@ def index_for(case: Case) -> ServingIndex:
 
 
 def tensor_shapes(case: Case) -> dict[str, tuple[int, ...]]:
-    """Shapes of q, k/v and the output of a case, in every layout."""
+    """Shapes of q, k/v (K's: d_qk wide) and the output of a case, in every layout."""
     b, h, hkv, d = case.batch, case.heads, case.kv_heads, case.head_dim
     if case.layout is Layout.DENSE:
         q, kv = (b, h, case.seqlen_q, d), (b, hkv, case.seqlen_k, d)
@@ -192,7 +192,8 @@ def tensor_shapes(case: Case) -> dict[str, tuple[int, ...]]:
             q, kv = (1, h, pl.total_q, d), (1, hkv, pl.total_k, d)
         else:
             q, kv = (b, h, case.seqlen_q, d), (pl.num_pages, hkv, case.page_size, d)
-    return {"q": q, "kv": kv, "out": q}
+    # V and the output are d_v wide (Case.head_dim_v; dense cases only)
+    return {"q": q, "kv": kv, "out": (*q[:3], case.dv)}
 
 
 def offset(case: Case, q_len: int, k_len: int) -> int:
