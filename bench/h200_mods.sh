@@ -15,9 +15,7 @@
 # peers:    the peers that declare the modifiers (flex_attention compiled, the SDPA
 #           backends) on the mods grid, secret 0
 # splitkv:  the shipped splitkv on the mods grid under SK_SECRETS (default 0-4), 2
-#           repeats (a run record of secret 0); its e4m3-cache cases run once its
-#           manifest declares fp8_kv = true: until it does, SK_DECLARE_FP8=1 sets it in
-#           this tree (the copy sent to the GPU) before any stage runs
+#           repeats (a run record of secret 0), its e4m3-cache cases among them
 # sk-serving: splitkv on the serving grid, secret 0
 # sk-sanitize: compute-sanitizer memcheck on splitkv's e4m3-cache cases
 # decode8:  bench/splitkv_decode.py on the e4m3-cache twins of the long decode caches and
@@ -32,9 +30,8 @@
 #           the same case with e4m3 Q, K, V), each checked first
 # fp8-sanitize: compute-sanitizer memcheck on fa3_wgmma's e4m3 cases
 # Set FA_HARNESS_COMMIT to the commit measured (the tree comes without .git). Logs and
-# JSON results go to $OUT. FA3_DECLARE="dims fp8" declares fa3_wgmma's d = 192, 256,
-# 192/128 and e4m3 entries in this tree first (bench/declare_fa3.sh; the fa3, sanitize,
-# dims and fp8 stages run them). (Until both manifests declared the modifiers, the runs of
+# JSON results go to $OUT. FA3_DECLARE=fp8 declares fa3_wgmma's e4m3 entries in this tree
+# first (bench/declare_fa3.sh; the fa3, fp8 and fp8-sanitize stages run them). (Until both manifests declared the modifiers, the runs of
 # results/h100-20261207f-mods judged renamed copies that did.)
 set -uo pipefail
 OUT=${OUT:-/tmp/h200-mods}
@@ -47,12 +44,7 @@ FA="python3 -m harness"
 
 source "$(dirname "$0")/step.sh"
 
-if [ "${SK_DECLARE_FP8:-0}" = 1 ]; then
-  sed -i 's/^fp8_kv = false$/fp8_kv = true/' harness/kernels/splitkv/manifest.toml
-  grep -q '^fp8_kv = true$' harness/kernels/splitkv/manifest.toml && echo "splitkv: fp8_kv declared in this tree"
-fi
-
-# fa3_wgmma's entries built ahead of a GPU run: FA3_DECLARE="dims fp8" declares them here.
+# fa3_wgmma's entries built ahead of a GPU run: FA3_DECLARE=fp8 declares them here.
 if [ -n "${FA3_DECLARE:-}" ]; then bash "$(dirname "$0")/declare_fa3.sh" . $FA3_DECLARE; fi
 
 for stage in "$@"; do

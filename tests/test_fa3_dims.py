@@ -1,9 +1,9 @@
-"""fa3_wgmma's forward at d = 192, 256 and d_qk = 192 / d_v = 128, and on e4m3 Q, K, V at
-d = 128: entries built but not declared until a GPU run judges them. Declared the way the GPU run declares them
-(bench/declare_fa3.sh on a copy of the folder), the manifest loads, every case of
-the larger head dims runs exactly one launch whose tensor maps' boxes match the
-kernel's tiles and whose shared memory fits the H100's 227 KB, the d = 64 / 128 cases
-plan as they do undeclared, and the backward stays at d = 64 and 128. No GPU."""
+"""fa3_wgmma's forward at d = 192, 256 and d_qk = 192 / d_v = 128 (declared since they
+passed on a GPU), and on e4m3 Q, K, V at d = 64 and 128 (built, declared only the way a
+GPU run declares them: bench/declare_fa3.sh on a copy of the folder). Every case of the
+larger head dims runs exactly one launch whose tensor maps' boxes match the kernel's tiles
+and whose shared memory fits the H100's 227 KB, the other cases plan as they do without
+the e4m3 declaration, and the backward stays at d = 64 and 128. No GPU."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def declared(tmp_path_factory) -> CudaVariant:
     root = tmp_path_factory.mktemp("tree")
     shutil.copytree(KERNELS_ROOT / "fa3_wgmma", root / "harness" / "kernels" / "fa3_wgmma")
     shutil.copytree(KERNELS_ROOT / "include", root / "harness" / "kernels" / "include")
-    out = subprocess.run(["bash", str(ROOT / "bench" / "declare_fa3.sh"), str(root), "dims", "fp8"],
+    out = subprocess.run(["bash", str(ROOT / "bench" / "declare_fa3.sh"), str(root), "fp8"],
                          capture_output=True, text=True, check=True)
     assert "declared" in out.stdout
     spec = load_variant_dir(root / "harness" / "kernels" / "fa3_wgmma")
@@ -44,10 +44,15 @@ def _launches(cand: CudaVariant, case: Case) -> list:
     return [p for p in cand.plan(case, num_splits=1, sm_count=132) if not p.skipped]
 
 
-def test_undeclared_the_larger_head_dims_are_skipped_with_the_reason():
+def test_shipped_the_larger_head_dims_run_and_e4m3_is_skipped_with_the_reason():
     cand = CudaVariant.from_spec(load_variant_dir(KERNELS_ROOT / "fa3_wgmma"))
-    assert "head_dim 256 not supported" in cand.supports(Case(1, 2, 2, 64, 64, 256))
-    assert "head_dim 192 not supported" in cand.supports(Case(1, 2, 2, 64, 64, 192, head_dim_v=128))
+    assert cand.supports(Case(1, 2, 2, 64, 64, 256)) is None
+    assert cand.supports(Case(1, 2, 2, 64, 64, 192, head_dim_v=128)) is None
+    assert "fp8 q/k/v not supported" in cand.supports(
+        Case.from_id("b1h2-64x64-d128-bf16-none-fp8_qkv_head"))
+    with pytest.raises(subprocess.CalledProcessError):   # no longer a word to declare
+        subprocess.run(["bash", str(ROOT / "bench" / "declare_fa3.sh"), "/nonexistent", "dims"],
+                       capture_output=True, check=True)
 
 
 def test_declared_each_larger_case_runs_one_launch_of_its_tiles(declared):

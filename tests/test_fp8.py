@@ -303,13 +303,13 @@ def test_split_kv_launches_its_e4m3_cache_entries_for_an_fp8_cache_only(case: Ca
         assert f"FA_CHECK_ENTRY({entry});" in spec.full_source()  # compiled and checked
 
 
-def test_the_shipped_split_kv_skips_an_fp8_cache_until_its_entries_pass_on_a_gpu():
+def test_the_shipped_split_kv_runs_an_fp8_cache():
     from harness.candidates.cuda_candidate import CudaVariant
     from harness.candidates.variants import KERNELS_ROOT, load_variant_dir
 
     cand = CudaVariant.from_spec(load_variant_dir(KERNELS_ROOT / "splitkv"))
-    assert "fp8_kv = false" in (KERNELS_ROOT / "splitkv" / "manifest.toml").read_text()
-    assert "fp8 KV cache not supported" in cand.supports(KV_TOKEN)
+    assert "fp8_kv = true" in (KERNELS_ROOT / "splitkv" / "manifest.toml").read_text()
+    assert cand.supports(KV_TOKEN) is None
 
 
 def test_e4m3_scores_on_a_cpu_are_the_float32_product():
