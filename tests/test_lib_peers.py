@@ -7,12 +7,11 @@ LSE +inf for a row that sees no key)."""
 
 from __future__ import annotations
 
-import importlib.machinery
 import sys
-import types
 
 import pytest
 import torch
+from lib_standins import attend, stand_in
 
 from harness.candidates import lib_peers
 from harness.candidates.python_candidate import to_candidate
@@ -29,48 +28,16 @@ def _flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,  
                      deterministic=False, return_attn_probs=False):
     """FlashAttention 2's flash_attn_func as its docstring states it, in float32."""
     assert dropout_p == 0.0 and q.stride(-1) == 1 and k.stride(-1) == 1
-    b, nq, h, d = q.shape
-    nk, hk = k.shape[1], k.shape[2]
-    scale = softmax_scale if softmax_scale is not None else d ** -0.5
-    qf = q.float().transpose(1, 2)
-    kf = k.float().transpose(1, 2).repeat_interleave(h // hk, dim=1)
-    vf = v.float().transpose(1, 2).repeat_interleave(h // hk, dim=1)
-    s = qf @ kf.transpose(-1, -2) * scale
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    i = torch.arange(nq)[:, None]
-    j = torch.arange(nk)[None, :]
-    off = nk - nq
-    if alibi_slopes is not None:
-        s = s - alibi_slopes.float()[None, :, None, None] * (i + off - j).abs()
-    left, right = window_size
-    if causal:
-        right = 0
-    vis = torch.ones(nq, nk, dtype=torch.bool)
-    if left >= 0:
-        vis &= j >= i + off - left
-    if right >= 0:
-        vis &= j <= i + off + right
-    s = s.masked_fill(~vis, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-    out = (p @ vf).transpose(1, 2).to(q.dtype)
-    lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    out, lse = attend(q, k, v, scale, causal, *window_size, softcap, empty_lse=float("inf"),
+                      alibi_slopes=alibi_slopes)
+    out = out.to(q.dtype)
     return (out, lse, None) if return_attn_probs else out
-
-
-def _stand_in(monkeypatch, name: str, **functions) -> None:  # noqa: ANN001
-    """Module `name`, importable, holding `functions`: the library as documented."""
-    mod = types.ModuleType(name)
-    mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
-    for attr, fn in functions.items():
-        setattr(mod, attr, fn)
-    monkeypatch.setitem(sys.modules, name, mod)
 
 
 @pytest.fixture
 def flash_attn(monkeypatch):
-    _stand_in(monkeypatch, "flash_attn", flash_attn_func=_flash_attn_func)
+    stand_in(monkeypatch, "flash_attn", flash_attn_func=_flash_attn_func)
     (peer,) = lib_peers.flash_attn_candidates(device="cpu")
     return to_candidate(peer, "test")
 
@@ -173,7 +140,7 @@ def _single_prefill_return_lse(q, k, v, scale_q=None, scale_k=None, scale_v=None
 
 @pytest.fixture
 def flashinfer(monkeypatch):
-    _stand_in(monkeypatch, "flashinfer",
+    stand_in(monkeypatch, "flashinfer",
               single_prefill_with_kv_cache_return_lse=_single_prefill_return_lse)
     (peer,) = lib_peers.flashinfer_candidates(device="cpu")
     return to_candidate(peer, "test")
